@@ -1,0 +1,37 @@
+"""`gpupool bench ...`: benchmark drivers. Each prints one JSON object with ``--json``; numbers are
+recorded in BENCHMARKS.md together with the command that produced them."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from gpupool.cli.errors import user_errors
+
+app = typer.Typer(help="Benchmarks; each prints one JSON object with --json.", no_args_is_help=True)
+
+
+@app.command("allocator")
+@user_errors
+def allocator(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    sizes: str = typer.Option("1000,10000,100000", help="Comma-separated slice counts."),
+    ops: int = typer.Option(20000, help="allocate+release pairs timed per size for gpupool."),
+    seed_ops: int = typer.Option(2000, help="Pairs timed for the seed reference (sampled at large sizes)."),
+    seed: int = typer.Option(1, help="Random seed of the request stream."),
+) -> None:
+    """Steady-state allocate+release cost: gpupool's indexed allocator vs the seed's reference."""
+    from gpupool_benchmarks import allocator_bench
+
+    result = allocator_bench.run(
+        sizes=[int(x) for x in sizes.split(",") if x.strip()], ops=ops, seed_ops=seed_ops, seed=seed
+    )
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        for row in result["results"]:
+            typer.echo(
+                f"{row['slices']:>7} slices: gpupool {row['gpupool_us_per_op']:.2f} us/op, "
+                f"seed {row['seed_us_per_op']:.1f} us/op, speed-up {row['speedup']:.0f}x"
+            )

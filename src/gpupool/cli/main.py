@@ -1,0 +1,49 @@
+"""The ``gpupool`` command: one typer app, subcommands registered from their own modules."""
+
+from __future__ import annotations
+
+import typer
+
+from gpupool import __version__
+from gpupool.cli import bench, demo
+
+app = typer.Typer(
+    name="gpupool",
+    help=(
+        "gpupool pools private NVIDIA GPUs into isolated slices (MIG, MPS, whole cards) and leases them "
+        "by VRAM MiB x compute, with priorities, preemption and watermark backpressure."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpupool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """gpupool: GPU pooling and elastic slicing for private AI-agent platforms."""
+
+
+app.command("run", help="Start gpupool on the embedded defaults (what `make run` does).")(demo.run)
+app.command(
+    "demo", help="Show the allocator on the seed's example pool: slices and leases around a P0 preemption."
+)(demo.demo)
+app.add_typer(bench.app, name="bench")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Exceptions for misuse and broken invariants only; an expected "no" is an `Outcome`, not an error.
+
+Every message names the offending field or id and its value, so that adapters can show it verbatim
+(HTTP 4xx body, CLI one-line error with exit code 2).
+"""
+
+from __future__ import annotations
+
+
+class GpupoolError(Exception):
+    """Base of every gpupool error."""
+
+
+class InvalidInput(GpupoolError, ValueError):
+    """A caller passed a value that can never be valid. ``field`` names it (dotted path)."""
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid {field}={value!r}: {reason}")
+
+
+class DuplicateId(InvalidInput):
+    """An id that must be unique is already taken."""
+
+    def __init__(self, field: str, value: object) -> None:
+        super().__init__(field, value, "already exists")
+
+
+class UnknownId(GpupoolError, KeyError):
+    """A lease, slice, GPU or node id that the core has never seen."""
+
+    def __init__(self, kind: str, value: object) -> None:
+        self.kind = kind
+        self.value = value
+        super().__init__(f"unknown {kind} {value!r}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class InvariantViolation(GpupoolError, AssertionError):
+    """The core found its own state inconsistent. Always a bug; the message carries ids and numbers."""
