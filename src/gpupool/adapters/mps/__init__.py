@@ -1,0 +1,21 @@
+"""CUDA MPS: the control-daemon client, per-lease limits and the client environment (stdlib only)."""
+
+from gpupool.adapters.mps.control import (
+    DEFAULT_PIPE_DIRECTORY,
+    BinaryTransport,
+    MpsControl,
+    MpsError,
+    MpsLimits,
+    SocketTransport,
+    client_env,
+)
+
+__all__ = [
+    "DEFAULT_PIPE_DIRECTORY",
+    "BinaryTransport",
+    "MpsControl",
+    "MpsError",
+    "MpsLimits",
+    "SocketTransport",
+    "client_env",
+]

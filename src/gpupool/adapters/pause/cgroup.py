@@ -1,0 +1,131 @@
+"""`CgroupFreezerPauser`: the cgroup v2 freezer (``cgroup.freeze``) for a workload's whole cgroup.
+
+Role: pauses every process of a container or job cgroup at once, including ones it forks later.
+Like SIGSTOP it frees compute only (`Frees.COMPUTE`): device memory stays allocated.
+
+Invariants:
+- ``workload.cgroup`` is an absolute path to a cgroup v2 directory (one containing
+  ``cgroup.freeze``); anything else is refused by `check` with the reason.
+- ``pause`` writes ``1``, ``resume`` writes ``0``; the kernel freezes asynchronously, so
+  ``is_paused`` reads ``frozen 1`` from ``cgroup.events``.
+- ``terminate`` writes ``1`` to ``cgroup.kill`` (Linux >= 5.14) or, without it, SIGKILLs every pid in
+  ``cgroup.procs``.
+- `cgroup_v2_root` finds a writable cgroup v2 mount (pure ``/proc/self/mounts`` read).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from pathlib import Path
+
+from gpupool.core.clock import Clock, FunctionClock
+from gpupool.core.pausers import Frees, PauseAction, PauseResult, Workload
+
+
+def cgroup_v2_root(mounts: Path = Path("/proc/self/mounts")) -> Path | None:
+    """The first cgroup2 mount point with a ``cgroup.freeze``-capable hierarchy, or None."""
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 3 and parts[2] == "cgroup2":
+            root = Path(parts[1])
+            if (root / "cgroup.procs").exists():
+                return root
+    return None
+
+
+def _frozen(cg: Path) -> bool:
+    try:
+        for line in (cg / "cgroup.events").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "frozen":
+                return value.strip() == "1"
+    except OSError:
+        return False
+    return False
+
+
+class CgroupFreezerPauser:
+    name = "cgroup"
+    frees = Frees.COMPUTE
+    vram_free_estimate_s = math.inf
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self._clock = clock or FunctionClock(time.monotonic)
+
+    def check(self, workload: Workload) -> str | None:
+        if not workload.cgroup:
+            return "cgroup freezer needs the workload's cgroup path"
+        cg = Path(workload.cgroup)
+        if not cg.is_absolute():
+            return f"cgroup path {workload.cgroup!r} must be absolute"
+        if not (cg / "cgroup.freeze").exists():
+            return f"{workload.cgroup} has no cgroup.freeze (not a cgroup v2 directory, or the root)"
+        return None
+
+    def pause(self, workload: Workload) -> PauseResult:
+        return self._write(workload, "cgroup.freeze", "1", PauseAction.PAUSE)
+
+    def resume(self, workload: Workload) -> PauseResult:
+        return self._write(workload, "cgroup.freeze", "0", PauseAction.RESUME)
+
+    def terminate(self, workload: Workload) -> PauseResult:
+        cg = Path(workload.cgroup)
+        if (cg / "cgroup.kill").exists():
+            return self._write(workload, "cgroup.kill", "1", PauseAction.TERMINATE)
+        start = self._clock.now()
+        refusal = self.check(workload)
+        if refusal is not None:
+            return self._result(workload, PauseAction.TERMINATE, start, False, refusal, refused=True)
+        try:
+            pids = [int(x) for x in (cg / "cgroup.procs").read_text().split()]
+        except OSError as exc:
+            return self._result(workload, PauseAction.TERMINATE, start, False, f"cgroup.procs: {exc}")
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        return self._result(workload, PauseAction.TERMINATE, start, True, f"SIGKILL to {len(pids)} pid(s)")
+
+    def is_paused(self, workload: Workload) -> bool:
+        return bool(workload.cgroup) and _frozen(Path(workload.cgroup))
+
+    def _write(self, workload: Workload, knob: str, value: str, action: PauseAction) -> PauseResult:
+        start = self._clock.now()
+        refusal = self.check(workload)
+        if refusal is not None:
+            return self._result(workload, action, start, False, refusal, refused=True)
+        try:
+            (Path(workload.cgroup) / knob).write_text(value)
+        except OSError as exc:
+            return self._result(workload, action, start, False, f"write {value} to {knob}: {exc}")
+        return self._result(workload, action, start, True, f"{knob}={value}")
+
+    def _result(
+        self,
+        workload: Workload,
+        action: PauseAction,
+        start: float,
+        ok: bool,
+        reason: str,
+        *,
+        refused: bool = False,
+    ) -> PauseResult:
+        return PauseResult(
+            workload.lease_id,
+            self.name,
+            action,
+            ok,
+            self.frees,
+            start,
+            self._clock.now(),
+            reason=reason,
+            refused=refused,
+        )
