@@ -1,0 +1,198 @@
+"""Ports: the Protocols the adapters implement for the lease controller, and the lease codec.
+
+Role: `LeaseStore` is where leases become durable (memory, SQLite, later etcd); `EventSink` is where
+controller events go (SSE fan-out, metrics, logs). The core depends on these Protocols only.
+
+Store semantics (the contract suite in ``tests/contract/store`` runs against every implementation):
+- ``apply(writes)`` is atomic and durable on return: either every write lands or none does.
+- Each `StoreWrite` is a compare-and-set on the lease's revision: ``expected_revision=None`` means
+  "the id must not exist yet"; an int means "the stored revision must equal it". Writes inside one
+  batch apply in order, so a batch may create a lease and then update it.
+- A failed compare raises `RevisionConflict` naming the id, the expected and the actual revision;
+  nothing of that batch is applied.
+- ``active()`` returns the ACTIVE leases and ``leases()`` all stored ones, both sorted by id (total order).
+- ``purge_ended(before_s=t)`` deletes ended leases whose ``ended_at < t``; active ones are never purged.
+- Meta entries are a small string key/value space for pool-level settings (watermarks, drained GPUs).
+
+The codec (`lease_to_dict` / `lease_from_dict`) is the one wire form of a lease for every store;
+it round-trips exactly (floats through ``repr``-exact JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpupool.core.errors import GpupoolError, InvalidInput
+from gpupool.core.model import Grant, Lease, LeaseState, Request
+from gpupool.hardware.slices import SliceKind
+from gpupool.hardware.units import Resources
+
+
+class RevisionConflict(GpupoolError):  # noqa: N818 (named like the core errors)
+    """A compare-and-set failed: somebody else wrote the lease (or the id already exists)."""
+
+    def __init__(self, lease_id: str, expected: int | None, actual: int | None) -> None:
+        self.lease_id = lease_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"lease {lease_id}: expected revision {expected}, store has {actual}")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreWrite:
+    lease: Lease
+    expected_revision: int | None
+    """None: create (the id must be new); otherwise the revision currently stored."""
+
+
+class LeaseStore(Protocol):
+    def apply(self, writes: Sequence[StoreWrite]) -> None:
+        """Apply every write atomically and durably, or raise and apply none."""
+        ...
+
+    def get(self, lease_id: str) -> Lease | None: ...
+
+    def active(self) -> list[Lease]:
+        """ACTIVE leases sorted by id."""
+        ...
+
+    def leases(self, *, tenant: str | None = None) -> list[Lease]:
+        """Every stored lease (ended ones too), optionally of one tenant, sorted by id."""
+        ...
+
+    def purge_ended(self, *, before_s: float) -> int:
+        """Delete ended leases with ``ended_at < before_s``; return how many."""
+        ...
+
+    def get_meta(self, key: str) -> str | None: ...
+
+    def set_meta(self, key: str, value: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayEvent:
+    """One thing holders and operators may need to know, in the order it became durable.
+
+    ``kind``: granted | renewed | released | expired | preempted | revoked | queued | shed | pause |
+    resume. Lease events carry ``lease``; ticket events carry ``ticket``; pause/resume carry
+    ``gpu_id`` and the ids of the P2 leases on that GPU in ``lease_ids``.
+    """
+
+    kind: str
+    at: float
+    lease: Lease | None = None
+    ticket: str = ""
+    tenant: str = ""
+    gpu_id: str = ""
+    reason: str = ""
+    lease_ids: tuple[str, ...] = ()
+    tenants: tuple[str, ...] = field(default=())
+    """Tenants concerned (for pause/resume: the holders of ``lease_ids``)."""
+
+
+class EventSink(Protocol):
+    def __call__(self, event: GatewayEvent) -> None: ...
+
+
+# ---------------------------------------------------------------------- codec
+def lease_to_dict(lease: Lease) -> dict[str, Any]:
+    r = lease.request
+    return {
+        "id": lease.id,
+        "request": {
+            "id": r.id,
+            "tenant": r.tenant,
+            "priority": r.priority,
+            "vram_mib": r.demand.vram_mib,
+            "compute_milli": r.demand.compute_milli,
+            "ttl_s": r.ttl_s,
+            "kinds": sorted(k.value for k in r.kinds),
+            "preemptible": r.preemptible,
+            "gpu_count": r.gpu_count,
+            "nodes": sorted(r.nodes),
+            "model": r.model,
+            "labels": [list(kv) for kv in r.labels],
+        },
+        "node": lease.node,
+        "grants": [
+            {
+                "slice_id": g.slice_id,
+                "gpu_id": g.gpu_id,
+                "vram_mib": g.resources.vram_mib,
+                "compute_milli": g.resources.compute_milli,
+            }
+            for g in lease.grants
+        ],
+        "granted_at": lease.granted_at,
+        "expires_at": lease.expires_at,
+        "state": lease.state.value,
+        "revision": lease.revision,
+        "ended_at": lease.ended_at,
+        "reason": lease.reason,
+    }
+
+
+def lease_from_dict(d: dict[str, Any]) -> Lease:
+    try:
+        r = d["request"]
+        request = Request(
+            id=str(r["id"]),
+            tenant=str(r["tenant"]),
+            priority=int(r["priority"]),
+            demand=Resources(int(r["vram_mib"]), int(r["compute_milli"])),
+            ttl_s=float(r["ttl_s"]),
+            kinds=frozenset(SliceKind(k) for k in r["kinds"]),
+            preemptible=r["preemptible"],
+            gpu_count=int(r["gpu_count"]),
+            nodes=frozenset(r["nodes"]),
+            model=str(r["model"]),
+            labels=tuple((str(k), str(v)) for k, v in r["labels"]),
+        )
+        grants = tuple(
+            Grant(
+                slice_id=str(g["slice_id"]),
+                gpu_id=str(g["gpu_id"]),
+                resources=Resources(int(g["vram_mib"]), int(g["compute_milli"])),
+            )
+            for g in d["grants"]
+        )
+        return Lease(
+            id=str(d["id"]),
+            request=request,
+            node=str(d["node"]),
+            grants=grants,
+            granted_at=float(d["granted_at"]),
+            expires_at=float(d["expires_at"]),
+            state=LeaseState(d["state"]),
+            revision=int(d["revision"]),
+            ended_at=None if d["ended_at"] is None else float(d["ended_at"]),
+            reason=str(d["reason"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidInput("lease", d.get("id") if isinstance(d, dict) else d, f"malformed: {exc}") from None
+
+
+def encode_lease(lease: Lease) -> str:
+    return json.dumps(lease_to_dict(lease), separators=(",", ":"), sort_keys=True)
+
+
+def decode_lease(text: str) -> Lease:
+    return lease_from_dict(json.loads(text))
+
+
+__all__ = [
+    "EventSink",
+    "GatewayEvent",
+    "LeaseStore",
+    "RevisionConflict",
+    "StoreWrite",
+    "decode_lease",
+    "encode_lease",
+    "lease_from_dict",
+    "lease_to_dict",
+]
