@@ -1,0 +1,416 @@
+"""`NodeAgent`: the per-node control loop. Each tick (200 ms by default, on an injected clock):
+
+1. harvest pauser actions that finished off-thread, and the newest lease ledger from the gateway;
+2. read every GPU from the `DeviceSource`; an NVML error or a device-level XID marks the GPU
+   unhealthy once (its P2 workloads are terminated and their leases reported revoked);
+3. turn the sample + engine metrics + ledger into a `Reading` (`gpupool.agent.pressure`) and feed the
+   core `WatermarkBank`;
+4. act in the same tick: PAUSE -> pause every P2 workload of that GPU with its own pauser; RESUME ->
+   resume them; while PAUSED, pause newcomers and, once VRAM is still over the relief target after
+   ``revoke_after_s``, revoke what cannot free VRAM in time (`gpupool.core.pausers.plan_relief`);
+5. publish a `NodeSnapshot` and the tick's `AgentEvent` values to the observers (gateway reporter,
+   metrics).
+
+Invariants:
+- All agent state is touched on the tick thread only; slow pausers (HTTP, cuda-checkpoint) run on a
+  worker pool and their `PauseResult` is applied at the next tick. ``inline_pausers`` (signals,
+  freezer: one syscall / one write) act inside the tick that saw the crossing.
+- The loop never waits for the gateway: enforcement is local, so an unreachable gateway changes
+  nothing here (the reporter keeps an outbox and resynchronises).
+- Event sequence numbers increase by one per event, starting at 1.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpupool.agent.pressure import EngineView, PressureConfig, health_problem, to_reading
+from gpupool.agent.source import DeviceSource, GpuSample
+from gpupool.agent.workloads import Entry, RunState, WorkloadTable, workload_from_lease
+from gpupool.core.clock import Clock
+from gpupool.core.pausers import (
+    Candidate,
+    Frees,
+    PauseAction,
+    Pauser,
+    PauseResult,
+    ReliefStep,
+    Workload,
+    plan_relief,
+    vram_deficit_mib,
+)
+from gpupool.core.watermarks import Reading, Signal, WatermarkBank, WatermarkConfig
+
+INLINE_PAUSERS = frozenset({"signal", "cgroup"})
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    node: str
+    period_s: float = 0.2
+    watermarks: WatermarkConfig = field(default_factory=WatermarkConfig)
+    pressure: PressureConfig = field(default_factory=PressureConfig)
+    revoke_after_s: float | None = 5.0
+    """How long VRAM may stay over the relief target after PAUSE before leases are revoked (None: never)."""
+    relief_target: float | None = None
+    """VRAM ratio the relief plan aims below; None = the high watermark."""
+    retry_s: float = 1.0
+    """Wait before retrying a failed or refused pause/resume of one workload."""
+    workers: int = 4
+
+
+@dataclass(frozen=True, slots=True)
+class AgentEvent:
+    seq: int
+    kind: str
+    """watermark_pause | watermark_resume | paused | resumed | pauser_failure | revoke | unhealthy"""
+    at_s: float
+    gpu_id: str = ""
+    lease_id: str = ""
+    reason: str = ""
+    pauser: str = ""
+    frees: str = ""
+    latency_ms: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "seq": self.seq,
+            "kind": self.kind,
+            "at_s": self.at_s,
+            "gpu_id": self.gpu_id,
+            "lease_id": self.lease_id,
+            "reason": self.reason,
+            "pauser": self.pauser,
+            "frees": self.frees,
+            "latency_ms": round(self.latency_ms, 3),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    sample: GpuSample
+    reading: Reading | None
+    paused: bool
+    healthy: bool
+    problem: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    node: str
+    at_s: float
+    tick: int
+    gpus: tuple[GpuStatus, ...]
+    workloads: tuple[tuple[str, str, str], ...]
+    """(lease_id, gpu_id, state) for every known workload."""
+
+
+class EngineSource(Protocol):
+    def views(self, gpu_id: str, now_s: float) -> Sequence[EngineView]: ...
+
+
+class LedgerFeed(Protocol):
+    def take_ledger(self) -> Sequence[Mapping[str, object]] | None:
+        """The newest lease list for this node since the last call, or None when nothing new."""
+        ...
+
+
+Observer = Callable[[NodeSnapshot, Sequence[AgentEvent]], None]
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        source: DeviceSource,
+        pausers: Mapping[str, Pauser],
+        *,
+        clock: Clock,
+        engines: EngineSource | None = None,
+        ledger: LedgerFeed | None = None,
+        inline_pausers: frozenset[str] = INLINE_PAUSERS,
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.pausers = dict(pausers)
+        self.clock = clock
+        self.engines = engines
+        self.ledger = ledger
+        self.inline_pausers = inline_pausers
+        self.bank = WatermarkBank(config.watermarks)
+        self.workloads = WorkloadTable()
+        self.observers: list[Observer] = []
+        self.unhealthy: dict[str, str] = {}
+        self.ledger_mib: dict[str, int] = {}
+        self._pressure_since: dict[str, float] = {}
+        self._retry_at: dict[str, float] = {}
+        self._events: list[AgentEvent] = []
+        self._seq = 0
+        self._tick = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._inflight: list[Future[PauseResult]] = []
+        self._last: NodeSnapshot = NodeSnapshot(config.node, clock.now(), 0, (), ())
+        target = config.relief_target if config.relief_target is not None else config.watermarks.vram_high
+        self._target = target
+
+    # ------------------------------------------------------------------ public
+    def register(self, workload: Workload) -> Entry:
+        """Add a P2 workload; if its GPU is paused it is paused on the next tick."""
+        return self.workloads.register(workload, at_s=self.clock.now())
+
+    def snapshot(self) -> NodeSnapshot:
+        return self._last
+
+    def tick(self) -> NodeSnapshot:
+        now = self.clock.now()
+        self._tick += 1
+        self._harvest()
+        self._sync_ledger(now)
+        try:
+            samples = self.source.read()
+        except Exception as exc:  # a broken source must not kill the loop; report and retry
+            self._emit("source_error", now, reason=f"{type(exc).__name__}: {exc}")
+            samples = ()
+        statuses: list[GpuStatus] = []
+        for s in samples:
+            statuses.append(self._gpu_tick(s, now))
+        snap = NodeSnapshot(
+            self.config.node,
+            now,
+            self._tick,
+            tuple(statuses),
+            tuple((e.workload.lease_id, e.workload.gpu_id, e.state.value) for e in self.workloads.entries()),
+        )
+        self._last = snap
+        events, self._events = self._events, []
+        for obs in self.observers:
+            obs(snap, events)
+        return snap
+
+    def run(self, stop: threading.Event, *, sleep: Callable[[float], object] | None = None) -> None:
+        """Tick every ``period_s`` until ``stop`` is set. A late tick is not made up for (no bursts)."""
+        wait = sleep or stop.wait
+        period = self.config.period_s
+        next_at = self.clock.now()
+        while not stop.is_set():
+            self.tick()
+            next_at += period
+            now = self.clock.now()
+            next_at = max(next_at, now)
+            wait(next_at - now)
+
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """Wait for off-thread pauser actions and apply their results (tests, shutdown)."""
+        for f in list(self._inflight):
+            f.result(timeout=timeout_s)
+        self._harvest()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    # ------------------------------------------------------------------ per GPU
+    def _gpu_tick(self, s: GpuSample, now: float) -> GpuStatus:
+        gpu = s.gpu_id
+        problem = health_problem(s)
+        if problem and gpu not in self.unhealthy:
+            self._mark_unhealthy(gpu, problem, now)
+        if gpu in self.unhealthy:
+            return GpuStatus(s, None, self.bank.is_paused(gpu), False, self.unhealthy[gpu])
+        views = self.engines.views(gpu, now) if self.engines is not None else ()
+        reading = to_reading(
+            s, at_s=now, engines=views, ledger_mib=self.ledger_mib.get(gpu, 0), cfg=self.config.pressure
+        )
+        t = self.bank.feed(reading)
+        if t is not None:
+            if t.signal is Signal.PAUSE:
+                self._pressure_since[gpu] = now
+                self._emit("watermark_pause", now, gpu_id=gpu, reason=t.reason)
+            else:
+                self._pressure_since.pop(gpu, None)
+                self._emit("watermark_resume", now, gpu_id=gpu, reason=t.reason)
+        if self.bank.is_paused(gpu):
+            self._enforce(gpu, reading, now)
+        else:
+            self._resume_gpu(gpu, now)
+        return GpuStatus(s, reading, self.bank.is_paused(gpu), True)
+
+    def _enforce(self, gpu: str, reading: Reading, now: float) -> None:
+        entries = self.workloads.on_gpu(gpu)
+        if not entries:
+            return
+        revoke_after = self.config.revoke_after_s
+        since = self._pressure_since.get(gpu, now)
+        if revoke_after is not None and now - since >= revoke_after:
+            deficit = vram_deficit_mib(
+                reading.vram_used_mib, reading.vram_total_mib, target_ratio=self._target
+            )
+            if deficit > 0:
+                budget = max(0.0, revoke_after - (now - since))
+                for d in plan_relief(self._candidates(entries), deficit_mib=deficit, budget_s=budget):
+                    if d.step is ReliefStep.REVOKE:
+                        e = self.workloads.get(d.lease_id)
+                        if e is not None:
+                            self._revoke(e, d.reason, now)
+        for e in self.workloads.on_gpu(gpu):
+            if e.state is RunState.RUNNING and self._retry_at.get(e.workload.lease_id, -math.inf) <= now:
+                self._start(e, PauseAction.PAUSE, now)
+
+    def _candidates(self, entries: Sequence[Entry]) -> list[Candidate]:
+        out = []
+        for e in entries:
+            w = e.workload
+            p = self.pausers.get(w.pauser)
+            if p is None:
+                out.append(
+                    Candidate(
+                        w.lease_id,
+                        w.priority,
+                        w.vram_mib,
+                        Frees.COMPUTE,
+                        math.inf,
+                        f"unknown pauser {w.pauser!r}",
+                    )
+                )
+                continue
+            vram = 0 if e.vram_freed else w.vram_mib
+            out.append(Candidate(w.lease_id, w.priority, vram, p.frees, p.vram_free_estimate_s, p.check(w)))
+        return out
+
+    def _resume_gpu(self, gpu: str, now: float) -> None:
+        if not self.workloads.has_paused(gpu):
+            return
+        for e in reversed(self.workloads.on_gpu(gpu)):  # most urgent first
+            if e.state is RunState.PAUSED and self._retry_at.get(e.workload.lease_id, -math.inf) <= now:
+                self._start(e, PauseAction.RESUME, now)
+
+    def _mark_unhealthy(self, gpu: str, problem: str, now: float) -> None:
+        self.unhealthy[gpu] = problem
+        self._emit("unhealthy", now, gpu_id=gpu, reason=problem)
+        for e in self.workloads.on_gpu(gpu):
+            self._revoke(e, f"GPU {gpu} unhealthy: {problem}", now)
+
+    # ------------------------------------------------------------------ actions
+    def _start(self, e: Entry, action: PauseAction, now: float) -> None:
+        w = e.workload
+        pauser = self.pausers.get(w.pauser)
+        if pauser is None:
+            self._retry_at[w.lease_id] = now + self.config.retry_s
+            self._emit(
+                "pauser_failure",
+                now,
+                gpu_id=w.gpu_id,
+                lease_id=w.lease_id,
+                pauser=w.pauser,
+                reason=f"unknown pauser {w.pauser!r}",
+            )
+            return
+        self.workloads.set_state(
+            w.lease_id, RunState.PAUSING if action is PauseAction.PAUSE else RunState.RESUMING, at_s=now
+        )
+        fn = pauser.pause if action is PauseAction.PAUSE else pauser.resume
+        if w.pauser in self.inline_pausers:
+            self._apply(fn(w))
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.config.workers, thread_name_prefix="gpupool-pauser"
+            )
+        self._inflight.append(self._pool.submit(fn, w))
+
+    def _harvest(self) -> None:
+        if not self._inflight:
+            return
+        done = [f for f in self._inflight if f.done()]
+        self._inflight = [f for f in self._inflight if not f.done()]
+        for f in done:
+            exc = f.exception()
+            if exc is not None:  # a pauser broke its contract; record it, do not crash the loop
+                self._emit("pauser_failure", self.clock.now(), reason=f"{type(exc).__name__}: {exc}")
+                continue
+            self._apply(f.result())
+
+    def _apply(self, r: PauseResult) -> None:
+        now = self.clock.now()
+        e = self.workloads.get(r.lease_id)
+        if e is None or e.state is RunState.REVOKED:
+            return
+        gpu = e.workload.gpu_id
+        kind = "paused" if r.action is PauseAction.PAUSE else "resumed"
+        if not r.ok:
+            back = RunState.RUNNING if r.action is PauseAction.PAUSE else RunState.PAUSED
+            self.workloads.set_state(r.lease_id, back, at_s=now, vram_freed=e.vram_freed)
+            self._retry_at[r.lease_id] = now + self.config.retry_s
+            self._emit(
+                "pauser_failure",
+                now,
+                gpu_id=gpu,
+                lease_id=r.lease_id,
+                pauser=r.pauser,
+                frees=r.frees.value,
+                reason=f"{r.action}: {r.reason}",
+                latency_ms=r.latency_ms,
+            )
+            return
+        self._retry_at.pop(r.lease_id, None)
+        if r.action is PauseAction.PAUSE:
+            self.workloads.set_state(r.lease_id, RunState.PAUSED, at_s=now, vram_freed=r.frees.frees_vram)
+        else:
+            self.workloads.set_state(r.lease_id, RunState.RUNNING, at_s=now)
+        self._emit(
+            kind,
+            now,
+            gpu_id=gpu,
+            lease_id=r.lease_id,
+            pauser=r.pauser,
+            frees=r.frees.value,
+            reason=r.reason,
+            latency_ms=r.latency_ms,
+        )
+        # The GPU may have changed state while an off-thread action ran: converge.
+        if r.action is PauseAction.PAUSE and not self.bank.is_paused(gpu) and gpu not in self.unhealthy:
+            self._start(e, PauseAction.RESUME, now)
+
+    def _revoke(self, e: Entry, reason: str, now: float) -> None:
+        w = e.workload
+        pauser = self.pausers.get(w.pauser)
+        result = pauser.terminate(w) if pauser is not None else None
+        self.workloads.set_state(w.lease_id, RunState.REVOKED, at_s=now)
+        detail = reason if result is None or result.ok else f"{reason} (terminate: {result.reason})"
+        self._emit("revoke", now, gpu_id=w.gpu_id, lease_id=w.lease_id, pauser=w.pauser, reason=detail)
+
+    # ------------------------------------------------------------------ ledger
+    def _sync_ledger(self, now: float) -> None:
+        if self.ledger is None:
+            return
+        leases = self.ledger.take_ledger()
+        if leases is None:
+            return
+        mib: dict[str, int] = {}
+        seen: set[str] = set()
+        for lease in leases:
+            gpu = str(lease.get("gpu_id", ""))
+            vram = lease.get("vram_mib", 0)
+            if gpu and type(vram) is int:
+                mib[gpu] = mib.get(gpu, 0) + vram
+            try:
+                w = workload_from_lease(lease)
+            except ValueError as exc:
+                self._emit("pauser_failure", now, lease_id=str(lease.get("lease_id", "")), reason=str(exc))
+                continue
+            if w is not None and w.priority < 0:
+                seen.add(w.lease_id)
+                self.workloads.register(w, source="ledger", at_s=now)
+        self.ledger_mib = mib
+        for lease_id in self.workloads.ledger_ids() - seen:
+            self.workloads.forget(lease_id)
+
+    def _emit(self, kind: str, at_s: float, **fields: object) -> None:
+        self._seq += 1
+        self._events.append(AgentEvent(self._seq, kind, at_s, **fields))  # type: ignore[arg-type]

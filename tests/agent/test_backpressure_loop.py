@@ -1,0 +1,178 @@
+"""The control loop on an injected clock with a scripted GPU and a real child process as the P2 job.
+
+Deterministic: each `tick()` is driven by hand; the process state is read from /proc after the tick
+that saw the crossing (the real-time reaction is measured in ``gpupool bench agent``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from agent_helpers import running, stopped, wait_for
+
+from gpupool.adapters.pause import CgroupFreezerPauser, SignalPauser
+from gpupool.agent.loop import AgentConfig, AgentEvent, NodeAgent
+from gpupool.agent.source import ScriptedSource
+from gpupool.agent.workloads import RunState
+from gpupool.core.clock import ManualClock
+from gpupool.core.pausers import Workload
+
+GPU = "n1/0"
+
+
+def make_agent(clock: ManualClock, **cfg: object) -> tuple[NodeAgent, ScriptedSource, list[AgentEvent]]:
+    source = ScriptedSource.uniform("n1", 1, vram_total_mib=10000)
+    pausers = {"signal": SignalPauser(clock=clock), "cgroup": CgroupFreezerPauser(clock=clock)}
+    agent = NodeAgent(AgentConfig("n1", **cfg), source, pausers, clock=clock)  # type: ignore[arg-type]
+    events: list[AgentEvent] = []
+    agent.observers.append(lambda _snap, evs: events.extend(evs))
+    return agent, source, events
+
+
+def step(agent: NodeAgent, clock: ManualClock) -> None:
+    clock.advance(agent.config.period_s)
+    agent.tick()
+
+
+def kinds(events: list[AgentEvent]) -> list[str]:
+    return [e.kind for e in events]
+
+
+def test_sigstop_above_88_sigcont_below_70_no_flapping_at_80(batch_job: subprocess.Popen[bytes]) -> None:
+    clock = ManualClock(100.0)
+    agent, source, events = make_agent(clock)
+    agent.register(Workload("lease-p2", GPU, "signal", vram_mib=2000, pgid=batch_job.pid))
+    source.set_used_ratio(GPU, 0.50)
+    step(agent, clock)
+    assert events == [] and running(batch_job.pid)
+
+    source.set_used_ratio(GPU, 0.89)
+    step(agent, clock)  # the tick that sees the crossing sends SIGSTOP inside the tick
+    assert kinds(events) == ["watermark_pause", "paused"]
+    assert events[1].lease_id == "lease-p2" and events[1].frees == "compute"
+    assert wait_for(lambda: stopped(batch_job.pid))
+    assert agent.workloads.get("lease-p2").state is RunState.PAUSED  # type: ignore[union-attr]
+
+    events.clear()
+    for ratio in (0.80, 0.87, 0.72, 0.80, 0.71, 0.85) * 5:  # inside the hysteresis band
+        source.set_used_ratio(GPU, ratio)
+        step(agent, clock)
+        assert stopped(batch_job.pid)
+    assert events == []
+
+    source.set_used_ratio(GPU, 0.69)
+    step(agent, clock)
+    assert kinds(events) == ["watermark_resume", "resumed"]
+    assert wait_for(lambda: running(batch_job.pid))
+
+    events.clear()
+    for ratio in (0.80, 0.87, 0.75) * 5:
+        source.set_used_ratio(GPU, ratio)
+        step(agent, clock)
+        assert not stopped(batch_job.pid)
+    assert events == []
+
+
+def test_cgroup_freezer_follows_the_watermarks(batch_job: subprocess.Popen[bytes], job_cgroup: Path) -> None:
+    clock = ManualClock()
+    agent, source, events = make_agent(clock)
+    agent.register(Workload("lease-cg", GPU, "cgroup", vram_mib=2000, cgroup=str(job_cgroup)))
+
+    def frozen() -> bool:
+        return "frozen 1" in (job_cgroup / "cgroup.events").read_text()
+
+    source.set_used_ratio(GPU, 0.90)
+    step(agent, clock)
+    assert kinds(events) == ["watermark_pause", "paused"]
+    assert wait_for(frozen)
+    events.clear()
+    for ratio in (0.80, 0.75, 0.86) * 4:
+        source.set_used_ratio(GPU, ratio)
+        step(agent, clock)
+        assert frozen()
+    assert events == []
+    source.set_used_ratio(GPU, 0.50)
+    step(agent, clock)
+    assert kinds(events) == ["watermark_resume", "resumed"]
+    assert wait_for(lambda: not frozen())
+
+
+def test_temperature_pauses_without_revoking(batch_job: subprocess.Popen[bytes]) -> None:
+    clock = ManualClock()
+    agent, source, events = make_agent(clock, revoke_after_s=0.5)
+    agent.register(Workload("hot", GPU, "signal", vram_mib=2000, pgid=batch_job.pid))
+    source.set(GPU, temperature_c=84)
+    for _ in range(10):
+        step(agent, clock)
+    assert kinds(events) == ["watermark_pause", "paused"]
+    assert wait_for(lambda: stopped(batch_job.pid))
+    source.set(GPU, temperature_c=70)
+    step(agent, clock)
+    assert kinds(events)[-2:] == ["watermark_resume", "resumed"]
+
+
+def test_compute_only_pause_escalates_to_revoke_when_vram_stays_high(
+    batch_job: subprocess.Popen[bytes],
+) -> None:
+    clock = ManualClock()
+    agent, source, events = make_agent(clock, revoke_after_s=1.0)
+    agent.register(Workload("big", GPU, "signal", vram_mib=3000, pgid=batch_job.pid))
+    source.set_used_ratio(GPU, 0.95)
+    step(agent, clock)
+    assert kinds(events) == ["watermark_pause", "paused"]
+    for _ in range(4):  # 0.8 s after the crossing: still within the budget
+        step(agent, clock)
+    assert "revoke" not in kinds(events)
+    step(agent, clock)  # 1.0 s: SIGSTOP froze compute but freed no VRAM -> revoke
+    revoke = [e for e in events if e.kind == "revoke"]
+    assert len(revoke) == 1 and revoke[0].lease_id == "big"
+    assert "frees compute only" in revoke[0].reason
+    assert batch_job.wait(timeout=10) != 0  # terminated (SIGKILL to the group)
+    assert agent.workloads.get("big").state is RunState.REVOKED  # type: ignore[union-attr]
+
+
+def test_new_workload_on_paused_gpu_is_paused_next_tick(batch_job: subprocess.Popen[bytes]) -> None:
+    clock = ManualClock()
+    agent, source, events = make_agent(clock)
+    source.set_used_ratio(GPU, 0.92)
+    step(agent, clock)
+    assert kinds(events) == ["watermark_pause"]
+    agent.register(Workload("late", GPU, "signal", vram_mib=10, pgid=batch_job.pid))
+    step(agent, clock)
+    assert kinds(events) == ["watermark_pause", "paused"]
+    assert wait_for(lambda: stopped(batch_job.pid))
+
+
+def test_xid_marks_gpu_unhealthy_and_revokes_its_batch_work(batch_job: subprocess.Popen[bytes]) -> None:
+    clock = ManualClock()
+    agent, source, events = make_agent(clock)
+    agent.register(Workload("victim", GPU, "signal", vram_mib=10, pgid=batch_job.pid))
+    source.inject_xid(GPU, 13)  # application-level XID: not a device fault
+    step(agent, clock)
+    assert events == []
+    source.inject_xid(GPU, 79)  # fallen off the bus
+    step(agent, clock)
+    assert kinds(events) == ["unhealthy", "revoke"]
+    assert events[0].reason == "XID 79"
+    assert batch_job.wait(timeout=10) != 0
+    snap = agent.snapshot()
+    assert not snap.gpus[0].healthy and snap.gpus[0].problem == "XID 79"
+    step(agent, clock)
+    assert kinds(events) == ["unhealthy", "revoke"]  # reported once
+
+
+def test_nvml_error_marks_unhealthy_and_broken_source_does_not_kill_the_loop() -> None:
+    clock = ManualClock()
+    agent, source, events = make_agent(clock)
+    source.set(GPU, error="GPU is lost")
+    step(agent, clock)
+    assert kinds(events) == ["unhealthy"] and "GPU is lost" in events[0].reason
+
+    class Broken:
+        def read(self) -> list[object]:
+            raise RuntimeError("NVML not initialised")
+
+    agent.source = Broken()  # type: ignore[assignment]
+    step(agent, clock)
+    assert kinds(events)[-1] == "source_error"
