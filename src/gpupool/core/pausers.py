@@ -181,7 +181,7 @@ def vram_deficit_mib(used_mib: int, total_mib: int, *, target_ratio: float) -> i
     if not 0.0 <= target_ratio <= 1.0 or not math.isfinite(target_ratio):
         raise InvalidInput("target_ratio", target_ratio, "must be a number in [0, 1]")
     limit_mib = (round(target_ratio * 1000) * total_mib + 999) // 1000  # ceil(target * total)
-    return max(0, used_mib - limit_mib + 1)
+    return max(0, min(used_mib, used_mib - limit_mib + 1))
 
 
 def plan_relief(
