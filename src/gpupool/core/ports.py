@@ -93,6 +93,8 @@ class GatewayEvent:
     lease_ids: tuple[str, ...] = ()
     tenants: tuple[str, ...] = field(default=())
     """Tenants concerned (for pause/resume: the holders of ``lease_ids``)."""
+    wait_s: float = 0.0
+    """For a grant from the queue: how long the request waited."""
 
 
 class EventSink(Protocol):

@@ -1,0 +1,608 @@
+"""`LeaseController`: the gateway's brain. Composes the `Allocator` (placement leases on real slices),
+a second allocator over model instances' KV-cache budgets (request leases), the `AdmissionQueue`, a
+`WatermarkBank` and a `LeaseStore` (write-through, group-committed), and emits `GatewayEvent`s.
+
+Admission of a new request (`acquire`), in this order:
+1. validate (``InvalidInput`` names the field); a request no healthy slice could ever hold is
+   UNRESOLVABLE (HTTP 503);
+2. if a competing request of its band or a higher one is already queued, it queues behind it
+   (fairness; see `AdmissionQueue`);
+3. otherwise it is placed now: priority >= ``preempt_min_priority`` (P0) may preempt strictly lower
+   preemptible work; sheddable (P2) work is never placed on a GPU whose watermark machine is PAUSED
+   and gets BACKPRESSURE (HTTP 429 + Retry-After) when only paused GPUs have room;
+4. when nothing has room it queues with a deadline (HTTP 202 + ticket), or is SHED when the band is
+   full (HTTP 429). Capacity freed by release / expiry / revocation / RESUME pumps the queue.
+
+Durability: every lease change is recorded as a compare-and-set `StoreWrite` (coalesced per lease)
+and the events that go with it wait in the same pending batch. `flush` (or `take_batch` + store
+``apply`` in a worker thread + `deliver`, the gateway's group commit) makes the batch durable *before*
+its events are delivered, so every event describes durable state. Request leases (KV budgets) live
+in memory only: they end with the process that serves their request.
+
+Recovery (`recover`): active leases are read back from the store; those past expiry are ended as
+EXPIRED, those that no longer fit (slice gone, shrunk or overbooked) are ended as REVOKED, the rest
+are restored; afterwards the ledger equals a recomputation from the stored active leases.
+
+Tenancy: calls that take ``tenant`` treat another tenant's lease or ticket as unknown (`UnknownId`).
+The controller never reads a clock: all time comes from the injected `Clock`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from gpupool.core.admission import AdmissionConfig, AdmissionQueue, Ticketed, Verdict
+from gpupool.core.allocator import Allocator, LeaseEvent
+from gpupool.core.clock import Clock
+from gpupool.core.errors import InvalidInput, UnknownId
+from gpupool.core.ids import LeaseIdFactory, random_lease_id
+from gpupool.core.model import Lease, LeaseState, Request, validate_request
+from gpupool.core.outcome import Outcome, OutcomeCode
+from gpupool.core.ports import EventSink, GatewayEvent, LeaseStore, StoreWrite
+from gpupool.core.priority import P0, band
+from gpupool.core.watermarks import Reading, Signal, WatermarkBank, WatermarkConfig
+from gpupool.hardware.slices import Slice, SliceKind
+from gpupool.hardware.units import Resources
+
+_DEFAULT_KINDS = frozenset({SliceKind.MIG.value, SliceKind.MPS.value, SliceKind.WHOLE.value})
+KV_PREFIX = "kv/"
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    preempt_min_priority: int = P0
+    queue_sheddable: bool = True
+    """P2 work that finds no room waits in the queue (False: it is shed at once with 429)."""
+    retry_after_s: float = 1.0
+    ended_retention_s: float = 3600.0
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    watermarks: WatermarkConfig = field(default_factory=WatermarkConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class TicketStatus:
+    ticket: str
+    state: str  # queued | granted | shed | cancelled
+    request: Request
+    enqueued_at: float
+    deadline_at: float
+    lease: Lease | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    writes: tuple[StoreWrite, ...]
+    events: tuple[GatewayEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """A model instance whose KV-cache budget request leases draw from."""
+
+    id: str
+    model: str
+    url: str
+    node: str
+    gpu_id: str
+    kv_budget_mib: int
+    slice_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    restored: int
+    expired: int
+    revoked: int
+
+
+class LeaseController:
+    def __init__(
+        self,
+        slices: Iterable[Slice],
+        *,
+        clock: Clock,
+        store: LeaseStore,
+        sink: EventSink | None = None,
+        config: ControllerConfig | None = None,
+        lease_ids: LeaseIdFactory = random_lease_id,
+        ticket_ids: LeaseIdFactory = random_lease_id,
+        policy: str = "bestfit",
+        autoflush: bool = True,
+        ticket_memory: int = 10_000,
+    ) -> None:
+        self.clock = clock
+        self.store = store
+        self.sink = sink
+        self.config = config or ControllerConfig()
+        self.autoflush = autoflush
+        self.allocator = Allocator(
+            slices, clock=clock, policy=policy, lease_ids=lease_ids, on_event=self._on_lease
+        )
+        self.kv = Allocator((), clock=clock, lease_ids=lease_ids, on_event=self._on_kv)
+        self.queue = AdmissionQueue(self.config.admission)
+        self.bank = WatermarkBank(self.config.watermarks)
+        self.backends: dict[str, Backend] = {}
+        self._ticket_ids = ticket_ids
+        self._pending: OrderedDict[str, StoreWrite] = OrderedDict()
+        self._events: list[GatewayEvent] = []
+        self._tickets: OrderedDict[str, TicketStatus] = OrderedDict()
+        self._ticket_memory = ticket_memory
+        self._freed = False
+        self._readings: dict[str, Reading] = {}
+        self._health: dict[str, str] = {}
+        self._drained: set[str] = set()
+        self.outcomes: Counter[tuple[str, str]] = Counter()
+        """(band, outcome code) -> count of admission decisions."""
+        self.preemptions = 0
+        self._granting: Ticketed | None = None
+        self._gpus = set(self.allocator.ledger.gpu_ids())
+
+    # ================================================================== leases
+    def acquire(self, request: Request, *, wait_s: float | None = None, gpu_id: str = "") -> Outcome:
+        """Admit ``request`` now, queue it, or say why not (see the module docstring)."""
+        validate_request(request)
+        if gpu_id and gpu_id not in self._gpus:
+            raise InvalidInput("gpu_id", gpu_id, "no such GPU in the pool")
+        if gpu_id and request.gpu_count > 1:
+            raise InvalidInput("gpu_id", gpu_id, "a multi-GPU request cannot name one GPU")
+        if request.model and request.model in self.models():
+            return self._finish(self._admit(request, wait_s=wait_s, gpu_id="", kv=True))
+        return self._finish(self._admit(request, wait_s=wait_s, gpu_id=gpu_id, kv=False))
+
+    def release(self, lease_id: str, *, tenant: str | None = None, reason: str = "") -> Outcome:
+        alloc = self._owner(lease_id)
+        self._check_tenant(alloc.get(lease_id), tenant)
+        return self._finish(alloc.release(lease_id, reason=reason or "released by holder"))
+
+    def renew(self, lease_id: str, *, ttl_s: float | None = None, tenant: str | None = None) -> Outcome:
+        alloc = self._owner(lease_id)
+        self._check_tenant(alloc.get(lease_id), tenant)
+        return self._finish(alloc.renew(lease_id, ttl_s))
+
+    def get(self, lease_id: str, *, tenant: str | None = None) -> Lease:
+        lease = self._owner(lease_id).get(lease_id)
+        self._check_tenant(lease, tenant)
+        return lease
+
+    def leases(self, *, tenant: str | None = None) -> list[Lease]:
+        """Active placement and request leases (of one tenant), sorted by id."""
+        out = [
+            x
+            for a in (self.allocator, self.kv)
+            for x in a.leases
+            if tenant is None or x.request.tenant == tenant
+        ]
+        return sorted(out, key=lambda x: x.id)
+
+    def ticket(self, ticket: str, *, tenant: str | None = None) -> TicketStatus:
+        st = self._tickets.get(ticket)
+        if st is None or (tenant is not None and st.request.tenant != tenant):
+            raise UnknownId("ticket", ticket)
+        return st
+
+    def cancel(self, ticket: str, *, tenant: str | None = None) -> TicketStatus:
+        st = self.ticket(ticket, tenant=tenant)
+        if st.state == "queued" and self.queue.remove(ticket) is not None:
+            st = self._end_ticket(st, "cancelled", reason="cancelled by holder")
+            self._finish(None)
+        return st
+
+    def tick(self) -> None:
+        """Expire due leases and queue deadlines, then pump the queue. Call every ~100-200 ms."""
+        self.allocator.expire_due()
+        self.kv.expire_due()
+        for item in self.queue.expire(self.clock.now()):
+            st = self._tickets.get(item.ticket)
+            if st is not None:
+                self._end_ticket(st, "shed", reason="queue deadline passed")
+            self.outcomes[(band(item.priority), "shed")] += 1
+        self._freed = True
+        self._finish(None)
+
+    # ================================================================== backends (request leases)
+    def register_backend(self, b: Backend) -> None:
+        if b.id in self.backends:
+            raise InvalidInput("backend.id", b.id, "already registered")
+        if b.kv_budget_mib < 1:
+            raise InvalidInput("backend.kv_budget_mib", b.kv_budget_mib, "must be >= 1")
+        self.kv.add_slice(
+            Slice(
+                id=KV_PREFIX + b.id,
+                node=b.node,
+                gpu_id=b.gpu_id,
+                kind=SliceKind.MPS,
+                capacity=Resources(b.kv_budget_mib, 1000),
+                profile=f"kv:{b.model}",
+            )
+        )
+        self.backends[b.id] = b
+
+    def models(self) -> dict[str, list[Backend]]:
+        out: dict[str, list[Backend]] = {}
+        for b in sorted(self.backends.values(), key=lambda x: x.id):
+            out.setdefault(b.model, []).append(b)
+        return out
+
+    def backend_of(self, lease: Lease) -> Backend | None:
+        sid = lease.slice_ids[0] if lease.grants else ""
+        return self.backends.get(sid[len(KV_PREFIX) :]) if sid.startswith(KV_PREFIX) else None
+
+    # ================================================================== pressure and admin
+    def feed_reading(
+        self, reading: Reading, *, health: str = "ok", xids: tuple[int, ...] = ()
+    ) -> GatewayEvent | None:
+        """One GPU sample from a node agent or device source. Returns the pause/resume event, if any."""
+        gpu = reading.gpu_id
+        if gpu not in self._gpus:
+            raise InvalidInput("gpu_id", gpu, "no such GPU in the pool")
+        if health not in ("ok", "degraded", "failed"):
+            raise InvalidInput("health", health, "must be ok, degraded or failed")
+        self._readings[gpu] = reading
+        self._set_health(gpu, health, xids)
+        t = self.bank.feed(reading)
+        ev = None
+        if t is not None:
+            p2 = self._p2_on_gpu(gpu)
+            ev = GatewayEvent(
+                kind=t.signal.value,
+                at=t.at_s,
+                gpu_id=gpu,
+                reason=t.reason,
+                lease_ids=tuple(x.id for x in p2),
+                tenants=tuple(sorted({x.request.tenant for x in p2})),
+            )
+            self._events.append(ev)
+            if t.signal is Signal.RESUME:
+                self._freed = True
+        self._finish(None)
+        return ev
+
+    def drain_gpu(self, gpu_id: str, *, revoke: bool = False, reason: str = "") -> tuple[Lease, ...]:
+        sids = self._gpu_slices(gpu_id)
+        self._drained.add(gpu_id)
+        out: list[Lease] = []
+        for sid in sids:
+            why = reason or f"GPU {gpu_id} drained"
+            out.extend(self.allocator.mark_unhealthy(sid, revoke=revoke, reason=why))
+        self._finish(None)
+        return tuple(out)
+
+    def undrain_gpu(self, gpu_id: str) -> None:
+        sids = self._gpu_slices(gpu_id)
+        self._drained.discard(gpu_id)
+        if self._health.get(gpu_id, "ok") == "ok":
+            for sid in sids:
+                self.allocator.mark_healthy(sid)
+        self._freed = True
+        self._finish(None)
+
+    def mark_slice(
+        self, slice_id: str, *, healthy: bool, revoke: bool = False, reason: str = ""
+    ) -> tuple[Lease, ...]:
+        self.allocator.slice_state(slice_id)  # raises UnknownId
+        out: tuple[Lease, ...] = ()
+        if healthy:
+            self.allocator.mark_healthy(slice_id)
+            self._freed = True
+        else:
+            out = self.allocator.mark_unhealthy(slice_id, revoke=revoke, reason=reason or "marked unhealthy")
+        self._finish(None)
+        return out
+
+    def set_watermarks(self, config: WatermarkConfig) -> None:
+        self.bank.reconfigure(config)
+
+    def paused_gpus(self) -> set[str]:
+        return {g for g, m in self.bank.machines().items() if m.paused}
+
+    # ================================================================== durability
+    def take_batch(self) -> Batch:
+        b = Batch(tuple(self._pending.values()), tuple(self._events))
+        self._pending = OrderedDict()
+        self._events = []
+        return b
+
+    def deliver(self, batch: Batch) -> None:
+        if self.sink is not None:
+            for e in batch.events:
+                self.sink(e)
+
+    def flush(self) -> int:
+        b = self.take_batch()
+        if b.writes:
+            self.store.apply(b.writes)
+        self.deliver(b)
+        return len(b.writes)
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._pending or self._events)
+
+    def recover(self) -> RecoveryReport:
+        """Reload active leases from the store (see the module docstring). Call once, before serving."""
+        now = self.clock.now()
+        restored = expired = revoked = 0
+        for lease in self.store.active():
+            if lease.expires_at <= now:
+                why = "expired while the gateway was down"
+                self._write(lease.with_state(LeaseState.EXPIRED, at=now, reason=why), lease.revision)
+                expired += 1
+                continue
+            try:
+                self.allocator.restore(lease)
+                restored += 1
+            except (InvalidInput, UnknownId) as exc:
+                why = f"not restorable: {exc}"
+                self._write(lease.with_state(LeaseState.REVOKED, at=now, reason=why), lease.revision)
+                revoked += 1
+        self.flush()
+        self.allocator.check_invariants()
+        return RecoveryReport(restored=restored, expired=expired, revoked=revoked)
+
+    # ================================================================== views
+    def reading(self, gpu_id: str) -> Reading | None:
+        return self._readings.get(gpu_id)
+
+    def health(self, gpu_id: str) -> str:
+        return self._health.get(gpu_id, "ok")
+
+    def is_drained(self, gpu_id: str) -> bool:
+        return gpu_id in self._drained
+
+    def check_invariants(self) -> None:
+        self.allocator.check_invariants()
+        self.kv.check_invariants()
+
+    # ================================================================== internals
+    def _admit(self, request: Request, *, wait_s: float | None, gpu_id: str, kv: bool) -> Outcome:
+        keys = frozenset({"model:" + request.model}) if kv else _keys(request)
+        possible = self._possible(request, gpu_id, kv=kv)
+        if possible is not None:
+            return self._count(request, possible)
+        if not self.queue.must_wait(request.priority, keys):
+            out = self._place(request, gpu_id, kv=kv)
+            if out.code is not OutcomeCode.NO_CAPACITY:
+                if out.granted:
+                    self.queue.record_grant(request.priority)
+                return self._count(request, out)
+        if request.priority < 0 and not self.config.queue_sheddable:
+            why = "no room now and sheddable work does not queue"
+            return self._count(request, self._shed(request, why))
+        cfg = self.config.admission
+        wait = cfg.default_wait_s(request.priority) if wait_s is None else wait_s
+        if not 0 < wait <= cfg.max_wait_s:
+            raise InvalidInput("queue_timeout_s", wait_s, f"must be in (0, {cfg.max_wait_s}]")
+        now = self.clock.now()
+        item = Ticketed(
+            ticket=str(self._ticket_ids()),
+            request=request,
+            enqueued_at=now,
+            deadline_at=now + wait,
+            seq=self.queue.next_seq(),
+            keys=keys,
+            gpu_id=gpu_id,
+        )
+        if not self.queue.push(item):
+            return self._count(
+                request, self._shed(request, f"queue of band {band(request.priority)} is full")
+            )
+        st = TicketStatus(item.ticket, "queued", request, now, item.deadline_at)
+        self._remember(st)
+        self._events.append(GatewayEvent(kind="queued", at=now, ticket=item.ticket, tenant=request.tenant))
+        queued = Outcome(
+            OutcomeCode.QUEUED,
+            ticket=item.ticket,
+            reason="waiting for capacity",
+            retry_after_s=self.config.retry_after_s,
+        )
+        return self._count(request, queued)
+
+    def _shed(self, request: Request, reason: str) -> Outcome:
+        return Outcome(OutcomeCode.SHED, reason=reason, retry_after_s=self.config.retry_after_s)
+
+    def _count(self, request: Request, out: Outcome) -> Outcome:
+        self.outcomes[(band(request.priority), out.code.value)] += 1
+        if out.victims:
+            self.preemptions += len(out.victims)
+        return out
+
+    def _possible(self, request: Request, gpu_id: str, *, kv: bool) -> Outcome | None:
+        """UNRESOLVABLE when no healthy slice (of that GPU / model) could ever hold it, else None."""
+        if request.gpu_count > 1:
+            return None  # NOTE: the allocator itself answers UNRESOLVABLE for multi-GPU requests
+        states = self.kv.states() if kv else self.allocator.states()
+        for st in states:
+            s = st.slice
+            if kv and self.backends[s.id[len(KV_PREFIX) :]].model != request.model:
+                continue
+            if gpu_id and s.gpu_id != gpu_id:
+                continue
+            if request.nodes and s.node not in request.nodes:
+                continue
+            if st.healthy and request.accepts(s.kind) and request.demand.fits_in(s.capacity):
+                return None
+        where = f"model {request.model!r}" if kv else (f"GPU {gpu_id}" if gpu_id else "the pool")
+        why = f"no healthy slice of {where} could ever hold {request.demand}"
+        return Outcome(OutcomeCode.UNRESOLVABLE, reason=why)
+
+    def _place(self, request: Request, gpu_id: str, *, kv: bool) -> Outcome:
+        paused = self.paused_gpus() if request.priority < 0 else set()
+        if not kv and not gpu_id and not paused:
+            return self.allocator.allocate(
+                request, preempt=request.priority >= self.config.preempt_min_priority
+            )
+        alloc = self.kv if kv else self.allocator
+        best: tuple[int, int, str] | None = None
+        held_back = False
+        for st in alloc.states():
+            s = st.slice
+            if kv and self.backends[s.id[len(KV_PREFIX) :]].model != request.model:
+                continue
+            if (gpu_id and s.gpu_id != gpu_id) or (request.nodes and s.node not in request.nodes):
+                continue
+            if not st.healthy or not request.accepts(s.kind) or not request.demand.fits_in(st.free):
+                continue
+            if s.gpu_id in paused:
+                held_back = True
+                continue
+            # kv: most free first (spread load over instances); slices: best fit (least VRAM left)
+            left = -st.free.vram_mib if kv else st.free.vram_mib - request.demand.vram_mib
+            key = (left, st.free.compute_milli - request.demand.compute_milli, s.id)
+            if best is None or key < best:
+                best = key
+        if best is not None:
+            return alloc.place(request, (best[2],))
+        if held_back:
+            return Outcome(
+                OutcomeCode.BACKPRESSURE,
+                reason="only GPUs above the VRAM/temperature watermark have room for sheddable work",
+                retry_after_s=self.config.retry_after_s,
+            )
+        if not kv and not gpu_id and request.priority >= self.config.preempt_min_priority:
+            return self.allocator.allocate(request, preempt=True)
+        return Outcome(OutcomeCode.NO_CAPACITY, reason="no slice has room now")
+
+    def _try_queued(self, item: Ticketed) -> Verdict:
+        st = self._tickets.get(item.ticket)
+        kv = any(k.startswith("model:") for k in item.keys)
+        self._granting = item
+        try:
+            out = self._place(item.request, item.gpu_id, kv=kv)
+        finally:
+            self._granting = None
+        if out.granted and out.lease is not None:
+            if st is not None:
+                self._end_ticket(st, "granted", lease=out.lease)
+            if out.victims:
+                self.preemptions += len(out.victims)
+            self.outcomes[(band(item.priority), "granted_from_queue")] += 1
+            return Verdict.GRANTED
+        if out.code is OutcomeCode.UNRESOLVABLE:
+            if st is not None:
+                self._end_ticket(st, "shed", reason=out.reason)
+            return Verdict.DROPPED
+        return Verdict.BLOCKED
+
+    def _end_ticket(
+        self, st: TicketStatus, state: str, *, lease: Lease | None = None, reason: str = ""
+    ) -> TicketStatus:
+        new = replace(st, state=state, lease=lease, reason=reason)
+        self._remember(new)
+        if state != "granted":  # NOTE: a grant's event is the lease's own "granted" event (with the ticket)
+            self._events.append(
+                GatewayEvent(
+                    kind="shed",
+                    at=self.clock.now(),
+                    ticket=st.ticket,
+                    tenant=st.request.tenant,
+                    reason=reason or state,
+                )
+            )
+        return new
+
+    def _remember(self, st: TicketStatus) -> None:
+        self._tickets[st.ticket] = st
+        self._tickets.move_to_end(st.ticket)
+        while len(self._tickets) > self._ticket_memory:
+            old, s = next(iter(self._tickets.items()))
+            if s.state == "queued":
+                break
+            del self._tickets[old]
+
+    def _finish(self, out: Outcome | None) -> Outcome:
+        if self._freed and len(self.queue):
+            self._freed = False
+            self.queue.drain(self._try_queued)
+        self._freed = False
+        if self.autoflush and self.dirty:
+            self.flush()
+        return out if out is not None else Outcome(OutcomeCode.RELEASED)
+
+    def _on_lease(self, ev: LeaseEvent) -> None:
+        lease = ev.lease
+        if ev.kind == "restored":
+            return
+        self._write(lease, None if ev.kind == "granted" else lease.revision - 1)
+        if lease.state.ended:
+            self._freed = True
+        item = self._granting if ev.kind == "granted" else None
+        self._events.append(
+            GatewayEvent(
+                kind=ev.kind,
+                at=ev.at,
+                lease=lease,
+                ticket=item.ticket if item is not None else "",
+                tenant=lease.request.tenant,
+                reason=lease.reason,
+                wait_s=ev.at - item.enqueued_at if item is not None else 0.0,
+            )
+        )
+
+    def _on_kv(self, ev: LeaseEvent) -> None:
+        if ev.lease.state.ended:
+            self._freed = True
+
+    def _write(self, lease: Lease, expected: int | None) -> None:
+        prev = self._pending.get(lease.id)
+        self._pending[lease.id] = StoreWrite(lease, expected if prev is None else prev.expected_revision)
+
+    def _owner(self, lease_id: str) -> Allocator:
+        if self.allocator.leases.get(lease_id) is not None:
+            return self.allocator
+        if self.kv.leases.get(lease_id) is not None:
+            return self.kv
+        raise UnknownId("lease", lease_id)
+
+    @staticmethod
+    def _check_tenant(lease: Lease, tenant: str | None) -> None:
+        if tenant is not None and lease.request.tenant != tenant:
+            raise UnknownId("lease", lease.id)
+
+    def _gpu_slices(self, gpu_id: str) -> list[str]:
+        sids = self.allocator.ledger.on_gpu(gpu_id)
+        if not sids:
+            raise UnknownId("gpu", gpu_id)
+        return list(sids)
+
+    def _p2_on_gpu(self, gpu_id: str) -> list[Lease]:
+        out: dict[str, Lease] = {}
+        for sid in self.allocator.ledger.on_gpu(gpu_id):
+            for x in self.allocator.leases.on_slice(sid):
+                if x.request.is_preemptible:
+                    out[x.id] = x
+        for st in self.kv.states():
+            if st.slice.gpu_id == gpu_id:
+                for x in self.kv.leases.on_slice(st.slice.id):
+                    if x.request.is_preemptible:
+                        out[x.id] = x
+        return [out[k] for k in sorted(out)]
+
+    def _set_health(self, gpu: str, health: str, xids: tuple[int, ...]) -> None:
+        before = self._health.get(gpu, "ok")
+        if health == before:
+            return
+        self._health[gpu] = health
+        sids = self.allocator.ledger.on_gpu(gpu)
+        if health == "ok":
+            if gpu not in self._drained:
+                for sid in sids:
+                    self.allocator.mark_healthy(sid)
+                self._freed = True
+            return
+        why = f"GPU {gpu} {health}" + (f" (XID {', '.join(map(str, xids))})" if xids else "")
+        for sid in sids:
+            self.allocator.mark_unhealthy(sid, revoke=health == "failed", reason=why)
+
+
+def _keys(request: Request) -> frozenset[str]:
+    if request.gpu_count > 1:
+        return frozenset({SliceKind.WHOLE.value})
+    if not request.kinds:
+        return _DEFAULT_KINDS
+    return frozenset(k.value for k in request.kinds)
+
+
+__all__ = ["Backend", "Batch", "ControllerConfig", "LeaseController", "RecoveryReport", "TicketStatus"]
