@@ -1,0 +1,346 @@
+"""kube-scheduler extender over HTTP (standard library ``http.server``, one thread per connection).
+
+Routes (``prefix`` configurable, e.g. ``/gpupool``): ``POST <prefix>/filter``, ``/prioritize``,
+``/bind``, ``/preempt``; ``GET /healthz``, ``GET <prefix>/state`` (pool summary for operators).
+Wire types are those of ``k8s.io/kube-scheduler/extender/v1`` with the Go field names as JSON keys:
+``ExtenderArgs {Pod, Nodes, NodeNames}``, ``ExtenderFilterResult {Nodes, NodeNames, FailedNodes,
+FailedAndUnresolvableNodes, Error}``, ``HostPriorityList [{Host, Score}]``, ``ExtenderBindingArgs
+{PodName, PodNamespace, PodUID, Node}``, ``ExtenderBindingResult {Error}``, ``ExtenderPreemptionArgs
+{Pod, NodeNameToVictims, NodeNameToMetaVictims}`` and ``ExtenderPreemptionResult
+{NodeNameToMetaVictims}``. The answer uses the node mode of the question: ``NodeNames`` when the
+scheduler sent names (``nodeCacheCapable: true``), else ``Nodes`` with the passing node objects.
+
+Contract per verb:
+- filter: no side effects besides remembering the pod's demand for bind; a reason per failed node.
+- prioritize: 0..10 per node from the core policy (see `pool`); a bad pod scores 0 everywhere.
+- bind: commit the lease (re-validated), write the placement annotation, then create the Binding;
+  any failure releases the lease, removes the annotation and returns ``Error`` so the scheduler
+  retries. Without a `KubeApi` (static dry runs) bind only commits the lease.
+- preempt: per candidate node, the minimal set of preemptible strictly-lower-priority pods from
+  the core planner; nodes that need no victim or cannot be helped are dropped. kube-scheduler only
+  calls preempt for nodes where its in-tree plugins found victims (our VRAM/compute resources are
+  ignoredByScheduler), so this verb refines, it cannot start, a preemption (see deploy/README.md).
+Malformed JSON or a non-object body: HTTP 400 with ``{"Error": ...}``; an invalid pod: HTTP 200 with
+``Error`` naming the field. Unexpected exceptions: HTTP 500 with ``Error``; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from gpupool.adapters.k8s.annotations import Placement, encode_placement
+from gpupool.adapters.k8s.kubeapi import KubeApi, KubeApiError
+from gpupool.adapters.k8s.pool import ExtenderPool
+from gpupool.adapters.k8s.resources import DEFAULT_NAMES, PodDemand, ResourceNames, parse_pod
+from gpupool.core.errors import InvalidInput
+
+log = logging.getLogger("gpupool.extender")
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class BadRequestError(Exception):
+    pass
+
+
+def _nodes_of(args: dict[str, Any]) -> tuple[list[str], dict[str, Any] | None]:
+    """Node names in input order (deduplicated) and, in Nodes mode, name -> node object."""
+    names = args.get("NodeNames")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise InvalidInput("NodeNames", names, "must be a list of node names")
+        return list(dict.fromkeys(names)), None
+    nodes = args.get("Nodes")
+    if nodes is None:
+        raise InvalidInput("Nodes", None, "one of Nodes or NodeNames must be set")
+    if not isinstance(nodes, dict):
+        raise InvalidInput("Nodes", type(nodes).__name__, "must be a v1.NodeList object")
+    items = nodes.get("items") or []
+    if not isinstance(items, list):
+        raise InvalidInput("Nodes.items", type(items).__name__, "must be a list")
+    objs: dict[str, Any] = {}
+    for i, node in enumerate(items):
+        name = (node.get("metadata") or {}).get("name") if isinstance(node, dict) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"Nodes.items[{i}].metadata.name", name, "must be a non-empty string")
+        objs.setdefault(name, node)
+    return list(objs), objs
+
+
+class Extender:
+    """The protocol logic, independent of the HTTP plumbing (used in-process by the benchmark)."""
+
+    def __init__(
+        self,
+        pool: ExtenderPool,
+        *,
+        api: KubeApi | None = None,
+        names: ResourceNames = DEFAULT_NAMES,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.pool = pool
+        self.api = api
+        self.names = names
+        self.wall_clock = wall_clock
+
+    def filter(self, args: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "Nodes": None,
+            "NodeNames": None,
+            "FailedNodes": {},
+            "FailedAndUnresolvableNodes": {},
+            "Error": "",
+        }
+        try:
+            nodes, objs = _nodes_of(args)
+            demand = parse_pod(args.get("Pod"), self.names)
+        except InvalidInput as exc:
+            out["Error"] = str(exc)
+            return out
+        if demand is None:
+            passed: tuple[str, ...] = tuple(nodes)
+        else:
+            self.pool.remember(demand)
+            verdict = self.pool.filter(demand, nodes)
+            passed = verdict.passed
+            out["FailedNodes"] = verdict.failed
+            out["FailedAndUnresolvableNodes"] = verdict.unresolvable
+        if objs is None:
+            out["NodeNames"] = list(passed)
+        else:
+            out["Nodes"] = {
+                "apiVersion": "v1",
+                "kind": "NodeList",
+                "metadata": {},
+                "items": [objs[n] for n in passed],
+            }
+        return out
+
+    def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        try:
+            nodes, _ = _nodes_of(args)
+        except InvalidInput:
+            return []
+        try:
+            demand = parse_pod(args.get("Pod"), self.names)
+        except InvalidInput:
+            demand = None
+        if demand is None:
+            return [{"Host": n, "Score": 0} for n in nodes]
+        return [{"Host": n, "Score": s} for n, s in self.pool.prioritize(demand, nodes)]
+
+    def preempt(self, args: dict[str, Any]) -> dict[str, Any]:
+        meta = args.get("NodeNameToMetaVictims")
+        full = args.get("NodeNameToVictims")
+        given = meta if isinstance(meta, dict) else full if isinstance(full, dict) else {}
+        try:
+            demand = parse_pod(args.get("Pod"), self.names)
+        except InvalidInput:
+            return {"NodeNameToMetaVictims": {}}
+        if demand is None:
+            return {
+                "NodeNameToMetaVictims": {n: _meta_of(v) for n, v in given.items() if isinstance(v, dict)}
+            }
+        plans = self.pool.preempt(demand, [n for n in given if isinstance(n, str)])
+        result = {}
+        for node, uids in plans.items():
+            pdb = given.get(node) or {}
+            violations = pdb.get("NumPDBViolations", 0) if isinstance(pdb, dict) else 0
+            result[node] = {
+                "Pods": [{"UID": u} for u in uids],
+                "NumPDBViolations": violations if isinstance(violations, int) else 0,
+            }
+        return {"NodeNameToMetaVictims": result}
+
+    def bind(self, args: dict[str, Any]) -> dict[str, Any]:
+        fields = {}
+        for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+            value = args.get(key, "")
+            if not isinstance(value, str) or (key != "PodUID" and not value):
+                return {"Error": str(InvalidInput(key, value, "must be a non-empty string"))}
+            fields[key] = value
+        name, ns, uid, node = fields["PodName"], fields["PodNamespace"], fields["PodUID"], fields["Node"]
+        try:
+            demand = self._demand_for_bind(ns, name, uid)
+        except (InvalidInput, KubeApiError) as exc:
+            return {"Error": f"bind {ns}/{name}: {exc}"}
+        if demand is None:
+            return self._binding_only(ns, name, uid, node)
+        out = self.pool.reserve(demand, node)
+        if not out.granted or out.lease is None:
+            return {"Error": f"bind {ns}/{name} to {node}: {out.code.value}: {out.reason}"}
+        if self.api is None:
+            return {"Error": ""}
+        placement = Placement.of_lease(
+            out.lease,
+            self.pool.slices(),
+            namespace=ns,
+            name=name,
+            container=demand.container,
+            bound_at=self.wall_clock(),
+        )
+        key = self.names.placement
+        try:
+            self.api.annotate_pod(ns, name, {key: encode_placement(placement)})
+            self.api.bind_pod(ns, name, uid, node)
+        except KubeApiError as exc:
+            self.pool.release_pod(demand.uid, reason=f"bind failed: {exc}")
+            try:
+                self.api.annotate_pod(ns, name, {key: None})
+            except KubeApiError:
+                log.warning("could not remove %s from %s/%s after a failed bind", key, ns, name)
+            return {"Error": f"bind {ns}/{name} to {node}: {exc}"}
+        return {"Error": ""}
+
+    def _demand_for_bind(self, ns: str, name: str, uid: str) -> PodDemand | None:
+        demand = self.pool.demand_of(uid) if uid else None
+        if demand is not None and demand.namespace == ns and demand.name == name:
+            return demand
+        if self.api is None:
+            raise InvalidInput(
+                "PodUID", uid, "pod was not seen by filter and no Kubernetes API is configured"
+            )
+        pod = self.api.read_pod(ns, name)
+        demand = parse_pod(pod, self.names)
+        if demand is not None and uid and demand.uid != uid:
+            raise InvalidInput("PodUID", uid, f"the pod {ns}/{name} now has UID {demand.uid}")
+        return demand
+
+    def _binding_only(self, ns: str, name: str, uid: str, node: str) -> dict[str, Any]:
+        if self.api is not None:
+            try:
+                self.api.bind_pod(ns, name, uid, node)
+            except KubeApiError as exc:
+                return {"Error": f"bind {ns}/{name} to {node}: {exc}"}
+        return {"Error": ""}
+
+    def state(self) -> dict[str, Any]:
+        pool = self.pool
+        slices = pool.slices()
+        return {
+            "nodes": len(pool.nodes()),
+            "slices": len(slices),
+            "pods": pool.pod_uids(),
+            "generation": pool.generation,
+        }
+
+
+def _meta_of(victims: dict[str, Any]) -> dict[str, Any]:
+    pods = victims.get("Pods") or []
+    uids = []
+    for p in pods:
+        if isinstance(p, dict):
+            uid = p.get("UID") or (p.get("metadata") or {}).get("uid")
+            if isinstance(uid, str):
+                uids.append({"UID": uid})
+    return {"Pods": uids, "NumPDBViolations": victims.get("NumPDBViolations", 0)}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _send(self, status: int, obj: object) -> None:
+        body = json.dumps(obj, separators=(",", ":")).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        prefix = self.server.prefix
+        if self.path in ("/healthz", "/readyz"):
+            self._send(200, {"status": "ok"})
+        elif self.path == f"{prefix}/state":
+            self._send(200, self.server.extender.state())
+        else:
+            self._send(404, {"Error": f"no route GET {self.path}"})
+
+    def do_POST(self) -> None:
+        ext = self.server.extender
+        routes: dict[str, Callable[[dict[str, Any]], object]] = {
+            "filter": ext.filter,
+            "prioritize": ext.prioritize,
+            "bind": ext.bind,
+            "preempt": ext.preempt,
+        }
+        prefix = self.server.prefix
+        verb = self.path[len(prefix) + 1 :] if self.path.startswith(prefix + "/") else ""
+        handler = routes.get(verb)
+        try:
+            length = int(self.headers.get("Content-Length") or "0")
+            if length < 0 or length > MAX_BODY_BYTES:
+                raise BadRequestError(f"Content-Length {length} outside [0, {MAX_BODY_BYTES}]")
+            raw = self.rfile.read(length)
+            if handler is None:
+                self._send(404, {"Error": f"no route POST {self.path}"})
+                return
+            try:
+                args = json.loads(raw)
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise BadRequestError(f"body is not JSON: {exc}") from None
+            if not isinstance(args, dict):
+                raise BadRequestError(f"body must be a JSON object, got {type(args).__name__}")
+            self._send(200, handler(args))
+        except BadRequestError as exc:
+            self._send(HTTPStatus.BAD_REQUEST, {"Error": str(exc)})
+        except Exception as exc:
+            log.exception("extender %s failed", verb)
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"Error": f"internal error in {verb}: {exc}"})
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    extender: Extender
+    prefix: str
+
+
+class ExtenderServer:
+    """The HTTP server around an `Extender`; ``start`` serves in a thread, ``serve_forever`` blocks."""
+
+    def __init__(
+        self, extender: Extender, *, host: str = "127.0.0.1", port: int = 0, prefix: str = ""
+    ) -> None:
+        prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+        self._server = _Server((host, port), _Handler)
+        self._server.extender = extender
+        self._server.prefix = prefix
+        self._thread: threading.Thread | None = None
+        self.prefix = prefix
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = self._server.server_address[0]
+        host = host.decode() if isinstance(host, bytes) else host
+        return f"http://{host}:{self.port}{self.prefix}"
+
+    def start(self) -> ExtenderServer:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="gpupool-extender", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

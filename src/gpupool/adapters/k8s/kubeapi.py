@@ -1,0 +1,134 @@
+"""`KubeApi`: the few Kubernetes API calls gpupool makes, through the official ``kubernetes`` client.
+
+Every object crosses this boundary as a plain JSON dict (camelCase keys, exactly as the API server
+sends them), so the extender, the device plugin and the reconciler parse one shape. Lists and
+watches are read with ``_preload_content=False`` and decoded here (no model round trip).
+
+Calls: read / annotate (JSON merge patch of metadata.annotations; ``None`` deletes a key) / bind a
+pod (``POST .../pods/{name}/binding`` with the pod UID, as kube-scheduler's DefaultBinder does),
+list pods and nodes, and a pod watch that yields ``(type, object)`` and raises `WatchExpiredError` on
+HTTP 410 so the caller relists. Errors surface as `KubeApiError` with the HTTP status.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+
+class KubeApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(f"kubernetes API {status}: {message}")
+
+
+class WatchExpiredError(KubeApiError):
+    """The watch's resourceVersion is too old (HTTP 410 Gone): list again."""
+
+
+def _decode(resp: Any) -> Any:
+    data = resp.data
+    return json.loads(data) if data else {}
+
+
+class KubeApi:
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self._client = api_client
+        self._core = client.CoreV1Api(api_client)
+
+    @classmethod
+    def for_host(cls, host: str, *, token: str = "") -> KubeApi:
+        """A client for an explicit API server URL (tests, ``--kube-api``)."""
+        from kubernetes import client
+
+        conf = client.Configuration()
+        conf.host = host.rstrip("/")
+        if token:
+            conf.api_key = {"authorization": token}
+            conf.api_key_prefix = {"authorization": "Bearer"}
+        return cls(client.ApiClient(conf))
+
+    @classmethod
+    def from_environment(cls, kubeconfig: str | None = None) -> KubeApi:
+        """In-cluster service account when present, else ``kubeconfig`` / ``$KUBECONFIG`` / ~/.kube/config."""
+        from kubernetes import client
+        from kubernetes import config as _config
+
+        config: Any = _config
+        try:
+            if kubeconfig:
+                raise config.ConfigException("explicit kubeconfig")
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config(config_file=kubeconfig)
+        return cls(client.ApiClient())
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return fn(*args, _preload_content=False, **kwargs)
+        except ApiException as exc:
+            body = exc.body.decode() if isinstance(exc.body, bytes) else str(exc.body or exc.reason)
+            raise KubeApiError(int(exc.status or 0), body[:300]) from None
+        except OSError as exc:  # NOTE: urllib3 connection errors derive from OSError
+            raise KubeApiError(0, str(exc)) from None
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = _decode(self._call(self._core.read_namespaced_pod, name, namespace))
+        return out
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> dict[str, Any]:
+        body = {"metadata": {"annotations": annotations}}
+        out: dict[str, Any] = _decode(self._call(self._core.patch_namespaced_pod, name, namespace, body))
+        return out
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        from kubernetes import client
+
+        binding = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+        )
+        self._call(self._core.create_namespaced_pod_binding, name, namespace, binding)
+
+    def list_pods(self, *, field_selector: str = "") -> tuple[list[dict[str, Any]], str]:
+        kw = {"field_selector": field_selector} if field_selector else {}
+        data = _decode(self._call(self._core.list_pod_for_all_namespaces, **kw))
+        return list(data.get("items") or []), str((data.get("metadata") or {}).get("resourceVersion", ""))
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return list(_decode(self._call(self._core.list_node)).get("items") or [])
+
+    def watch_pods(
+        self, resource_version: str, *, field_selector: str = "", timeout_s: int = 300
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``(ADDED|MODIFIED|DELETED, pod)`` events after ``resource_version``; ends at the timeout."""
+        from kubernetes.watch import watch as _watch
+
+        iter_resp_lines: Any = _watch.iter_resp_lines
+
+        kw: dict[str, Any] = {"watch": True, "timeout_seconds": timeout_s, "allow_watch_bookmarks": True}
+        if resource_version:
+            kw["resource_version"] = resource_version
+        if field_selector:
+            kw["field_selector"] = field_selector
+        resp = self._call(self._core.list_pod_for_all_namespaces, **kw)
+        try:
+            for line in iter_resp_lines(resp):
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type", ""), event.get("object") or {}
+                if kind == "ERROR":
+                    code = int(obj.get("code") or 0)
+                    if code == 410:
+                        raise WatchExpiredError(410, str(obj.get("message", "")))
+                    raise KubeApiError(code, str(obj.get("message", "")))
+                yield kind, obj
+        finally:
+            resp.close()
+            resp.release_conn()

@@ -1,0 +1,378 @@
+"""`ExtenderPool`: the extender's view of one `Allocator`, with a per-node card index. No I/O.
+
+Role: answer kube-scheduler's filter / prioritize / preempt questions for one pod over many nodes
+in one read-only pass, and commit (bind) or release placement leases by pod UID.
+
+Per-node index: for every node a tuple of card rows ``(free_vram, free_compute, cap_vram,
+cap_compute, kind, preemptible_vram, preemptible_compute, num_leases, healthy, SliceState)``, one per
+slice (a "card" below is the core's slice: a whole GPU, a MIG instance or an MPS share). The
+allocator's event sink marks a node dirty whenever a lease on it changes; rows are rebuilt lazily
+for dirty nodes only, so filter over 1,000 nodes never calls the allocator per node.
+
+Verdicts (`filter`): a node passes when one card has both dimensions free now (N-GPU pods: N free
+whole cards); it fails *unresolvably* when no healthy card of an accepted kind could ever hold the
+request, or when even evicting every preemptible lease could not make room (preemption cannot help);
+otherwise it fails resolvably. The preemption part is a bound (it counts all preemptible grants);
+`preempt` is exact, through the core's preemption planner.
+
+Scores (`prioritize`): the core policy's cost of the best card per node (N-GPU pods: free whole cards
+left after placement, fewer is better), mapped onto 1..10 by min-max over the fitting nodes (the
+best node gets 10, all equal -> 10); nodes that do not fit score 0. Filter caches the costs it
+computed per (pod UID, pool generation), so prioritize for the same pod and state is a lookup.
+
+Thread-safety: one re-entrant lock around the allocator and the index (the core is single-threaded).
+Invariants: a pod UID maps to at most one active lease; the index of a clean node equals the
+ledger's states (`check` recomputes both).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpupool.adapters.k8s.annotations import Placement
+from gpupool.adapters.k8s.resources import DEFAULT_TTL_S, PodDemand
+from gpupool.core import preemption
+from gpupool.core.allocator import Allocator, LeaseEvent
+from gpupool.core.clock import Clock
+from gpupool.core.errors import InvalidInput, InvariantViolation
+from gpupool.core.ids import LeaseIdFactory, random_lease_id
+from gpupool.core.ledger import SliceState
+from gpupool.core.model import Lease
+from gpupool.core.outcome import Outcome, OutcomeCode
+from gpupool.core.policies import DEFAULT_POLICY, Policy
+from gpupool.hardware.slices import Slice, SliceKind
+
+_Row = tuple[int, int, int, int, SliceKind, int, int, int, bool, SliceState]
+
+FIT, BUSY, BUSY_HOPELESS, NEVER = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class FilterVerdict:
+    passed: tuple[str, ...]
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+
+
+def _pct(milli: int) -> str:
+    return f"{milli / 10:g}%"
+
+
+class ExtenderPool:
+    def __init__(
+        self,
+        slices: Iterable[Slice] = (),
+        *,
+        clock: Clock,
+        policy: Policy | str = DEFAULT_POLICY,
+        ttl_s: float = DEFAULT_TTL_S,
+        lease_ids: LeaseIdFactory = random_lease_id,
+        cache_size: int = 4096,
+    ) -> None:
+        self._lock = threading.RLock()
+        self._dirty: set[str] = set()
+        self._nodes: dict[str, list[str]] = {}
+        self._rows: dict[str, tuple[_Row, ...]] = {}
+        self._pod_lease: dict[str, str] = {}
+        self._pods: OrderedDict[str, PodDemand] = OrderedDict()
+        self._costs: OrderedDict[tuple[str, int], dict[str, int]] = OrderedDict()
+        self._cache_size = cache_size
+        self.ttl_s = ttl_s
+        self.generation = 0
+        self.allocator = Allocator(clock=clock, policy=policy, lease_ids=lease_ids, on_event=self._on_event)
+        for s in slices:
+            self.add_slice(s)
+
+    # ------------------------------------------------------------------ inventory
+    def add_slice(self, s: Slice) -> None:
+        with self._lock:
+            self.allocator.add_slice(s)
+            self._nodes.setdefault(s.node, []).append(s.id)
+            self._touch(s.node)
+
+    def set_healthy(self, slice_id: str, healthy: bool) -> None:
+        with self._lock:
+            if healthy:
+                self.allocator.mark_healthy(slice_id)
+            else:
+                self.allocator.mark_unhealthy(slice_id)
+            self._touch(self.allocator.ledger.slice(slice_id).node)
+
+    def nodes(self) -> list[str]:
+        with self._lock:
+            return sorted(self._nodes)
+
+    def slices(self) -> dict[str, Slice]:
+        with self._lock:
+            led = self.allocator.ledger
+            return {sid: led.slice(sid) for sid in led.slice_ids()}
+
+    # ------------------------------------------------------------------ pods
+    def remember(self, demand: PodDemand) -> None:
+        """Keep the demand seen in filter so bind (which only gets the pod's name) can use it."""
+        with self._lock:
+            self._pods[demand.uid] = demand
+            self._pods.move_to_end(demand.uid)
+            while len(self._pods) > self._cache_size:
+                self._pods.popitem(last=False)
+
+    def demand_of(self, uid: str) -> PodDemand | None:
+        with self._lock:
+            return self._pods.get(uid)
+
+    def lease_of(self, uid: str) -> Lease | None:
+        with self._lock:
+            lid = self._pod_lease.get(uid)
+            return None if lid is None else self.allocator.leases.active(lid)
+
+    def pod_uids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._pod_lease)
+
+    # ------------------------------------------------------------------ filter / prioritize
+    def filter(self, demand: PodDemand, nodes: Iterable[str]) -> FilterVerdict:
+        """Per node: pass, fail (resolvable) or fail unresolvably, with a reason. Read-only."""
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        costs: dict[str, int] = {}
+        with self._lock:
+            self._refresh()
+            for node in nodes:
+                status, value, reason = self._evaluate(demand, node)
+                if status == FIT:
+                    passed.append(node)
+                    costs[node] = value
+                elif status == BUSY:
+                    failed[node] = reason
+                else:
+                    unresolvable[node] = reason
+            key = (demand.uid, self.generation)
+            self._costs[key] = costs
+            while len(self._costs) > 64:
+                self._costs.popitem(last=False)
+        return FilterVerdict(tuple(passed), failed, unresolvable)
+
+    def prioritize(self, demand: PodDemand, nodes: Iterable[str]) -> list[tuple[str, int]]:
+        """``(node, score 0..10)`` in input order; see the module docstring for the mapping."""
+        nodes = list(nodes)
+        with self._lock:
+            cached = self._costs.get((demand.uid, self.generation))
+            if cached is None or any(n not in cached for n in nodes):
+                self._refresh()
+                cached = {}
+                for node in nodes:
+                    status, value, _ = self._evaluate(demand, node)
+                    if status == FIT:
+                        cached[node] = value
+        fitting = [cached[n] for n in nodes if n in cached]
+        lo, hi = (min(fitting), max(fitting)) if fitting else (0, 0)
+        out = []
+        for n in nodes:
+            c = cached.get(n)
+            if c is None:
+                out.append((n, 0))
+            elif hi == lo:
+                out.append((n, 10))
+            else:
+                out.append((n, 1 + (9 * (hi - c)) // (hi - lo)))
+        return out
+
+    def _evaluate(self, demand: PodDemand, node: str) -> tuple[int, int, str]:
+        rows = self._rows.get(node)
+        if rows is None:
+            return NEVER, 0, f"node {node} has no gpupool GPUs"
+        need_v, need_c = demand.vram_mib, demand.compute_milli
+        kinds = demand.kinds
+        if demand.gpu_count > 1:
+            return self._evaluate_cards(demand, node, rows)
+        res = demand.resources
+        cost = self.allocator.policy.cost
+        best: int | None = None
+        ever = reach = sick = False
+        most_v = most_c = largest = 0
+        for free_v, free_c, cap_v, cap_c, kind, pre_v, pre_c, _, healthy, st in rows:
+            largest = max(largest, cap_v)
+            if need_v > cap_v or need_c > cap_c:
+                continue
+            if (kind not in kinds) if kinds else (kind is SliceKind.TIME_SLICE):
+                continue
+            if not healthy:
+                sick = True
+                continue
+            ever = True
+            if need_v <= free_v and need_c <= free_c:
+                c = cost(st, res)
+                if best is None or c < best:
+                    best = c
+            else:
+                if free_v > most_v or (free_v == most_v and free_c > most_c):
+                    most_v, most_c = free_v, free_c
+                if need_v <= free_v + pre_v and need_c <= free_c + pre_c:
+                    reach = True
+        if best is not None:
+            return FIT, best, ""
+        want = f"{need_v} MiB and {_pct(need_c)} compute"
+        if not ever:
+            if sick:
+                return NEVER, 0, f"every card on {node} that could hold {want} is unhealthy"
+            what = f" of kind {sorted(k.value for k in kinds)}" if kinds else ""
+            return NEVER, 0, f"no card{what} on {node} could ever hold {want} (largest card: {largest} MiB)"
+        busy = f"no single card on {node} has {want} free (most free: {most_v} MiB, {_pct(most_c)})"
+        if reach and demand.priority >= 0:
+            return BUSY, 0, busy
+        return BUSY_HOPELESS, 0, busy + "; evicting preemptible pods would not make room"
+
+    def _evaluate_cards(self, demand: PodDemand, node: str, rows: tuple[_Row, ...]) -> tuple[int, int, str]:
+        n, need_v = demand.gpu_count, demand.vram_mib
+        able = free = reach = 0
+        for free_v, free_c, cap_v, cap_c, kind, pre_v, pre_c, num, healthy, _ in rows:
+            if kind is not SliceKind.WHOLE or not healthy or need_v > cap_v:
+                continue
+            able += 1
+            if num == 0:
+                free += 1
+            elif pre_v == cap_v - free_v and pre_c == cap_c - free_c:
+                reach += 1
+        if free >= n:
+            return FIT, free - n, ""
+        if able < n:
+            return NEVER, 0, f"node {node} has {able} healthy whole card(s) with {need_v} MiB, pod needs {n}"
+        busy = f"node {node} has {free} free whole card(s), pod needs {n}"
+        if free + reach >= n and demand.priority >= 0:
+            return BUSY, 0, busy
+        return BUSY_HOPELESS, 0, busy + "; evicting preemptible pods would not free enough cards"
+
+    # ------------------------------------------------------------------ preempt
+    def preempt(self, demand: PodDemand, nodes: Iterable[str]) -> dict[str, list[str]]:
+        """Minimal victim pod UIDs per node (core planner); nodes needing none or with no plan are omitted."""
+        request = demand.to_request()
+        out: dict[str, list[str]] = {}
+        with self._lock:
+            self._refresh()
+            led, leases = self.allocator.ledger, self.allocator.leases
+            for node in nodes:
+                if node not in self._nodes or self._evaluate(demand, node)[0] == FIT:
+                    continue
+                plan: preemption.PreemptionPlan | None = None
+                if demand.gpu_count > 1:
+                    cards = [
+                        (led.state(sid), leases.on_slice(sid)) for sid in led.whole_nodes().get(node, [])
+                    ]
+                    plan = preemption.plan_whole_node(node, cards, request)
+                else:
+                    for sid in self._nodes[node]:
+                        st = led.state(sid)
+                        if not st.healthy or not request.accepts(st.slice.kind):
+                            continue
+                        p = preemption.plan_slice(st, leases.on_slice(sid), request)
+                        if p is not None and (plan is None or p.cost_key() < plan.cost_key()):
+                            plan = p
+                if plan is not None and plan.victims:
+                    out[node] = [v.request.id for v in plan.victims]
+        return out
+
+    # ------------------------------------------------------------------ bind / release / adopt
+    def reserve(self, demand: PodDemand, node: str) -> Outcome:
+        """Commit a lease for the pod on ``node`` (best card there), re-validated on the current state."""
+        with self._lock:
+            held = self.lease_of(demand.uid)
+            if held is not None:
+                if held.node == node:
+                    return Outcome(OutcomeCode.GRANTED, lease=held, reason="already bound")
+                self.release_pod(demand.uid, reason=f"re-bound to {node}")
+            if node not in self._nodes:
+                return Outcome(OutcomeCode.UNRESOLVABLE, reason=f"node {node} has no gpupool GPUs")
+            out = self.allocator.allocate(
+                demand.to_request(nodes=frozenset({node}), ttl_s=self.ttl_s), preempt=False
+            )
+            if out.granted and out.lease is not None:
+                self._pod_lease[demand.uid] = out.lease.id
+            return out
+
+    def release_pod(self, uid: str, *, reason: str) -> Lease | None:
+        """End the pod's lease (idempotent). Returns the ended lease, or None if it held none."""
+        with self._lock:
+            lid = self._pod_lease.pop(uid, None)
+            if lid is None:
+                return None
+            out = self.allocator.release(lid, reason=reason)
+            return out.lease if out.code is OutcomeCode.RELEASED else None
+
+    def renew_pod(self, uid: str) -> bool:
+        with self._lock:
+            lid = self._pod_lease.get(uid)
+            return lid is not None and self.allocator.renew(lid).code is OutcomeCode.RENEWED
+
+    def adopt(self, placement: Placement) -> Lease:
+        """Re-insert a lease read back from a pod annotation (restart). Raises `InvalidInput` on drift."""
+        with self._lock:
+            held = self.lease_of(placement.pod_uid)
+            if held is not None:
+                if held.id == placement.lease_id:
+                    return held
+                raise InvalidInput(
+                    "placement.lease", placement.lease_id, f"pod already holds lease {held.id}"
+                )
+            led = self.allocator.ledger
+            for g in placement.grants:
+                if g.slice_id not in led:
+                    raise InvalidInput("placement.grants.slice", g.slice_id, "no such slice in the pool")
+                if led.slice(g.slice_id).node != placement.node:
+                    raise InvalidInput("placement.node", placement.node, f"slice {g.slice_id} is elsewhere")
+            lease = placement.to_lease(granted_at=self.allocator.clock.now(), ttl_s=self.ttl_s)
+            self.allocator.restore(lease)
+            self._pod_lease[placement.pod_uid] = lease.id
+            return lease
+
+    def check(self) -> None:
+        """Core invariants plus: every clean node's index rows equal the ledger."""
+        with self._lock:
+            self.allocator.check_invariants()
+            for node in self._rows:
+                if node not in self._dirty and self._rows[node] != self._build(node):
+                    raise InvariantViolation(f"extender index of node {node} is stale")
+
+    # ------------------------------------------------------------------ internals
+    def _on_event(self, event: LeaseEvent) -> None:
+        self._touch(event.lease.node)
+        if event.lease.state.ended and self._pod_lease.get(event.lease.request.id) == event.lease.id:
+            del self._pod_lease[event.lease.request.id]
+
+    def _touch(self, node: str) -> None:
+        self._dirty.add(node)
+        self.generation += 1
+
+    def _refresh(self) -> None:
+        self.allocator.expire_due()
+        for node in self._dirty:
+            self._rows[node] = self._build(node)
+        self._dirty.clear()
+
+    def _build(self, node: str) -> tuple[_Row, ...]:
+        led = self.allocator.ledger
+        rows = []
+        for sid in self._nodes[node]:
+            st = led.state(sid)
+            cap = st.slice.capacity
+            rows.append(
+                (
+                    st.free.vram_mib,
+                    st.free.compute_milli,
+                    cap.vram_mib,
+                    cap.compute_milli,
+                    st.slice.kind,
+                    st.preemptible.vram_mib,
+                    st.preemptible.compute_milli,
+                    st.num_leases,
+                    st.healthy,
+                    st,
+                )
+            )
+        return tuple(rows)
+
+
+__all__ = ["ExtenderPool", "FilterVerdict"]
