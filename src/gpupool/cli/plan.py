@@ -1,0 +1,91 @@
+"""`gpupool plan`: partition a cluster for a set of workloads and print the layout.
+
+Formats: ``table`` (rich tables: per-GPU layout with reasons, placements, unplaced), ``json`` (the
+``plan_to_dict`` object), ``mig-parted`` (a mig-parted v1 YAML document, one config per node) and ``mps``
+(control-daemon commands and client environments per MPS GPU). Bad input exits 2 with one line.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from gpupool.cli.errors import user_errors
+from gpupool.cli.specfiles import load_specs
+from gpupool.hardware.migparted import to_mig_parted
+from gpupool.hardware.mps import mps_commands
+from gpupool.hardware.planner import plan as make_plan
+from gpupool.hardware.plantypes import Plan, plan_to_dict
+
+
+class PlanFormat(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    MIG_PARTED = "mig-parted"
+    MPS = "mps"
+
+
+def render_table(p: Plan, console: Console) -> None:
+    t = Table(title="GPU layout", title_justify="left")
+    for col in ("gpu", "model", "mode", "slices", "reason"):
+        t.add_column(col, overflow="fold")
+    for g in p.gpus:
+        parts = []
+        for s in g.slices:
+            what = s.profile if s.kind.value == "mig" else s.kind.value
+            if s.kind.value == "mig":
+                what = f"{s.profile}@{s.start}"
+            owner = "pool" if s.pool else f"{s.workload}#{s.replica}"
+            extra = f" {s.thread_pct}%" if s.thread_pct else ""
+            parts.append(f"{what} {s.vram_mib}MiB{extra} -> {owner}")
+        mode = g.mode.value + (" (!)" if g.flagged else "")
+        t.add_row(g.gpu_id, g.model.name, mode, "\n".join(parts), g.reason)
+    console.print(t)
+    pt = Table(title="Placements", title_justify="left")
+    for col in ("workload", "replica", "gpu", "slice", "need MiB", "slice MiB"):
+        pt.add_column(col, justify="right" if "MiB" in col or col == "replica" else "left")
+    for pl in p.placements:
+        pt.add_row(pl.workload, str(pl.replica), pl.gpu_id, pl.slice, str(pl.need_mib), str(pl.vram_mib))
+    console.print(pt)
+    if p.unplaced:
+        ut = Table(title="Unplaced (P2, waits for pool capacity)", title_justify="left")
+        for col in ("workload", "replica", "need MiB", "reason"):
+            ut.add_column(col)
+        for u in p.unplaced:
+            ut.add_row(u.workload, str(u.replica), str(u.need_mib), u.reason)
+        console.print(ut)
+    console.print(
+        f"{p.gpus_used} of {len(p.gpus)} GPUs hold online work; P2 pool: {len(p.pool_slices())} slices, "
+        f"{p.pool_vram_mib} MiB"
+    )
+
+
+@user_errors
+def plan(
+    cluster: Path = typer.Option(..., "--cluster", "-c", help="Cluster spec YAML (nodes and their GPUs)."),
+    workloads: Path = typer.Option(..., "--workloads", "-w", help="Workload spec YAML (models, replicas)."),
+    fmt: PlanFormat = typer.Option(
+        PlanFormat.TABLE, "--format", "-f", help="table | json | mig-parted | mps", case_sensitive=False
+    ),
+) -> None:
+    """Plan MIG instances, MPS shares and whole cards for the workloads; print the layout.
+
+    Example: gpupool plan --cluster examples/cluster-a100-l40s.yaml
+    --workloads examples/workloads-agent-platform.yaml --format mig-parted
+    """
+    cluster_spec, workload_set = load_specs(cluster, workloads)
+    p = make_plan(cluster_spec, workload_set)
+    if fmt is PlanFormat.JSON:
+        typer.echo(json.dumps(plan_to_dict(p), indent=2))
+    elif fmt is PlanFormat.MIG_PARTED:
+        typer.echo(yaml.safe_dump(to_mig_parted(p), sort_keys=False, default_flow_style=False).rstrip())
+    elif fmt is PlanFormat.MPS:
+        typer.echo("\n".join(mps_commands(p)).rstrip() or "# no MPS GPUs in this plan")
+    else:
+        render_table(p, Console(width=160))

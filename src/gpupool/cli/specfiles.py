@@ -1,0 +1,54 @@
+"""YAML spec files for the CLI (``gpupool plan``, ``gpupool serve``): read, parse, validate.
+
+Role: the only place that turns a cluster / workload YAML file into hardware spec values. Every failure is
+a one-line ``UserError`` or ``SpecError`` naming the file (and key/value where there is one), which
+``gpupool.cli.errors.user_errors`` prints and exits with code 2.
+
+Public API: ``load_yaml(path)``, ``load_cluster_file(path)``, ``load_workload_file(path)``,
+``load_specs(cluster_path, workloads_path)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from gpupool.cli.errors import UserError
+from gpupool.hardware.spec import ClusterSpec, WorkloadSet, load_cluster_spec, load_workload_spec
+
+
+def load_yaml(path: str | Path) -> object:
+    """Parse one YAML document; raise ``UserError`` naming the file (and line/column) on failure."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{p}: is a directory, expected a YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{p}: cannot read: {exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(str(exc.problem or exc.context or "syntax error").split())
+        raise UserError(f"{p}: malformed YAML{where}: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{p}: malformed YAML: {' '.join(str(exc).split())}") from None
+
+
+def load_cluster_file(path: str | Path) -> ClusterSpec:
+    return load_cluster_spec(load_yaml(path), source=str(path))
+
+
+def load_workload_file(path: str | Path) -> WorkloadSet:
+    """Relative config.json model paths resolve against the workload file's directory."""
+    p = Path(path)
+    return load_workload_spec(load_yaml(p), source=str(p), base_dir=p.parent)
+
+
+def load_specs(cluster_path: str | Path, workloads_path: str | Path) -> tuple[ClusterSpec, WorkloadSet]:
+    return load_cluster_file(cluster_path), load_workload_file(workloads_path)
