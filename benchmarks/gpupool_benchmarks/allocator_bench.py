@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from gpupool.core import P0, P1, P2, Allocator, ManualClock, Request, Resources, Slice, SliceKind
 from gpupool.core.ids import seeded_lease_ids
@@ -176,19 +177,17 @@ def _time_seed(st: _State, pairs: int, rng: random.Random, requests: list[Reques
         j = rng.randrange(len(active))
         active[j], active[-1] = active[-1], active[j]
         sched.release_lease(active.pop())
-        before = {lid for s in sched.slices.values() for lid in s.active_leases} if False else None
         out = sched.allocate(_to_seed_request(requests[i]))
         if out.success and out.lease is not None:
             active.append(out.lease.lease_id)
         st.clock.advance(0.001)
-        del before
     # Leases the seed evicted during P0 retries are gone from its books; drop them from our list.
     live = {lid for s in sched.slices.values() for lid in s.active_leases}
     st.seed_active[:] = [lid for lid in active if lid in live]
     return (time.perf_counter() - t0) / pairs * 1e6
 
 
-def run(*, sizes: list[int], ops: int, seed_ops: int, seed: int) -> dict[str, object]:
+def run(*, sizes: list[int], ops: int, seed_ops: int, seed: int) -> dict[str, Any]:
     results = []
     for n in sizes:
         st = _prepare(n, seed)

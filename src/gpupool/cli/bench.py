@@ -22,11 +22,19 @@ def allocator(
     seed: int = typer.Option(1, help="Random seed of the request stream."),
 ) -> None:
     """Steady-state allocate+release cost: gpupool's indexed allocator vs the seed's reference."""
+    from gpupool.core.errors import InvalidInput
     from gpupool_benchmarks import allocator_bench
 
-    result = allocator_bench.run(
-        sizes=[int(x) for x in sizes.split(",") if x.strip()], ops=ops, seed_ops=seed_ops, seed=seed
-    )
+    try:
+        size_list = [int(x) for x in sizes.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidInput("--sizes", sizes, "expected comma-separated integers") from None
+    if not size_list or any(n < 10 for n in size_list):
+        raise InvalidInput("--sizes", sizes, "each size must be an integer >= 10")
+    for name, value in (("--ops", ops), ("--seed-ops", seed_ops)):
+        if value < 1:
+            raise InvalidInput(name, value, "must be >= 1")
+    result = allocator_bench.run(sizes=size_list, ops=ops, seed_ops=seed_ops, seed=seed)
     if as_json:
         typer.echo(json.dumps(result))
     else:

@@ -107,7 +107,7 @@ def demo() -> None:
         req("rerank-bge-reranker", P1, 3, 10, (SliceKind.MIG,)),
         req("batch-reembed-1", P2, 30, 40),
         req("batch-eval-2", P2, 40, 40),
-        req("batch-ocr-3", P2, 60, 60),
+        req("batch-ocr-3", P2, 12, 20),
     ]
     for r in stream:
         out = alloc.allocate(r)
@@ -117,7 +117,7 @@ def demo() -> None:
         )
     console.print(_slices_table(alloc, "Slices before the P0 burst"))
     console.print(_leases_table(alloc, "Leases before the P0 burst"))
-    burst = req("agent-session-burst", P0, 40, 50)
+    burst = req("agent-session-burst", P0, 60, 50)
     out = alloc.allocate(burst)
     console.print(
         f"\n[bold]P0 {burst.id}[/] needs {burst.demand}: {out.code.value} on "

@@ -17,6 +17,7 @@ sits on an unhealthy slice, a victim always has strictly lower priority than its
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -24,8 +25,8 @@ from gpupool.core import preemption
 from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput, InvariantViolation, UnknownId
 from gpupool.core.ids import LeaseIdFactory, random_lease_id
-from gpupool.core.ledger import GroupInfo, LedgerTransaction, SliceLedger, SliceState
 from gpupool.core.leases import LeaseTable
+from gpupool.core.ledger import GroupInfo, LedgerTransaction, SliceLedger, SliceState
 from gpupool.core.model import Grant, Lease, LeaseState, Request, validate_request
 from gpupool.core.outcome import Outcome, OutcomeCode
 from gpupool.core.policies import DEFAULT_POLICY, Policy, get_policy
@@ -69,6 +70,8 @@ class Allocator:
         if not 0.0 < early_warning_ratio <= 1.0:
             raise InvalidInput("early_warning_ratio", early_warning_ratio, "must be in (0, 1]")
         self._warn_permille = round(early_warning_ratio * 1000)
+        self._preemptible_priorities: Counter[int] = Counter()
+        """Priority -> number of active preemptible leases (few distinct values)."""
         for s in slices:
             self.ledger.add(s)
 
@@ -133,7 +136,8 @@ class Allocator:
             if not request.accepts(st.slice.kind) or not request.demand.fits_in(st.slice.capacity):
                 return Outcome(
                     OutcomeCode.UNRESOLVABLE,
-                    reason=f"slice {st.slice.id} ({st.slice.kind}, {st.slice.capacity}) cannot hold {request.demand}",
+                    reason=f"slice {st.slice.id} ({st.slice.kind}, {st.slice.capacity}) "
+                    f"cannot hold {request.demand}",
                 )
             if request.nodes and st.slice.node not in request.nodes:
                 return Outcome(OutcomeCode.UNRESOLVABLE, reason=f"node {st.slice.node} not allowed")
@@ -202,6 +206,7 @@ class Allocator:
             tx.rollback()
             raise
         tx.commit()
+        self._count_preemptible(lease, +1)
         self._emit("restored", lease)
 
     # ================================================================== queries
@@ -249,16 +254,19 @@ class Allocator:
         demand = request.demand
         need_v, need_c = demand.vram_mib, demand.compute_milli
         policy, ledger, nodes = self.policy, self.ledger, request.nodes
+        fast = policy.monotone and not nodes
         best: tuple[int, int, int, str] | None = None
         for g in groups:
             cap = g.capacity
-            for free_v, free_c, sid in ledger.free_from(g.key, need_v):
-                if best is not None:
-                    floor = policy.cost_floor(cap, free_v - need_v)
-                    if floor is not None and (floor, free_v) > (best[0], best[1]):
+            if fast:
+                for free_v, free_c, sid in ledger.tightest_per_bucket(g.key, need_v, need_c):
+                    if best is not None and policy.cost_floor(cap, 0, free_c - need_c) > best[0]:
                         break
-                if free_c < need_c:
-                    continue
+                    key = (policy.cost(ledger.state(sid), demand), free_v, free_c, sid)
+                    if best is None or key < best:
+                        best = key
+                continue
+            for free_v, free_c, sid in ledger.free_from(g.key, need_v, need_c):
                 if nodes and ledger.slice(sid).node not in nodes:
                     continue
                 key = (policy.cost(ledger.state(sid), demand), free_v, free_c, sid)
@@ -267,10 +275,14 @@ class Allocator:
         return None if best is None else best[3]
 
     def _plan_single(self, request: Request, groups: list[GroupInfo]) -> preemption.PreemptionPlan | None:
+        if not any(p < request.priority for p in self._preemptible_priorities):
+            return None  # NOTE: nothing in the pool may be preempted by this request: O(1) "no"
         best: preemption.PreemptionPlan | None = None
         for g in groups:
             looked = 0
-            for _, sid in self.ledger.reclaim_from(g.key, request.demand.vram_mib):
+            for _, _, sid in self.ledger.reclaim_from(
+                g.key, request.demand.vram_mib, request.demand.compute_milli
+            ):
                 st = self.ledger.state(sid)
                 if request.nodes and st.slice.node not in request.nodes:
                     continue
@@ -303,13 +315,13 @@ class Allocator:
         for _, node in self.ledger.nodes_with_free_whole(n):
             if request.nodes and node not in request.nodes:
                 continue
-            fitting = sorted(
+            free_cards = sorted(
                 (self.ledger.slice(sid).capacity.vram_mib, sid)
                 for sid in self.ledger.free_whole(node)
                 if demand.fits_in(self.ledger.slice(sid).capacity)
             )
-            if len(fitting) >= n:
-                picked = tuple(sorted(sid for _, sid in fitting[:n]))
+            if len(free_cards) >= n:
+                picked = tuple(sorted(sid for _, sid in free_cards[:n]))
                 amounts = tuple(self.ledger.slice(sid).capacity for sid in picked)
                 return self._commit(request, picked, amounts, victims=())
         if preempt:
@@ -390,6 +402,7 @@ class Allocator:
             tx.rollback()
             raise
         tx.commit()
+        self._count_preemptible(lease, +1)
         self._emit("granted", lease)
         code = OutcomeCode.PREEMPTED_VICTIMS if victims else OutcomeCode.GRANTED
         return Outcome(code, lease=lease, victims=victims, early_warning=warn)
@@ -399,8 +412,16 @@ class Allocator:
         for g in lease.grants:
             self.ledger.ungrant(g.slice_id, g.resources, preemptible=lease.request.is_preemptible)
         self.leases.end(ended)
+        self._count_preemptible(lease, -1)
         self._emit(state.value, ended)
         return ended
+
+    def _count_preemptible(self, lease: Lease, delta: int) -> None:
+        if lease.request.is_preemptible:
+            p = lease.priority
+            self._preemptible_priorities[p] += delta
+            if self._preemptible_priorities[p] <= 0:
+                del self._preemptible_priorities[p]
 
     def _emit(self, kind: str, lease: Lease) -> None:
         if self._on_event is not None:
@@ -419,8 +440,8 @@ class Allocator:
     def _no_capacity_reason(self, request: Request, groups: list[GroupInfo]) -> str:
         largest = max((self.ledger.largest_free(g.key) or (0, 0, "")) for g in groups)
         return (
-            f"no slice has {request.demand} free now (largest free: {largest[0]} MiB on {largest[2] or 'none'}) "
-            "and no lower-priority preemptible lease can make room"
+            f"no slice has {request.demand} free now (largest free: {largest[0]} MiB on "
+            f"{largest[2] or 'none'}) and no lower-priority preemptible lease can make room"
         )
 
 

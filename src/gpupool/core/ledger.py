@@ -6,10 +6,13 @@ books exact. The allocator decides; the ledger only counts.
 Invariants (checked on every change; `InvariantViolation` names slice and numbers otherwise):
 - per slice: ``granted + free == capacity`` and ``0 <= granted <= capacity`` in both dimensions;
 - ``0 <= preemptible_granted <= granted`` (capacity held by leases that may be preempted);
-- the free index of a group holds exactly the healthy slices of that group, keyed
-  ``(free_vram_mib, free_compute_milli, slice_id)``;
-- the reclaim index holds exactly the healthy slices with preemptible grants, keyed
-  ``(free_vram_mib + preemptible_vram_mib, slice_id)``;
+- the free index of a group holds exactly the healthy slices of that group, bucketed by
+  ``free_compute_milli`` and keyed ``(free_vram_mib, slice_id)`` inside a bucket; the sorted list of
+  non-empty bucket values is kept beside it. A best-fit query visits buckets in ascending free
+  compute and takes the first key >= the VRAM need in each: that is the bucket's tightest slice, so
+  the cost is O(buckets visited x log S), and monotone policies stop after a few buckets;
+- the reclaim index holds exactly the healthy slices with preemptible grants, keyed by what
+  preempting every preemptible lease would leave free: ``(free + preemptible)`` in both dimensions;
 - the whole-card index holds, per node, the healthy ``WHOLE`` slices with nothing granted.
 
 A group is the shape ``(kind, capacity vram, capacity compute)``; pools have few shapes, so
@@ -24,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from gpupool.core.bucketindex import BucketIndex
 from gpupool.core.errors import DuplicateId, InvalidInput, InvariantViolation, UnknownId
 from gpupool.core.sortedkeys import SortedKeys
 from gpupool.hardware.slices import Slice, SliceKind
@@ -31,7 +35,7 @@ from gpupool.hardware.units import Resources
 
 GroupKey = tuple[SliceKind, int, int]
 FreeKey = tuple[int, int, str]
-ReclaimKey = tuple[int, str]
+ReclaimKey = tuple[int, int, str]
 
 
 class _Entry:
@@ -85,13 +89,14 @@ class GroupInfo:
 class SliceLedger:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
-        self._free: dict[GroupKey, SortedKeys[FreeKey]] = {}
-        self._reclaim: dict[GroupKey, SortedKeys[ReclaimKey]] = {}
+        self._free: dict[GroupKey, BucketIndex] = {}
+        self._reclaim: dict[GroupKey, BucketIndex] = {}
         self._num_healthy: dict[GroupKey, int] = {}
         self._whole_by_node: dict[str, list[str]] = {}
         self._free_whole: dict[str, set[str]] = {}
         self._whole_count: SortedKeys[tuple[int, str]] = SortedKeys()
         self._by_gpu: dict[str, list[str]] = {}
+        self._groups: list[GroupInfo] | None = None
 
     # ------------------------------------------------------------------ slices
     def add(self, s: Slice) -> None:
@@ -105,12 +110,13 @@ class SliceLedger:
                     "slice.node", s.node, f"GPU {s.gpu_id!r} is already on node {other.node!r}"
                 )
         e = _Entry(s)
+        self._groups = None
         self._entries[s.id] = e
         self._by_gpu.setdefault(s.gpu_id, []).append(s.id)
         if s.kind is SliceKind.WHOLE:
             self._whole_by_node.setdefault(s.node, []).append(s.id)
-        self._free.setdefault(e.group, SortedKeys())
-        self._reclaim.setdefault(e.group, SortedKeys())
+        self._free.setdefault(e.group, BucketIndex())
+        self._reclaim.setdefault(e.group, BucketIndex())
         self._num_healthy.setdefault(e.group, 0)
         if e.healthy:
             self._num_healthy[e.group] += 1
@@ -121,6 +127,7 @@ class SliceLedger:
         if e.num_leases or e.granted_vram or e.granted_compute:
             raise InvalidInput("slice_id", slice_id, f"has {e.num_leases} active lease(s); drain it first")
         self._unindex(e)
+        self._groups = None
         if e.healthy:
             self._num_healthy[e.group] -= 1
         del self._entries[slice_id]
@@ -134,6 +141,7 @@ class SliceLedger:
         if e.healthy == healthy:
             return
         self._unindex(e)
+        self._groups = None
         e.healthy = healthy
         self._num_healthy[e.group] += 1 if healthy else -1
         self._reindex(e)
@@ -208,21 +216,36 @@ class SliceLedger:
         return iter(self._entries)
 
     def groups(self) -> list[GroupInfo]:
-        return [
-            GroupInfo(key=g, capacity=Resources(g[1], g[2]), num_healthy=self._num_healthy[g])
-            for g in self._free
-        ]
+        """One entry per slice shape; cached until a slice is added, removed or changes health."""
+        if self._groups is None:
+            self._groups = [
+                GroupInfo(key=g, capacity=Resources(g[1], g[2]), num_healthy=self._num_healthy[g])
+                for g in self._free
+            ]
+        return self._groups
 
-    def free_from(self, group: GroupKey, need_vram_mib: int) -> Iterator[FreeKey]:
-        """Healthy slices of ``group`` with free VRAM >= ``need_vram_mib``, ascending free VRAM."""
-        return self._free[group].iter_from((need_vram_mib, -1, ""))
+    def free_from(
+        self, group: GroupKey, need_vram_mib: int, need_compute_milli: int = 0
+    ) -> Iterator[FreeKey]:
+        """Every healthy slice of ``group`` that fits the need as ``(free_vram, free_compute, id)``:
+        free-compute buckets ascending, free VRAM ascending inside. O(matches)."""
+        return self._free[group].fitting(need_vram_mib, need_compute_milli)
+
+    def tightest_per_bucket(
+        self, group: GroupKey, need_vram_mib: int, need_compute_milli: int
+    ) -> Iterator[FreeKey]:
+        """Per free-compute bucket >= the need (ascending), its slice with the least free VRAM that
+        still fits (ties by slice id). Lazy: the caller stops when its policy bound says so."""
+        return self._free[group].tightest_per_bucket(need_vram_mib, need_compute_milli)
 
     def largest_free(self, group: GroupKey) -> FreeKey | None:
-        return self._free[group].last()
+        return self._free[group].largest_vram()
 
-    def reclaim_from(self, group: GroupKey, need_vram_mib: int) -> Iterator[ReclaimKey]:
-        """Healthy slices with preemptible grants whose free + preemptible VRAM >= need."""
-        return self._reclaim[group].iter_from((need_vram_mib, ""))
+    def reclaim_from(
+        self, group: GroupKey, need_vram_mib: int, need_compute_milli: int
+    ) -> Iterator[ReclaimKey]:
+        """Healthy slices with preemptible grants whose free + preemptible capacity fits the need."""
+        return self._reclaim[group].fitting(need_vram_mib, need_compute_milli)
 
     def whole_nodes(self) -> dict[str, list[str]]:
         """Node -> its WHOLE slice ids (healthy or not), in insertion order."""
@@ -269,10 +292,11 @@ class SliceLedger:
             return
         cap = e.slice.capacity
         free_vram = cap.vram_mib - e.granted_vram
-        e.free_key = (free_vram, cap.compute_milli - e.granted_compute, e.slice.id)
+        free_compute = cap.compute_milli - e.granted_compute
+        e.free_key = (free_vram, free_compute, e.slice.id)
         self._free[e.group].add(e.free_key)
         if e.pre_vram or e.pre_compute:
-            e.reclaim_key = (free_vram + e.pre_vram, e.slice.id)
+            e.reclaim_key = (free_vram + e.pre_vram, free_compute + e.pre_compute, e.slice.id)
             self._reclaim[e.group].add(e.reclaim_key)
         if e.slice.kind is SliceKind.WHOLE and e.num_leases == 0:
             ids = self._free_whole.setdefault(e.slice.node, set())
@@ -294,8 +318,10 @@ class SliceLedger:
             indexed = e.free_key is not None and e.free_key in self._free[e.group]
             if indexed != e.healthy:
                 raise InvariantViolation(f"slice {sid}: healthy={e.healthy} but indexed={indexed}")
-        for g, idx in self._free.items():
-            for key in idx:
+        for g in self._free:
+            if self._free[g].bucket_keys() != self._free[g].bucket_values():
+                raise InvariantViolation(f"bucket list of {g} disagrees with its buckets")
+            for key in self.free_from(g, 0):
                 e = self._entries[key[2]]
                 cap = e.slice.capacity
                 want = (cap.vram_mib - e.granted_vram, cap.compute_milli - e.granted_compute, key[2])

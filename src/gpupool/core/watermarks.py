@@ -88,7 +88,7 @@ class Reading:
     def __post_init__(self) -> None:
         if self.vram_total_mib <= 0:
             raise InvalidInput("reading.vram_total_mib", self.vram_total_mib, "must be > 0")
-        if not 0 <= self.vram_used_mib:
+        if self.vram_used_mib < 0:
             raise InvalidInput("reading.vram_used_mib", self.vram_used_mib, "must be >= 0")
 
 

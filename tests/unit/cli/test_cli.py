@@ -1,0 +1,47 @@
+"""The CLI as a user runs it: real subprocesses of the installed console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def gpupool(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_help_lists_the_commands() -> None:
+    out = gpupool("--help")
+    assert out.returncode == 0
+    assert "demo" in out.stdout and "bench" in out.stdout
+
+
+def test_demo_shows_a_p0_preemption() -> None:
+    out = gpupool("demo")
+    assert out.returncode == 0, out.stderr
+    assert "preempted_victims" in out.stdout
+    assert "batch-eval-2" in out.stdout
+
+
+def test_bench_allocator_json_shape() -> None:
+    out = gpupool("bench", "allocator", "--json", "--sizes", "200", "--ops", "200", "--seed-ops", "50")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["benchmark"] == "allocator"
+    (row,) = doc["results"]
+    assert row["slices"] == 200
+    assert row["gpupool_us_per_op"] > 0 and row["seed_us_per_op"] > 0
+
+
+def test_bad_input_exits_2_with_one_line() -> None:
+    out = gpupool("bench", "allocator", "--sizes", "0", "--ops", "10")
+    assert out.returncode == 2
+    assert out.stderr.startswith("gpupool: error:") and "sizes" in out.stderr
+    assert "Traceback" not in out.stderr
