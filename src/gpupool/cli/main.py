@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpupool import __version__
-from gpupool.cli import bench, demo, plan
+from gpupool.cli import bench, demo, plan, sim
 
 app = typer.Typer(
     name="gpupool",
@@ -39,6 +39,7 @@ app.command(
     "demo", help="Show the allocator on the seed's example pool: slices and leases around a P0 preemption."
 )(demo.demo)
 app.add_typer(bench.app, name="bench")
+app.add_typer(sim.app, name="sim")
 app.command("plan", help="Partition a cluster for workloads (MIG/MPS layout, mig-parted).")(plan.plan)
 
 

@@ -1,0 +1,123 @@
+"""FGD's fragmentation measure, vectorised over nodes, with incremental per-node bookkeeping.
+
+For one node (free CPU, per-GPU free milli, GPU model) and one target shape s (cpu_s, per-GPU m_s,
+count k_s, allowed models):
+- s asks for no GPU, or the node's model is not allowed, or fewer than k_s GPUs have >= m_s free,
+  or the node lacks cpu_s: ALL idle GPU milli of the node is fragment for s;
+- otherwise only the idle milli on GPUs with free < m_s is fragment for s.
+Node fragmentation = sum_s weight_s x fragment_s; cluster fragmentation = sum over nodes.
+Memory plays no part.
+
+Arithmetic is exact: weights are the integer shape counts of the target workload, so a node's value
+is an integer "numerator" (milli x pods); divide by ``total`` for expected milli and by 1000 more
+for GPUs. (The artifact sums float probabilities, so its equal-fragmentation comparisons can land a
+hair either side of zero; ours land on exactly zero.) Sums are done in float64, which is exact for
+these magnitudes (< 2**53).
+
+Vectorisation: per distinct per-GPU request m of the target shapes we keep, per node, ``ge[n, m]``
+(GPUs with free >= m) and ``lt[n, m]`` (free milli on GPUs with free < m). A candidate placement
+changes one node, so `FragModel.numerators` evaluates any number of hypothetical node states from
+those statistics in O(candidates x shapes); `FragTable` keeps the statistics and each node's value
+and recomputes only the node a placement touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpupool.sim.mirror import MirrorLedger
+from gpupool.sim.workload import TargetWorkload
+
+
+class FragModel:
+    """The target workload compiled to arrays for one cluster's model list."""
+
+    def __init__(self, target: TargetWorkload, models: Sequence[str]) -> None:
+        gpu_shapes = [s.gpu_milli for s in target.shapes if s.num_gpu > 0]
+        self.levels = np.array(sorted(set(gpu_shapes)) or [1000], dtype=np.int64)
+        level_index = {int(v): i for i, v in enumerate(self.levels)}
+        self.shape_level = np.array([level_index.get(s.gpu_milli, 0) for s in target.shapes], dtype=np.int64)
+        self.shape_k = np.array([s.num_gpu for s in target.shapes], dtype=np.int64)
+        self.shape_cpu = np.array([s.cpu_milli for s in target.shapes], dtype=np.int64)
+        self.weights = np.array(target.counts, dtype=np.float64)
+        self.total = float(target.total)
+        ok = np.zeros((len(models), len(target.shapes)), dtype=bool)
+        for j, s in enumerate(target.shapes):
+            if s.num_gpu == 0:
+                continue  # a CPU shape never uses idle GPU: all of it is fragment
+            allowed = set(s.spec_key.split("|")) if s.spec_key else None
+            for i, m in enumerate(models):
+                ok[i, j] = bool(m) and (allowed is None or m in allowed)
+        self.model_ok = ok
+
+    def stats(self, gpu_free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(ge, lt)`` for rows of per-GPU free milli (shape ``[rows, gpus]``)."""
+        f = gpu_free[:, :, None]
+        lv = self.levels[None, None, :]
+        ge = (f >= lv).sum(axis=1)
+        lt = np.where(f < lv, f, 0).sum(axis=1)
+        return ge, lt
+
+    def numerators(
+        self, ge: np.ndarray, lt: np.ndarray, free_total: np.ndarray, cpu_free: np.ndarray, model: np.ndarray
+    ) -> np.ndarray:
+        """Fragmentation numerators (float64, exact integers) of hypothetical node states."""
+        ge_s = ge[:, self.shape_level]
+        lt_s = lt[:, self.shape_level]
+        fits = (ge_s >= self.shape_k) & (cpu_free[:, None] >= self.shape_cpu) & self.model_ok[model]
+        usable = np.where(fits, free_total[:, None] - lt_s, 0).astype(np.float64)
+        return self.total * free_total.astype(np.float64) - usable @ self.weights
+
+
+class FragTable:
+    """Per-node statistics and fragmentation numerators for one `MirrorLedger`, kept incrementally."""
+
+    def __init__(self, model: FragModel, mirror: MirrorLedger) -> None:
+        self.model = model
+        self.mirror = mirror
+        self.ge, self.lt = model.stats(mirror.gpu_free)
+        self.free_total = mirror.free_total()
+        self.node_frag = model.numerators(self.ge, self.lt, self.free_total, mirror.cpu_free, mirror.model)
+        self.cluster_frag = float(self.node_frag.sum())
+
+    def refresh(self, node: int) -> None:
+        m = self.mirror
+        row = m.gpu_free[node : node + 1]
+        ge, lt = self.model.stats(row)
+        self.ge[node] = ge[0]
+        self.lt[node] = lt[0]
+        self.free_total[node] = int(row.sum())
+        new = self.model.numerators(
+            ge, lt, self.free_total[node : node + 1], m.cpu_free[node : node + 1], m.model[node : node + 1]
+        )[0]
+        self.cluster_frag += float(new - self.node_frag[node])
+        self.node_frag[node] = new
+
+    def cluster_frag_milli(self) -> float:
+        """Cluster fragmentation in expected milli-GPU."""
+        return self.cluster_frag / self.model.total
+
+    def after_shared(
+        self, nodes: np.ndarray, values: np.ndarray, gpu_milli: int, cpu_milli: int
+    ) -> np.ndarray:
+        """Numerators after placing a 1-GPU share of ``gpu_milli`` on a GPU with ``values`` free."""
+        lv = self.model.levels[None, :]
+        v = values[:, None]
+        w = v - gpu_milli
+        ge = self.ge[nodes] - (v >= lv) + (w >= lv)
+        lt = self.lt[nodes] - np.where(v < lv, v, 0) + np.where(w < lv, w, 0)
+        m = self.mirror
+        return self.model.numerators(
+            ge, lt, self.free_total[nodes] - gpu_milli, m.cpu_free[nodes] - cpu_milli, m.model[nodes]
+        )
+
+    def after_whole(self, nodes: np.ndarray, num_gpu: int, cpu_milli: int) -> np.ndarray:
+        """Numerators after taking ``num_gpu`` fully free GPUs (0 for a CPU-only pod) on each node."""
+        m = self.mirror
+        ge = self.ge[nodes] - num_gpu  # every level is <= 1000, so each taken card leaves every ge
+        lt = self.lt[nodes]  # a card at 0 free adds nothing below any level
+        return self.model.numerators(
+            ge, lt, self.free_total[nodes] - 1000 * num_gpu, m.cpu_free[nodes] - cpu_milli, m.model[nodes]
+        )

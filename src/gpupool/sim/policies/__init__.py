@@ -1,0 +1,43 @@
+"""Simulator placement policies, selected by name (`SIM_POLICIES`, `get_sim_policy`).
+
+Each policy is a small class over the vectorised node state (see `base`); a fresh instance per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpupool.core.errors import InvalidInput
+from gpupool.sim.policies.base import SimPolicy
+from gpupool.sim.policies.baselines import (
+    BestFitPolicy,
+    ClusteringPolicy,
+    DotProdPolicy,
+    PackingPolicy,
+    RandomPolicy,
+    SeedBestFitPolicy,
+)
+from gpupool.sim.policies.fgd import FGDPolicy
+from gpupool.sim.policies.ours import FragBestFitPolicy, OnlineFragBestFitPolicy
+
+SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
+    RandomPolicy.name: RandomPolicy,
+    DotProdPolicy.name: DotProdPolicy,
+    ClusteringPolicy.name: ClusteringPolicy,
+    PackingPolicy.name: PackingPolicy,
+    BestFitPolicy.name: BestFitPolicy,
+    FGDPolicy.name: FGDPolicy,
+    SeedBestFitPolicy.name: SeedBestFitPolicy,
+    FragBestFitPolicy.name: FragBestFitPolicy,
+    OnlineFragBestFitPolicy.name: OnlineFragBestFitPolicy,
+}
+
+
+def get_sim_policy(name: str) -> SimPolicy:
+    try:
+        return SIM_POLICIES[name]()
+    except KeyError:
+        raise InvalidInput("policy", name, f"known policies: {', '.join(SIM_POLICIES)}") from None
+
+
+__all__ = ["SIM_POLICIES", "SimPolicy", "get_sim_policy"]

@@ -1,0 +1,118 @@
+"""The FGD experiment's inputs derived from a trace: target workload, arrival order, node tie order.
+
+Role: everything random about one run comes from here, from one explicit seed, so a run is a pure
+function of (nodes, pods, policy, seed).
+
+- `target_workload` builds FGD's "typical pods" once from the ORIGINAL pod list (before shuffling
+  and top-up): each pod becomes a shape (cpu milli, per-GPU milli, GPU count, allowed models); shapes
+  are sorted by count (descending; ties by the shape itself, descending, as the artifact's reversed
+  sort does) and the most frequent ones are kept until they cover at least `POPULARITY` of all pods.
+  Weights stay integer counts (the artifact renormalises to probabilities; the factor cancels in
+  every comparison and keeps our fragmentation arithmetic exact).
+- `arrival_order` sorts pods by name, shuffles them, then appends pods drawn uniformly with
+  replacement from the name-sorted list until the next one would push the total GPU request past
+  ``tune_ratio`` x capacity (the artifact checks only the sampled pod's per-GPU milli there; we use
+  its total, which only differs for the last multi-GPU draw).
+- `node_tie_order` is the seed's random permutation of the name-sorted nodes: the artifact prefixes
+  node names with it and breaks score ties by the smallest name, i.e. by this order.
+
+Streams: ``SeedSequence(seed).spawn(3)`` gives independent generators for arrivals, node order and
+the policy (e.g. ``random``), so a policy's draws never shift the arrival order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpupool.sim.trace import NodeSpec, PodSpec
+
+POPULARITY = 0.95
+TUNE_RATIO = 1.3
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Shape:
+    """One task shape of the target workload; ordered like the artifact's PodResource.Less."""
+
+    cpu_milli: int
+    gpu_milli: int
+    num_gpu: int
+    spec_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class TargetWorkload:
+    shapes: tuple[Shape, ...]
+    counts: tuple[int, ...]
+    """Integer weight of each shape (its number of pods in the original list)."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+    def probabilities(self) -> tuple[float, ...]:
+        t = self.total
+        return tuple(c / t for c in self.counts)
+
+
+def shape_of(p: PodSpec) -> Shape:
+    return Shape(cpu_milli=p.cpu_milli, gpu_milli=p.gpu_milli, num_gpu=p.num_gpu, spec_key=p.spec_key)
+
+
+def target_workload(pods: Sequence[PodSpec], *, popularity: float = POPULARITY) -> TargetWorkload:
+    counts = Counter(shape_of(p) for p in pods)
+    ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+    need = popularity * len(pods)
+    kept: list[tuple[Shape, int]] = []
+    cum = 0
+    for shape, n in ranked:
+        if cum >= need:
+            break
+        kept.append((shape, n))
+        cum += n
+    return TargetWorkload(shapes=tuple(s for s, _ in kept), counts=tuple(n for _, n in kept))
+
+
+def streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:
+    arrivals, nodes, policy = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    return arrivals, nodes, policy
+
+
+def sorted_by_name(pods: Sequence[PodSpec]) -> tuple[PodSpec, ...]:
+    return tuple(sorted(pods, key=lambda p: p.name))
+
+
+def arrival_order(
+    pods_by_name: Sequence[PodSpec],
+    *,
+    capacity_milli: int,
+    rng: np.random.Generator,
+    tune_ratio: float = TUNE_RATIO,
+) -> np.ndarray:
+    """Indices into ``pods_by_name``: a shuffle of all of them, then resampled top-up pods."""
+    n = len(pods_by_name)
+    order = rng.permutation(n)
+    total = sum(p.total_gpu_milli for p in pods_by_name)
+    target = tune_ratio * capacity_milli
+    extra: list[int] = []
+    if total < target and any(p.total_gpu_milli for p in pods_by_name):
+        while True:
+            idx = int(rng.integers(n))
+            add = pods_by_name[idx].total_gpu_milli
+            if total + add > target:
+                break
+            total += add
+            extra.append(idx)
+    return np.concatenate([order, np.asarray(extra, dtype=np.int64)]).astype(np.int64)
+
+
+def node_tie_order(nodes: Sequence[NodeSpec], *, rng: np.random.Generator) -> tuple[NodeSpec, ...]:
+    """Nodes in tie-break order: name-sorted node i gets prefix perm[i]; smallest prefix wins ties."""
+    by_name = sorted(nodes, key=lambda nd: nd.name)
+    perm = rng.permutation(len(by_name))
+    ranked = sorted(range(len(by_name)), key=lambda i: int(perm[i]))
+    return tuple(by_name[i] for i in ranked)

@@ -1,0 +1,50 @@
+"""`gpupool sim` subcommands: listing, bad input (exit code 2, one line)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from gpupool.cli.main import app
+from gpupool.sim.policies import SIM_POLICIES
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def test_policies_one_per_line() -> None:
+    result = CliRunner().invoke(app, ["sim", "policies"])
+    assert result.exit_code == 0
+    assert result.stdout.splitlines() == list(SIM_POLICIES)
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path: Path) -> None:
+    base = ["sim", "fgd", "--pods", str(GOLDEN / "pods.csv"), "--nodes", str(GOLDEN / "nodes.csv")]
+    cases = [
+        ([*base, "--policy", "nope"], "invalid --policy='nope'"),
+        ([*base, "--seeds", "4x"], "invalid --seeds='4x'"),
+        (
+            ["sim", "fgd", "--pods", str(tmp_path / "none.csv"), "--nodes", str(GOLDEN / "nodes.csv")],
+            "not found",
+        ),
+    ]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,0\n")
+    cases.append(
+        (
+            ["sim", "fgd", "--pods", str(bad), "--nodes", str(GOLDEN / "nodes.csv")],
+            "gpu_milli=0 but num_gpu=1",
+        )
+    )
+    for args, msg in cases:
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert msg in result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_text_output() -> None:
+    args = ["sim", "fgd", "--pods", str(GOLDEN / "pods.csv"), "--nodes", str(GOLDEN / "nodes.csv")]
+    result = CliRunner().invoke(app, [*args, "--policy", "bestfit"])
+    assert result.exit_code == 0
+    assert "unallocated GPU at 100% arrived" in result.stdout

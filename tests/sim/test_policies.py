@@ -1,0 +1,116 @@
+"""Each policy's choice on tiny clusters, with its scores worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpupool.core.errors import InvalidInput
+from gpupool.sim.policies import SIM_POLICIES, get_sim_policy
+from gpupool.sim.policies.baselines import bestfit_scores
+from tests.sim.tiny import all_rows, context, node, pod, target
+
+TW = target((1000, 500, 1, 2), (1000, 1000, 1, 1), (1000, 0, 0, 1))
+# n0: 8 GPUs, 96 cores (empty); n1: 2 GPUs, 16 cores, GPU1 has 600 free
+NODES = [node("n0", 8, cpu=96_000), node("n1", 2, cpu=16_000)]
+
+
+def ctx_two():  # type: ignore[no-untyped-def]
+    return context(NODES, TW, gpu_free=[[1000] * 8, [1000, 600]])
+
+
+def test_registry_lists_every_required_policy() -> None:
+    for name in (
+        "random",
+        "dotprod",
+        "clustering",
+        "packing",
+        "bestfit",
+        "fgd",
+        "seed-bestfit",
+        "frag-bestfit",
+    ):
+        assert name in SIM_POLICIES
+    with pytest.raises(InvalidInput):
+        get_sim_policy("nope")
+
+
+def test_bestfit_scores_by_hand() -> None:
+    ctx = ctx_two()
+    # n0: 1 - ((96000-4000)/128000*0.5 + (8000-1000)/8000*0.5) = 1 - (0.359375 + 0.4375) -> 20
+    # n1: 1 - ((16000-4000)/128000*0.5 + (1600-1000)/8000*0.5) = 1 - (0.046875 + 0.0375) -> 91
+    assert bestfit_scores(ctx, pod(4000, 1000, 1), all_rows(ctx)).tolist() == [20.0, 91.0]
+    assert get_sim_policy("bestfit").choose(ctx, pod(4000, 1000, 1), all_rows(ctx)) == (1, (0,))
+
+
+def test_dotprod_by_hand() -> None:
+    ctx = ctx_two()
+    # n0: 1 - (0.75*0.03125 + 1*0.125)/2 = 0.92578 -> 92; n1: 1 - (0.125*0.03125 + 0.2*0.125)/2 -> 98
+    node_row, gpus = get_sim_policy("dotprod").choose(ctx, pod(4000, 1000, 1), all_rows(ctx))
+    assert (node_row, gpus) == (1, (0,))
+    # a 300-milli share on n1 goes to the best-fit GPU (600 free, not the full card)
+    assert get_sim_policy("dotprod").choose(ctx, pod(4000, 300, 1), all_rows(ctx)) == (1, (1,))
+
+
+def test_packing_by_hand() -> None:
+    ctx = ctx_two()
+    # share of 300: n0 is idle -> max(33 - 8, 8) = 25; n1 uses its shared GPU (600 free):
+    # 100 - (600*100//1000)//10 = 94 -> n1, GPU1
+    assert get_sim_policy("packing").choose(ctx, pod(1000, 300, 1), all_rows(ctx)) == (1, (1,))
+    # 2 whole GPUs: n1 has only 1 free card (infeasible, so only n0 is offered) -> n0 cards 0,1
+    assert get_sim_policy("packing").choose(ctx, pod(1000, 1000, 2), np.array([0])) == (0, (0, 1))
+    # whole GPU: n0 idle -> 25; n1 uses 1 free card on a used node -> max(50 - 1, 33) = 49 -> n1
+    assert get_sim_policy("packing").choose(ctx, pod(1000, 1000, 1), all_rows(ctx)) == (1, (0,))
+
+
+def test_clustering_bands_by_hand() -> None:
+    ctx = context([node("a", 8), node("b", 8), node("c", 8)], TW, gpu_free=[[1000] * 8] * 3)
+    pol = get_sim_policy("clustering")
+    # all empty: band 25 + 25*(8000-8000)//8000 = 25 everywhere -> first node
+    first = pol.choose(ctx, pod(1000, 500, 1), all_rows(ctx))
+    assert first == (0, (0,))
+    ctx.mirror.apply(0, (0,), gpu_milli=500, cpu_milli=1000, memory_mib=0)
+    ctx.frag.refresh(0)
+    pol.placed(ctx, pod(1000, 500, 1), first)
+    # a whole-GPU pod: a hosts only "sharing" (other type) -> 0 + 25*500//8000 = 1; b, c empty -> 25
+    assert pol.choose(ctx, pod(1000, 1000, 1), all_rows(ctx))[0] == 1
+    # another sharing pod: a hosts only this type -> 75 + 1 = 76 -> a, best-fit GPU0 (500 free)
+    assert pol.choose(ctx, pod(1000, 200, 1), all_rows(ctx)) == (0, (0,))
+
+
+def test_seed_bestfit_least_free_left_on_the_gpu() -> None:
+    ctx = context(NODES, TW, gpu_free=[[1000, 1000, 350] + [1000] * 5, [1000, 600]])
+    # a 300 share: leftovers n0/GPU2 = 50, n1/GPU1 = 300 -> n0 GPU2 (CPU ignored, as the seed did)
+    assert get_sim_policy("seed-bestfit").choose(ctx, pod(1000, 300, 1), all_rows(ctx)) == (0, (2,))
+    # 2 whole GPUs: fewest free whole cards -> n1 has 1 (infeasible); n0 has 7 -> n0 cards 0,1
+    assert get_sim_policy("seed-bestfit").choose(ctx, pod(1000, 1000, 2), np.array([0])) == (0, (0, 1))
+
+
+def test_random_is_seeded_and_uniform_over_fitting_gpus() -> None:
+    picks = set()
+    for seed in range(30):
+        ctx = context(NODES, TW, gpu_free=[[1000] * 8, [1000, 600]], seed=seed)
+        picks.add(get_sim_policy("random").choose(ctx, pod(1000, 700, 1), all_rows(ctx)))
+    assert {p[0] for p in picks} == {0, 1}
+    assert all(p[1][0] in (0, 1) if p[0] == 1 else True for p in picks)
+    assert (1, (1,)) not in picks  # 600 free < 700 never fits
+    a = context(NODES, TW, seed=7)
+    b = context(NODES, TW, seed=7)
+    pa = get_sim_policy("random").choose(a, pod(1000, 300, 1), all_rows(a))
+    assert pa == get_sim_policy("random").choose(b, pod(1000, 300, 1), all_rows(b))
+
+
+def test_fgd_prefers_the_gpu_that_lowers_fragmentation() -> None:
+    # n0 free [1000, 500]: a 500 share on GPU1 leaves [1000, 0]: A fits (0 frag), B fits (0), C 1000
+    # -> 1000, before 2*0 + 500 + 1500 = 2000, delta +0.25 GPU -> 56; on GPU0 -> [500, 500]: A 0,
+    # B 1000, C 1000 -> 2000, delta 0 -> 50. n1 empty 2 GPUs: [500, 1000] -> 2000 vs 2000 -> 50.
+    ctx = context([node("n0", 2), node("n1", 2)], TW, gpu_free=[[1000, 500], [1000, 1000]])
+    assert get_sim_policy("fgd").choose(ctx, pod(1000, 500, 1), all_rows(ctx)) == (0, (1,))
+
+
+def test_frag_bestfit_breaks_equal_gain_by_least_gpu_left() -> None:
+    # both nodes empty 2-GPU nodes except n1 has one card taken: a whole-GPU pod has the same
+    # fragmentation gain on n0 ([0,1000]: A0 B0 C1000 = 1000 from 2000) and on n1 ([0, 0] from
+    # [1000, 0]: before 1000, after 0) -> gains 1000 and 1000; best fit (less GPU left) -> n1
+    ctx = context([node("n0", 2), node("n1", 2)], TW, gpu_free=[[1000, 1000], [1000, 0]])
+    assert get_sim_policy("frag-bestfit").choose(ctx, pod(1000, 1000, 1), all_rows(ctx)) == (1, (0,))
