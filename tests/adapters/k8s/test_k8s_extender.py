@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import Client, fixture_json
-from k8s_fakeapi import FakeApiServer, make_pod
+from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_pod
+from tests.adapters.k8s.k8s_helpers import Client, fixture_json
 
 from gpupool.adapters.k8s.annotations import decode_placement
 from gpupool.adapters.k8s.extender import Extender, ExtenderServer
@@ -149,7 +149,7 @@ def test_multi_gpu_pod_takes_whole_cards_of_one_node(extender: Any, fake_api: Fa
     placement = decode_placement(
         fake_api.pod("default", "tp2")["metadata"]["annotations"]["gpupool.io/placement"]
     )
-    assert sorted(g.slice_id for g in placement.grants) == ["gpu-a/gpu0", "gpu-a/gpu1"]
+    assert sorted(g.slice_id for g in placement.grants) == ["gpu-a/0/whole", "gpu-a/1/whole"]
     assert not any(g.shared for g in placement.grants)
 
 
