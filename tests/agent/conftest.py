@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_helpers import spawn_job, wait_for
 
 from gpupool.adapters.pause.cgroup import cgroup_v2_root
+from tests.agent.agent_helpers import spawn_job, wait_for
 
 
 @pytest.fixture

@@ -9,14 +9,13 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from agent_helpers import running, stopped, wait_for
-
 from gpupool.adapters.pause import CgroupFreezerPauser, SignalPauser
 from gpupool.agent.loop import AgentConfig, AgentEvent, NodeAgent
 from gpupool.agent.source import ScriptedSource
 from gpupool.agent.workloads import RunState
 from gpupool.core.clock import ManualClock
 from gpupool.core.pausers import Workload
+from tests.agent.agent_helpers import running, stopped, wait_for
 
 GPU = "n1/0"
 

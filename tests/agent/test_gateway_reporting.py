@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import subprocess
 
-from agent_helpers import running, stopped, wait_for
-from standin_gateway import StandinGateway
-
 from gpupool.adapters.pause import SignalPauser
 from gpupool.agent.gateway_client import GatewayReporter
 from gpupool.agent.loop import AgentConfig, NodeAgent
 from gpupool.agent.source import ScriptedSource
 from gpupool.core.clock import ManualClock
+from tests.agent.agent_helpers import running, stopped, wait_for
+from tests.agent.standin_gateway import StandinGateway
 
 GPU = "n1/0"
 

@@ -187,10 +187,13 @@ class NodeAgent:
             tuple((e.workload.lease_id, e.workload.gpu_id, e.state.value) for e in self.workloads.entries()),
         )
         self._last = snap
+        self._publish(snap)
+        return snap
+
+    def _publish(self, snap: NodeSnapshot) -> None:
         events, self._events = self._events, []
         for obs in self.observers:
             obs(snap, events)
-        return snap
 
     def run(self, stop: threading.Event, *, sleep: Callable[[float], object] | None = None) -> None:
         """Tick every ``period_s`` until ``stop`` is set. A late tick is not made up for (no bursts)."""
@@ -207,8 +210,10 @@ class NodeAgent:
     def drain(self, timeout_s: float = 30.0) -> None:
         """Wait for off-thread pauser actions and apply their results (tests, shutdown)."""
         for f in list(self._inflight):
-            f.result(timeout=timeout_s)
+            f.exception(timeout=timeout_s)
         self._harvest()
+        if self._events:
+            self._publish(self._last)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pause_helpers import wait_for
+from tests.adapters.pause.pause_helpers import wait_for
 
 from gpupool.adapters.pause.cgroup import cgroup_v2_root
 from gpupool.adapters.pause.procfs import proc_state

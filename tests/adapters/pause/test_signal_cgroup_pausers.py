@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from pause_helpers import wait_for
+from tests.adapters.pause.pause_helpers import wait_for
 
 from gpupool.adapters.pause import CgroupFreezerPauser, SignalPauser
 from gpupool.adapters.pause.procfs import is_stopped, proc_state, process_group

@@ -1,0 +1,86 @@
+"""A stand-in vLLM-style engine for the agent tests (real HTTP on 127.0.0.1): ``POST /sleep?level=``,
+``POST /wake_up``, ``GET /is_sleeping``, ``POST /pause``, ``POST /resume``, ``GET /is_paused`` and a
+``/metrics`` page with ``vllm:kv_cache_usage_perc`` / ``vllm:num_requests_waiting``. Records calls."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+
+class StandinEngine:
+    def __init__(self) -> None:
+        self.sleeping = 0  # 0 awake, else the level
+        self.paused = False
+        self.kv_usage = 0.0
+        self.waiting = 0
+        self.calls: list[str] = []
+        self.fail_sleep = False
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        eng = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+            def _reply(self, code: int, body: object, ctype: str = "application/json") -> None:
+                data = (json.dumps(body) if ctype == "application/json" else str(body)).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                path = urlparse(self.path).path
+                if path == "/is_sleeping":
+                    self._reply(200, {"is_sleeping": eng.sleeping > 0})
+                elif path == "/is_paused":
+                    self._reply(200, {"is_paused": eng.paused})
+                elif path == "/metrics":
+                    text = (
+                        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+                        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                        f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {eng.kv_usage}\n'
+                        "# TYPE vllm:num_requests_waiting gauge\n"
+                        f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {eng.waiting}\n'
+                        f'vllm:num_requests_running{{engine="0",model_name="m"}} 3.0\n'
+                    )
+                    self._reply(200, text, "text/plain; version=0.0.4")
+                else:
+                    self._reply(404, {"detail": "not found"})
+
+            def do_POST(self) -> None:
+                u = urlparse(self.path)
+                q = parse_qs(u.query)
+                eng.calls.append(u.path + (f"?{u.query}" if u.query else ""))
+                if u.path == "/sleep":
+                    if eng.fail_sleep:
+                        self._reply(500, {"detail": "sleep mode not enabled"})
+                        return
+                    eng.sleeping = int(q.get("level", ["1"])[0])
+                    self._reply(200, {})
+                elif u.path == "/wake_up":
+                    eng.sleeping = 0
+                    self._reply(200, {})
+                elif u.path == "/pause":
+                    eng.paused = True
+                    self._reply(200, {})
+                elif u.path == "/resume":
+                    eng.paused = False
+                    self._reply(200, {})
+                else:
+                    self._reply(404, {"detail": "not found"})
+
+        return H

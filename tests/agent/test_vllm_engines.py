@@ -1,0 +1,169 @@
+"""vLLM sleep/wake and pause/resume driven by the loop (off-thread pauser), and engine metrics
+feeding the watermarks, against a stand-in engine over real HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gpupool.adapters.pause import VllmControl, VllmPausePauser, VllmSleepPauser
+from gpupool.adapters.pause.vllm import parse_engine_metrics
+from gpupool.agent.engines import Engine, EngineScraper, parse_engine_spec
+from gpupool.agent.loop import AgentConfig, AgentEvent, NodeAgent
+from gpupool.agent.source import ScriptedSource
+from gpupool.agent.workloads import RunState
+from gpupool.core.clock import ManualClock
+from gpupool.core.errors import InvalidInput
+from gpupool.core.pausers import Workload
+from tests.agent.standin_vllm import StandinEngine
+
+GPU = "n1/0"
+
+
+@pytest.fixture
+def engine() -> Iterator[StandinEngine]:
+    e = StandinEngine()
+    yield e
+    e.close()
+
+
+def build(
+    clock: ManualClock, engines: EngineScraper | None = None
+) -> tuple[NodeAgent, ScriptedSource, list[AgentEvent]]:
+    source = ScriptedSource.uniform("n1", 1, vram_total_mib=10000)
+    control = VllmControl(timeout_s=5)
+    pausers = {
+        "vllm-sleep": VllmSleepPauser(control=control, clock=clock),
+        "vllm-pause": VllmPausePauser(control=control, clock=clock),
+    }
+    agent = NodeAgent(AgentConfig("n1", revoke_after_s=None), source, pausers, clock=clock, engines=engines)
+    events: list[AgentEvent] = []
+    agent.observers.append(lambda _s, evs: events.extend(evs))
+    return agent, source, events
+
+
+def test_sleep_level_and_wake_through_the_loop(engine: StandinEngine) -> None:
+    clock = ManualClock()
+    agent, source, events = build(clock)
+    agent.register(
+        Workload("batch-engine", GPU, "vllm-sleep", vram_mib=4000, endpoint=engine.url, sleep_level=2)
+    )
+    source.set_used_ratio(GPU, 0.93)
+    clock.advance(0.2)
+    agent.tick()
+    assert agent.workloads.get("batch-engine").state is RunState.PAUSING  # type: ignore[union-attr]
+    agent.drain()
+    assert engine.calls == ["/sleep?level=2"] and engine.sleeping == 2
+    assert [e.kind for e in events] == ["watermark_pause", "paused"]
+    assert events[1].frees == "compute+vram"
+    assert agent.pausers["vllm-sleep"].is_paused(agent.workloads.get("batch-engine").workload)  # type: ignore[union-attr]
+    source.set_used_ratio(GPU, 0.40)
+    clock.advance(0.2)
+    agent.tick()
+    agent.drain()
+    assert engine.calls == ["/sleep?level=2", "/wake_up"] and engine.sleeping == 0
+    assert [e.kind for e in events][-2:] == ["watermark_resume", "resumed"]
+    agent.close()
+
+
+def test_failed_sleep_is_a_pauser_failure_and_is_retried(engine: StandinEngine) -> None:
+    clock = ManualClock()
+    agent, source, events = build(clock)
+    agent.register(Workload("e", GPU, "vllm-sleep", vram_mib=4000, endpoint=engine.url))
+    engine.fail_sleep = True
+    source.set_used_ratio(GPU, 0.93)
+    clock.advance(0.2)
+    agent.tick()
+    agent.drain()
+    fails = [e for e in events if e.kind == "pauser_failure"]
+    assert len(fails) == 1 and "HTTP 500" in fails[0].reason
+    assert agent.workloads.get("e").state is RunState.RUNNING  # type: ignore[union-attr]
+    engine.fail_sleep = False
+    clock.advance(0.2)
+    agent.tick()  # within retry_s: no new attempt
+    assert engine.calls == ["/sleep?level=1"]
+    clock.advance(1.0)
+    agent.tick()
+    agent.drain()
+    assert engine.sleeping == 1 and engine.calls == ["/sleep?level=1", "/sleep?level=1"]
+    agent.close()
+
+
+def test_pause_keep_frees_compute_only(engine: StandinEngine) -> None:
+    clock = ManualClock()
+    agent, source, events = build(clock)
+    w = Workload("rl", GPU, "vllm-pause", vram_mib=4000, endpoint=engine.url)
+    agent.register(w)
+    source.set(GPU, temperature_c=90)
+    clock.advance(0.2)
+    agent.tick()
+    agent.drain()
+    assert engine.calls == ["/pause?mode=keep"] and engine.paused
+    assert [e.frees for e in events if e.kind == "paused"] == ["compute"]
+    assert agent.pausers["vllm-pause"].is_paused(w)
+    source.set(GPU, temperature_c=50)
+    clock.advance(0.2)
+    agent.tick()
+    agent.drain()
+    assert engine.calls[-1] == "/resume" and not engine.paused
+    agent.close()
+
+
+def test_engine_metrics_decide_pressure_not_raw_nvml(engine: StandinEngine) -> None:
+    clock = ManualClock()
+    scraper = EngineScraper([Engine(GPU, engine.url, reserved_mib=9000)], clock=clock)
+    agent, source, events = build(clock, scraper)
+    source.set(GPU, vram_used_mib=9200)  # NVML: 92 % -- the engine pre-reserved 9000 MiB
+    engine.kv_usage = 0.10
+    scraper.scrape_once()
+    clock.advance(0.2)
+    snap = agent.tick()
+    assert snap.gpus[0].reading.vram_used_mib == 9200 - 8100  # type: ignore[union-attr]
+    assert events == []
+    engine.kv_usage = 0.99
+    scraper.scrape_once()
+    clock.advance(0.2)
+    agent.tick()
+    assert [e.kind for e in events] == ["watermark_pause"]
+    engine.kv_usage = 0.10
+    scraper.scrape_once()
+    clock.advance(0.2)
+    agent.tick()
+    assert [e.kind for e in events][-1] == "watermark_resume"
+    engine.waiting = 7  # a queue at the engine: saturated whatever the KV usage
+    scraper.scrape_once()
+    clock.advance(0.2)
+    agent.tick()
+    assert [e.kind for e in events][-1] == "watermark_pause"
+    engine.waiting = 0
+    scraper.scrape_once()
+    clock.advance(0.2)
+    agent.tick()
+    assert [e.kind for e in events][-1] == "watermark_resume"
+    clock.advance(5.0)  # metrics go stale: fail closed (the whole reservation counts)
+    agent.tick()
+    assert [e.kind for e in events][-1] == "watermark_pause"
+    scraper.stop()
+    agent.close()
+
+
+def test_parse_metrics_and_engine_spec() -> None:
+    text = (
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{model_name="a"} 0.25\n'
+        'vllm:kv_cache_usage_perc{model_name="b"} 0.5 1700000000\n'
+        'vllm:num_requests_waiting{model_name="a"} 2\n'
+        'vllm:num_requests_waiting{model_name="b"} 3\n'
+        "vllm:num_requests_waiting_other 99\n"
+        "vllm:num_requests_running 4\n"
+    )
+    m = parse_engine_metrics(text, endpoint="e", at_s=1.0)
+    assert (m.kv_usage, m.requests_waiting, m.requests_running) == (0.5, 5, 4)
+    assert parse_engine_spec("gpu=n1/0,url=http://h:8000/,reserved_mib=72000") == Engine(
+        "n1/0", "http://h:8000", 72000
+    )
+    with pytest.raises(InvalidInput, match=r"engine\.url"):
+        parse_engine_spec("gpu=n1/0,url=ftp://x")
+    with pytest.raises(InvalidInput, match=r"engine\.reserved_mib"):
+        parse_engine_spec("gpu=n1/0,url=http://x,reserved_mib=lots")
