@@ -132,7 +132,7 @@ def _prepare(num_slices: int, seed_value: int) -> _State:
     gp_active: list[str] = []
     seed_active: list[str] = []
     misses = 0
-    while granted < 0.7 * total and misses < 1000:
+    while granted < 0.7 * total and misses < max(1000, num_slices):
         r = next(stream)
         out = alloc.allocate(r, preempt=False)
         if not out.granted or out.lease is None:

@@ -7,8 +7,11 @@ broken invariant, and leave the books unchanged.
 Cost per call (S slices, G slice shapes, k leases due):
 - allocate: O(k log n) expiry + O(G log S) index search + the slices the policy cannot rule out;
 - release / renew: O(log S);
-- preemption (only when nothing fits): the first `PREEMPTION_CANDIDATES` slices in ascending
-  reachable-VRAM order per shape; N-GPU preemption looks at the WHOLE cards of every node.
+- preemption (only when nothing fits): per slice shape, the first `PREEMPTION_CANDIDATES` slices
+  with a feasible plan, in ascending reachable (free + preemptible) compute then VRAM order; the
+  search ends at once on a one-victim plan whose victim has the lowest preemptible priority in the
+  pool (nothing can beat it but a smaller victim). N-GPU preemption looks at the WHOLE cards of
+  every node.
 
 Invariants: those of the ledger and the lease table, plus: the ledger's grants equal the sum of the
 active leases' grants (`check_invariants` recomputes it), no request is split across GPUs, no lease
@@ -33,7 +36,8 @@ from gpupool.core.policies import DEFAULT_POLICY, Policy, get_policy
 from gpupool.hardware.slices import Slice, SliceKind
 from gpupool.hardware.units import Resources
 
-PREEMPTION_CANDIDATES = 64
+PREEMPTION_CANDIDATES = 8
+"""Feasible preemption plans examined per slice shape before the best of them is taken."""
 EARLY_WARNING_RATIO = 0.85
 
 
@@ -275,7 +279,8 @@ class Allocator:
         return None if best is None else best[3]
 
     def _plan_single(self, request: Request, groups: list[GroupInfo]) -> preemption.PreemptionPlan | None:
-        if not any(p < request.priority for p in self._preemptible_priorities):
+        lowest = min(self._preemptible_priorities, default=None)
+        if lowest is None or lowest >= request.priority:
             return None  # NOTE: nothing in the pool may be preempted by this request: O(1) "no"
         best: preemption.PreemptionPlan | None = None
         for g in groups:
@@ -291,6 +296,8 @@ class Allocator:
                     continue
                 if best is None or plan.cost_key() < best.cost_key():
                     best = plan
+                    if len(plan.victims) == 1 and plan.victims[0].priority == lowest:
+                        return best
                 looked += 1
                 if looked >= PREEMPTION_CANDIDATES:
                     break

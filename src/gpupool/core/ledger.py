@@ -52,6 +52,7 @@ class _Entry:
         "pre_vram",
         "reclaim_key",
         "slice",
+        "state",
     )
 
     def __init__(self, s: Slice) -> None:
@@ -65,6 +66,8 @@ class _Entry:
         self.healthy = s.healthy
         self.free_key: FreeKey | None = None
         self.reclaim_key: ReclaimKey | None = None
+        self.state: SliceState | None = None
+        """Cached snapshot; cleared on every change (`_unindex` runs before each mutation)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,8 +197,10 @@ class SliceLedger:
 
     def state(self, slice_id: str) -> SliceState:
         e = self._entry(slice_id)
+        if e.state is not None:
+            return e.state
         cap = e.slice.capacity
-        return SliceState(
+        e.state = SliceState(
             slice=e.slice,
             granted=Resources(e.granted_vram, e.granted_compute),
             free=Resources(cap.vram_mib - e.granted_vram, cap.compute_milli - e.granted_compute),
@@ -203,6 +208,7 @@ class SliceLedger:
             num_leases=e.num_leases,
             healthy=e.healthy,
         )
+        return e.state
 
     def free(self, slice_id: str) -> Resources:
         e = self._entry(slice_id)
@@ -273,6 +279,7 @@ class SliceLedger:
             raise UnknownId("slice", slice_id) from None
 
     def _unindex(self, e: _Entry) -> None:
+        e.state = None
         if e.free_key is not None:
             self._free[e.group].remove(e.free_key)
             e.free_key = None

@@ -85,6 +85,10 @@ def validate_request(req: Request) -> Request:
     if type(req.gpu_count) is not int or not 1 <= req.gpu_count <= MAX_GPU_COUNT:
         raise InvalidInput("gpu_count", req.gpu_count, f"must be an integer in [1, {MAX_GPU_COUNT}]")
     vram = req.demand.vram_mib
+    if type(vram) is not int:
+        raise InvalidInput("demand.vram_mib", vram, "must be an integer number of MiB")
+    if type(req.demand.compute_milli) is not int:
+        raise InvalidInput("demand.compute_milli", req.demand.compute_milli, "must be an integer (1000 = one GPU)")
     if not 1 <= vram <= MAX_VRAM_MIB:
         raise InvalidInput("demand.vram_mib", vram, f"must be in [1, {MAX_VRAM_MIB}] MiB")
     compute = req.demand.compute_milli

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gpupool.hardware.units import Resources
+from gpupool.hardware.units import Resources, check_ints
 
 
 class SliceKind(StrEnum):
@@ -59,5 +59,6 @@ class Slice:
             raise ValueError(f"Slice {self.id}: node must be a non-empty string")
         if not self.gpu_id:
             raise ValueError(f"Slice {self.id}: gpu_id must be a non-empty string")
+        check_ints(self.capacity, field=f"Slice {self.id}: capacity")
         if self.capacity.vram_mib <= 0 or self.capacity.compute_milli < 0:
             raise ValueError(f"Slice {self.id}: capacity must be positive, got {self.capacity}")

@@ -5,7 +5,8 @@ integer: VRAM in MiB and compute in milli-GPU (1000 = all SMs of one physical GP
 "compute percent" is 10 x percent, the Alibaba trace's ``gpu_milli`` maps one to one).
 
 Invariants:
-- `Resources` fields are plain ``int`` (``bool`` is rejected); arithmetic is exact.
+- `Resources` fields are plain ``int`` (checked at the boundaries with `check_ints`, not on every
+  construction, because the allocator builds many); arithmetic is exact.
 - A `Resources` may be negative only as an intermediate difference; ``is_nonnegative`` tells.
 """
 
@@ -35,11 +36,8 @@ class Resources:
     vram_mib: int
     compute_milli: int
 
-    def __post_init__(self) -> None:
-        for name in ("vram_mib", "compute_milli"):
-            value = getattr(self, name)
-            if type(value) is not int:
-                raise TypeError(f"Resources.{name} must be int, got {type(value).__name__} {value!r}")
+    # NOTE: no __post_init__ type check: Resources is built on every allocator step. Inputs are
+    # checked where they enter (`check_ints`, request validation, Slice construction).
 
     def __add__(self, other: Resources) -> Resources:
         return Resources(self.vram_mib + other.vram_mib, self.compute_milli + other.compute_milli)
@@ -62,3 +60,12 @@ class Resources:
 
 
 ZERO = Resources(0, 0)
+
+
+def check_ints(res: Resources, *, field: str) -> Resources:
+    """Raise `TypeError` naming ``field`` unless both dimensions are plain ints (not bool/float)."""
+    for name in ("vram_mib", "compute_milli"):
+        value = getattr(res, name)
+        if type(value) is not int:
+            raise TypeError(f"{field}.{name} must be int, got {type(value).__name__} {value!r}")
+    return res
