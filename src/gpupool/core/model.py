@@ -88,7 +88,8 @@ def validate_request(req: Request) -> Request:
     if type(vram) is not int:
         raise InvalidInput("demand.vram_mib", vram, "must be an integer number of MiB")
     if type(req.demand.compute_milli) is not int:
-        raise InvalidInput("demand.compute_milli", req.demand.compute_milli, "must be an integer (1000 = one GPU)")
+        compute_value = req.demand.compute_milli
+        raise InvalidInput("demand.compute_milli", compute_value, "must be an integer (1000 = one GPU)")
     if not 1 <= vram <= MAX_VRAM_MIB:
         raise InvalidInput("demand.vram_mib", vram, f"must be in [1, {MAX_VRAM_MIB}] MiB")
     compute = req.demand.compute_milli
