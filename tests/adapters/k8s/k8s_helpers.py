@@ -57,3 +57,13 @@ class Client:
 def make_pool(spec: dict[str, Any] = SMALL_CLUSTER) -> ExtenderPool:
     slices = inventory_from_cluster(load_cluster_spec(spec))
     return ExtenderPool(slices, clock=ManualClock(1000.0), lease_ids=seeded_lease_ids(7))
+
+
+def wait_until(cond: Any, timeout_s: float = 10.0, what: str = "condition") -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)

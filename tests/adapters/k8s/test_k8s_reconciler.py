@@ -1,0 +1,139 @@
+"""Pod reconciliation against a fake API server: release on delete / finish, adoption, drift, relist."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_pod
+from tests.adapters.k8s.k8s_helpers import Client, make_pool, wait_until
+
+from gpupool.adapters.k8s.kubeapi import KubeApi
+from gpupool.adapters.k8s.reconciler import PodReconciler
+
+
+def bind(client: Client, api: FakeApiServer, pod: dict[str, Any], node: str) -> None:
+    api.add_pod(pod)
+    out = client.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": [node]})
+    assert out["NodeNames"] == [node], out
+    m = pod["metadata"]
+    assert client.post(
+        "bind", {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": node}
+    ) == {"Error": ""}
+
+
+def free_map(pool: Any) -> dict[str, Any]:
+    return {st.slice.id: (st.free, st.num_leases) for st in pool.allocator.states()}
+
+
+def test_restart_adopts_bound_pods_and_releases_the_gone(extender: Any, fake_api: FakeApiServer) -> None:
+    ext, _, client = extender
+    bind(client, fake_api, make_pod("a", vram_mib=30000, compute_pct=20), "gpu-a")
+    bind(client, fake_api, make_pod("b", vram_mib=10000, compute_pct=50, priority=-1), "gpu-a")
+    bind(client, fake_api, make_pod("c", vram_mib=5000, gpus=1), "gpu-c")
+    before = free_map(ext.pool)
+
+    fresh = make_pool()
+    rec = PodReconciler(fresh)
+    pods, _ = KubeApi.for_host(fake_api.url).list_pods()
+    summary = rec.resync(pods, listed_at=fresh.allocator.clock.now())
+    assert rec.counts["adopted"] == 3 and summary["released"] == 0
+    assert free_map(fresh) == before
+    fresh.check()
+    for name in ("a", "b", "c"):
+        uid = fake_api.pod("default", name)["metadata"]["uid"]
+        assert fresh.lease_of(uid).id == ext.pool.lease_of(uid).id
+
+    fake_api.delete_pod("default", "b")
+    pods, _ = KubeApi.for_host(fake_api.url).list_pods()
+    fresh.allocator.clock.advance(1.0)  # type: ignore[attr-defined]
+    assert rec.resync(pods, listed_at=fresh.allocator.clock.now())["released"] == 1
+    assert len(fresh.pod_uids()) == 2
+
+
+def test_watch_releases_deleted_and_finished_pods(extender: Any, fake_api: FakeApiServer) -> None:
+    ext, _, client = extender
+    rec = PodReconciler(ext.pool)
+    stop = threading.Event()
+    t = threading.Thread(
+        target=rec.run, args=(KubeApi.for_host(fake_api.url), stop), kwargs={"watch_timeout_s": 1}
+    )
+    t.start()
+    try:
+        bind(client, fake_api, make_pod("job", vram_mib=2000, priority=-1), "gpu-b")
+        bind(client, fake_api, make_pod("svc", vram_mib=2000), "gpu-b")
+        uids = {n: fake_api.pod("default", n)["metadata"]["uid"] for n in ("job", "svc")}
+        wait_until(lambda: rec.counts.get("ok", 0) >= 2, what="bound pods seen")
+        fake_api.update_pod("default", "job", phase="Succeeded")
+        wait_until(lambda: ext.pool.lease_of(uids["job"]) is None, what="finished pod released")
+        fake_api.delete_pod("default", "svc")
+        wait_until(lambda: ext.pool.lease_of(uids["svc"]) is None, what="deleted pod released")
+        assert ext.pool.pod_uids() == []
+        ext.pool.check()
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    assert not t.is_alive()
+
+
+def test_expired_watch_relists(extender: Any, fake_api: FakeApiServer) -> None:
+    ext, _, client = extender
+    rec = PodReconciler(ext.pool)
+    fake_api.expire_watch_before = 10**9
+    stop = threading.Event()
+    t = threading.Thread(
+        target=rec.run, args=(KubeApi.for_host(fake_api.url), stop), kwargs={"watch_timeout_s": 1}
+    )
+    bind(client, fake_api, make_pod("x", vram_mib=100), "gpu-a")
+    t.start()
+    try:
+        wait_until(lambda: rec.counts.get("ok", 0) >= 3, what="several relists")
+    finally:
+        stop.set()
+        t.join(timeout=10)
+
+
+def test_drift_is_reported_not_fixed(fake_api: FakeApiServer) -> None:
+    pool = make_pool()
+    rec = PodReconciler(pool)
+    good = {
+        "version": 1,
+        "lease": "l-1",
+        "node": "gpu-a",
+        "priority": 0,
+        "preemptible": False,
+        "bound_at": 1.0,
+        "pod": {"uid": "u1", "namespace": "default", "name": "ghost", "container": "main"},
+        "request": {"vram_mib": 100, "compute_milli": 0, "gpu_count": 1, "kinds": []},
+        "grants": [
+            {
+                "slice": "gpu-a/9/whole",
+                "gpu": "gpu-a/9",
+                "uuid": "",
+                "kind": "whole",
+                "index": 9,
+                "profile": "",
+                "vram_mib": 100,
+                "compute_milli": 0,
+                "shared": True,
+            }
+        ],
+    }
+    ghost = make_pod("ghost", uid="u1", node="gpu-a", annotations={"gpupool.io/placement": json.dumps(good)})
+    assert rec.apply("ADDED", ghost) == "drift"
+    assert rec.drifts[-1].kind == "adopt-failed" and "gpu-a/9/whole" in rec.drifts[-1].detail
+    bad = make_pod("bad", node="gpu-a", annotations={"gpupool.io/placement": "{not json"})
+    assert rec.apply("MODIFIED", bad) == "drift" and rec.drifts[-1].kind == "bad-annotation"
+    old = make_pod(
+        "old", node="gpu-a", annotations={"gpupool.io/placement": json.dumps({**good, "version": 0})}
+    )
+    assert rec.apply("MODIFIED", old) == "drift" and "version" in rec.drifts[-1].detail
+    rogue = make_pod("rogue", vram_mib=1000, node="gpu-b")
+    assert rec.apply("ADDED", rogue) == "drift" and rec.drifts[-1].kind == "unmanaged"
+    moved = make_pod("moved", uid="u1", node="gpu-b", annotations={"gpupool.io/placement": json.dumps(good)})
+    assert rec.apply("MODIFIED", moved) == "drift" and rec.drifts[-1].kind == "node-mismatch"
+    in_flight = make_pod("inflight", uid="u1", annotations={"gpupool.io/placement": json.dumps(good)})
+    assert rec.apply("MODIFIED", in_flight) == "ignored"
+    assert pool.pod_uids() == []
+    pool.check()
