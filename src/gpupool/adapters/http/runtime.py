@@ -1,0 +1,164 @@
+"""Asyncio runtime around a `LeaseController`: group commit, event fan-out (SSE + ticket waiters), ticks.
+
+`GroupCommitter` batches the store writes of every request handled in one event-loop turn into one
+``store.apply`` call run in a worker thread; each response is sent only after the batch holding its
+writes is durable, and the batch's events are delivered (SSE, ticket waiters) right after. While one
+batch commits, new writes collect into the next one (one commit in flight at a time, in order).
+
+`EventHub` filters events per subscriber: an admin sees everything; a tenant sees events of its own
+leases and tickets, and pause/resume events naming one of its leases. Slow subscribers lose events
+(bounded queues) rather than slowing the gateway; they get a ``lagged`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from gpupool.adapters.http.auth import Principal
+from gpupool.core.controller import LeaseController
+from gpupool.core.ports import GatewayEvent
+
+
+class GroupCommitter:
+    def __init__(self, controller: LeaseController) -> None:
+        self.controller = controller
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupool-commit")
+        self._next_gen = 1
+        self._done_gen = 0
+        self._waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self._running = False
+        self._scheduled = False
+        self.batches = 0
+        self.writes = 0
+        self.failed: BaseException | None = None
+
+    async def durable(self) -> None:
+        """Return once every write made so far by this task's handler is durable."""
+        c = self.controller
+        if c.dirty:
+            gen = self._next_gen
+        elif self._running:
+            gen = self._next_gen - 1
+        else:
+            return
+        if gen <= self._done_gen:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(gen, []).append(fut)
+        self.kick()
+        await fut
+
+    def kick(self) -> None:
+        if not self._running and not self._scheduled and self.controller.dirty:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._start)
+
+    def _start(self) -> None:
+        self._scheduled = False
+        if not self._running:
+            self._running = True
+            asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        c = self.controller
+        try:
+            while c.dirty:
+                batch = c.take_batch()
+                gen = self._next_gen
+                self._next_gen += 1
+                err: BaseException | None = None
+                if batch.writes:
+                    try:
+                        await loop.run_in_executor(self._executor, c.store.apply, batch.writes)
+                    except Exception as exc:
+                        err = self.failed = exc
+                self.batches += 1
+                self.writes += len(batch.writes)
+                self._done_gen = gen
+                if err is None:
+                    c.deliver(batch)
+                for fut in self._waiters.pop(gen, ()):
+                    if not fut.done():
+                        if err is None:
+                            fut.set_result(None)
+                        else:
+                            fut.set_exception(StoreUnavailable(str(err)))
+        finally:
+            self._running = False
+            for gen in [g for g in self._waiters if g <= self._done_gen]:
+                for fut in self._waiters.pop(gen):
+                    if not fut.done():
+                        fut.set_result(None)
+            if c.dirty:
+                self.kick()
+
+    async def close(self) -> None:
+        while self._running or self.controller.dirty:
+            self.kick()
+            await asyncio.sleep(0.005)
+        self._executor.shutdown(wait=True)
+
+
+class StoreUnavailable(Exception):
+    pass
+
+
+class EventHub:
+    def __init__(self, *, queue_size: int = 1000) -> None:
+        self._subs: dict[int, tuple[Principal, asyncio.Queue[GatewayEvent | None]]] = {}
+        self._tickets: dict[str, list[asyncio.Future[None]]] = {}
+        self._next = 0
+        self._queue_size = queue_size
+        self.extra: list[Callable[[GatewayEvent], None]] = []
+
+    def __call__(self, event: GatewayEvent) -> None:
+        for fn in self.extra:
+            fn(event)
+        for who, q in self._subs.values():
+            if _visible(event, who):
+                with contextlib.suppress(asyncio.QueueFull):
+                    q.put_nowait(event)
+        if event.ticket and event.kind in ("granted", "shed"):
+            for fut in self._tickets.pop(event.ticket, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    def subscribe(self, who: Principal) -> tuple[int, asyncio.Queue[GatewayEvent | None]]:
+        self._next += 1
+        q: asyncio.Queue[GatewayEvent | None] = asyncio.Queue(maxsize=self._queue_size)
+        self._subs[self._next] = (who, q)
+        return self._next, q
+
+    def unsubscribe(self, sub_id: int) -> None:
+        self._subs.pop(sub_id, None)
+
+    def close(self) -> None:
+        for _, q in self._subs.values():
+            with contextlib.suppress(asyncio.QueueFull):
+                q.put_nowait(None)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subs)
+
+    async def wait_ticket(self, ticket: str, timeout_s: float) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._tickets.setdefault(ticket, []).append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            waiters = self._tickets.get(ticket)
+            if waiters is not None and fut in waiters:
+                waiters.remove(fut)
+                if not waiters:
+                    del self._tickets[ticket]
+
+
+def _visible(e: GatewayEvent, who: Principal) -> bool:
+    return who.is_admin or e.tenant == who.tenant or who.tenant in e.tenants

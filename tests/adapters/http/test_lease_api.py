@@ -1,0 +1,144 @@
+"""Lease API over real HTTP: statuses, auth and tenant isolation, queueing, events, admin routes."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpupool.adapters.http.app import create_app
+from gpupool.adapters.http.auth import TokenTable
+from gpupool.adapters.store import SqliteLeaseStore
+from gpupool.cli.demo import seed_example_pool
+from gpupool.core.clock import FunctionClock
+from gpupool.core.controller import LeaseController
+from tests.adapters.http.servers import running
+
+ADMIN, A, B = "admin-token-0001", "tenant-a-token-1", "tenant-b-token-2"
+
+
+def h(tok: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tok}"}
+
+
+@pytest.fixture
+def gw(tmp_path: Path) -> Iterator[tuple[str, LeaseController]]:
+    import time
+
+    store = SqliteLeaseStore(tmp_path / "l.db")
+    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=store)
+    c.recover()
+    tokens = TokenTable([(ADMIN, "ops", "admin"), (A, "a", "tenant"), (B, "b", "tenant")])
+    with running(create_app(c, tokens=tokens, tick_s=0.05)) as url:
+        yield url, c
+    store.close()
+
+
+def test_acquire_get_renew_release_and_idempotent_delete(gw: tuple[str, LeaseController]) -> None:
+    url, c = gw
+    with httpx.Client(base_url=url, headers=h(A)) as cl:
+        r = cl.post(
+            "/v1/leases", json={"priority": "P1", "vram_mib": 4096, "compute_pct": 10, "kinds": ["mig"]}
+        )
+        assert r.status_code == 201, r.text
+        lease = r.json()
+        assert (
+            lease["slice_id"].startswith("gpu-a/0/mig")
+            and lease["gpu_id"] == "gpu-a/0"
+            and lease["tenant"] == "a"
+        )
+        assert cl.get(f"/v1/leases/{lease['id']}").json()["id"] == lease["id"]
+        assert [x["id"] for x in cl.get("/v1/leases").json()["leases"]] == [lease["id"]]
+        rn = cl.post(f"/v1/leases/{lease['id']}/renew", json={"ttl_s": 120})
+        assert rn.status_code == 200 and rn.json()["revision"] == 2
+        d1, d2 = cl.delete(f"/v1/leases/{lease['id']}"), cl.delete(f"/v1/leases/{lease['id']}")
+        assert d1.status_code == d2.status_code == 200 and d2.json()["state"] == "released"
+        assert cl.post(f"/v1/leases/{lease['id']}/renew").status_code == 409
+    stored = c.store.get(lease["id"])
+    assert stored is not None and stored.state.value == "released"
+
+
+def test_statuses_for_bad_input_unresolvable_and_auth(gw: tuple[str, LeaseController]) -> None:
+    url, _ = gw
+    with httpx.Client(base_url=url) as cl:
+        assert cl.get("/healthz").status_code == 200
+        assert cl.get("/v1/pool").status_code == 401
+        assert cl.get("/v1/pool", headers=h("wrong-token-xyz")).status_code == 401
+        r = cl.post("/v1/leases", headers=h(A), json={"vram_mib": -5})
+        assert r.status_code == 422 and r.json()["field"] == "vram_mib"
+        r = cl.post("/v1/leases", headers=h(A), json={"vram_mib": 5, "bogus": 1})
+        assert r.status_code == 422 and r.json()["field"] == "bogus"
+        r = cl.post("/v1/leases", headers=h(A), json={"vram_mib": 5, "priority": "urgent"})
+        assert r.status_code == 422 and r.json()["field"] == "priority"
+        r = cl.post("/v1/leases", headers={**h(A), "content-type": "application/json"}, content=b"{nope")
+        assert r.status_code == 422
+        r = cl.post("/v1/leases", headers=h(A), json={"vram_mib": 50_000, "kinds": ["mig"]})
+        assert r.status_code == 503 and r.json()["code"] == "unresolvable"
+        r = cl.post("/v1/leases", headers=h(A), json={"priority": "P0"})
+        assert r.status_code == 422 and r.json()["field"] == "vram_mib"
+        assert cl.put("/v1/admin/watermarks", headers=h(A), json={}).status_code == 403
+        assert cl.put("/v1/admin/watermarks", headers=h(ADMIN), json={"vram_high": 0.9}).status_code == 200
+        assert "/v1/leases" in cl.get("/openapi.json").json()["paths"]
+
+
+def test_tenant_isolation(gw: tuple[str, LeaseController]) -> None:
+    url, c = gw
+    with httpx.Client(base_url=url) as cl:
+        lid = cl.post("/v1/leases", headers=h(A), json={"vram_mib": 1024}).json()["id"]
+        assert cl.get(f"/v1/leases/{lid}", headers=h(B)).status_code == 404
+        assert cl.post(f"/v1/leases/{lid}/renew", headers=h(B)).status_code == 404
+        assert cl.delete(f"/v1/leases/{lid}", headers=h(B)).status_code == 404
+        assert cl.get("/v1/leases", headers=h(B)).json()["leases"] == []
+        assert cl.get(f"/v1/leases/{lid}", headers=h(ADMIN)).status_code == 200
+    assert c.get(lid).state.value == "active"
+
+
+def test_queue_ticket_long_poll_and_events(gw: tuple[str, LeaseController]) -> None:
+    url, _ = gw
+    events: list[dict[str, object]] = []
+    ready = threading.Event()
+
+    def listen() -> None:
+        with httpx.Client(base_url=url, timeout=10) as cl, cl.stream("GET", "/v1/events", headers=h(A)) as r:
+            ready.set()
+            kind = ""
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: "):
+                    events.append({"kind": kind, **json.loads(line[6:])})
+                    if len(events) >= 3:
+                        return
+
+    t = threading.Thread(target=listen, daemon=True)
+    t.start()
+    assert ready.wait(5)
+    with httpx.Client(base_url=url, headers=h(A), timeout=10) as cl:
+        big = cl.post("/v1/leases", json={"priority": "P1", "vram_mib": 40 * 1024, "kinds": ["mig"]})
+        assert big.status_code == 201
+        q = cl.post("/v1/leases", json={"priority": "P1", "vram_mib": 40 * 1024, "kinds": ["mig"]})
+        assert q.status_code == 202 and q.headers["location"].startswith("/v1/tickets/")
+        ticket = q.json()["ticket"]
+        assert cl.get(f"/v1/tickets/{ticket}", headers=h(B)).status_code == 404
+        cl.delete(f"/v1/leases/{big.json()['id']}")
+        st = cl.get(f"/v1/tickets/{ticket}", params={"wait_s": 5}).json()
+        assert st["state"] == "granted" and st["lease"]["slice_id"] == big.json()["slice_id"]
+    t.join(5)
+    kinds = [e["kind"] for e in events]
+    assert kinds[:1] == ["granted"] and "released" in kinds
+
+
+def test_p0_preempts_and_pool_view(gw: tuple[str, LeaseController]) -> None:
+    url, _ = gw
+    with httpx.Client(base_url=url, headers=h(A)) as cl:
+        p2 = cl.post("/v1/leases", json={"priority": "P2", "vram_mib": 40 * 1024, "kinds": ["mig"]}).json()
+        p0 = cl.post("/v1/leases", json={"priority": "P0", "vram_mib": 40 * 1024, "kinds": ["mig"]})
+        assert p0.status_code == 201 and p0.json()["victims"] == [p2["id"]]
+        assert cl.get(f"/v1/leases/{p2['id']}").json()["state"] == "preempted"
+        pool = cl.get("/v1/pool").json()
+        assert {n["node"] for n in pool["nodes"]} == {"gpu-a", "gpu-b", "gpu-c"}
+        assert pool["granted"]["vram_mib"] == 40 * 1024
