@@ -6,6 +6,7 @@ import typer
 
 from gpupool import __version__
 from gpupool.cli import bench, demo, plan, sim
+from gpupool.cli import extender as k8s_extender
 
 app = typer.Typer(
     name="gpupool",
@@ -41,6 +42,7 @@ app.command(
 app.add_typer(bench.app, name="bench")
 app.add_typer(sim.app, name="sim")
 app.command("plan", help="Partition a cluster for workloads (MIG/MPS layout, mig-parted).")(plan.plan)
+app.command("extender", help="Kubernetes scheduler extender (filter/bind/...).")(k8s_extender.extender)
 
 
 def main() -> None:

@@ -1,0 +1,115 @@
+"""`gpupool extender`: serve kube-scheduler's extender protocol over a static or live GPU pool.
+
+Inventory, first match wins:
+- ``--cluster FILE --workloads FILE``: the planner's layout (MIG / MPS / whole slices);
+- ``--cluster FILE``: every card is one whole-GPU slice;
+- neither: the ``<domain>/slices`` annotations that node agents write on the cluster's nodes.
+
+Kubernetes API: in-cluster service account, else ``--kubeconfig`` / ``$KUBECONFIG``, or an explicit
+``--kube-api URL``. ``--no-kube`` runs without one (bind then only commits the lease: a dry run for
+trying the protocol locally). With an API the pod reconciler runs in a background thread.
+
+The extender owns its `Allocator` (single process, one replica). Sharing the gateway's lease store
+is the next step: the pool would commit through the gateway's store with compare-and-set on the
+lease revision instead of in memory, and adopt from the store instead of from pod annotations.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import typer
+
+from gpupool.cli.errors import UserError, user_errors
+
+
+def build_slices(
+    cluster: Path | None, workloads: Path | None, *, api: object | None, domain: str
+) -> tuple[list[object], str]:
+    """The slices and a one-word description of where they came from."""
+    from gpupool.adapters.k8s.inventory import slices_from_nodes
+    from gpupool.adapters.k8s.kubeapi import KubeApi
+    from gpupool.adapters.k8s.resources import ResourceNames
+    from gpupool.cli.specfiles import load_cluster_file, load_workload_file
+    from gpupool.hardware.planner import inventory_from_cluster, inventory_from_plan, plan
+
+    if workloads is not None and cluster is None:
+        raise UserError("--workloads needs --cluster")
+    if cluster is not None:
+        spec = load_cluster_file(cluster)
+        if workloads is not None:
+            return list(inventory_from_plan(plan(spec, load_workload_file(workloads)))), "plan"
+        return list(inventory_from_cluster(spec)), "cluster-file"
+    if not isinstance(api, KubeApi):
+        raise UserError("no inventory: pass --cluster FILE, or run with a Kubernetes API (drop --no-kube)")
+    slices, skipped = slices_from_nodes(api.list_nodes(), ResourceNames(domain))
+    for node, why in sorted(skipped.items()):
+        logging.getLogger("gpupool.extender").warning("node %s skipped: %s", node, why)
+    return list(slices), "node-annotations"
+
+
+@user_errors
+def extender(
+    *,
+    port: int = typer.Option(8888, "--port", help="TCP port (0 = pick a free one and print it)."),
+    host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on."),  # noqa: S104 - scheduler pods connect
+    cluster: Path | None = typer.Option(None, "--cluster", help="Cluster spec YAML (static pool)."),
+    workloads: Path | None = typer.Option(
+        None, "--workloads", help="Workload spec YAML: use the plan's layout."
+    ),
+    prefix: str = typer.Option("", "--prefix", help="URL prefix of the verbs, e.g. /gpupool."),
+    domain: str = typer.Option("gpupool.io", "--domain", help="Extended resource domain."),
+    policy: str = typer.Option("bestfit", "--policy", help="Core placement policy (bestfit, spread, ...)."),
+    kube_api: str = typer.Option(
+        "", "--kube-api", help="Kubernetes API URL (default: in-cluster/kubeconfig)."
+    ),
+    kubeconfig: str = typer.Option("", "--kubeconfig", help="kubeconfig file."),
+    no_kube: bool = typer.Option(False, "--no-kube", help="No Kubernetes API: bind only commits the lease."),
+    reconcile: bool = typer.Option(True, "--reconcile/--no-reconcile", help="Run the pod reconciler."),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+) -> None:
+    """Scheduler extender: filter / prioritize / bind / preempt for gpupool.io/vram-mib x compute-pct."""
+    from gpupool.adapters.k8s.extender import Extender, ExtenderServer
+    from gpupool.adapters.k8s.kubeapi import KubeApi
+    from gpupool.adapters.k8s.pool import ExtenderPool
+    from gpupool.adapters.k8s.reconciler import PodReconciler
+    from gpupool.adapters.k8s.resources import ResourceNames
+    from gpupool.core.clock import FunctionClock
+    from gpupool.core.policies import get_policy
+    from gpupool.hardware.slices import Slice
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port {port}: must be in [0, 65535]")
+    names = ResourceNames(domain)
+    api: KubeApi | None = None
+    if not no_kube:
+        api = KubeApi.for_host(kube_api) if kube_api else KubeApi.from_environment(kubeconfig or None)
+    slices, source = build_slices(cluster, workloads, api=api, domain=domain)
+    pool = ExtenderPool(
+        [s for s in slices if isinstance(s, Slice)],
+        clock=FunctionClock(time.monotonic),
+        policy=get_policy(policy),
+    )
+    ext = Extender(pool, api=api, names=names)
+    try:
+        server = ExtenderServer(ext, host=host, port=port, prefix=prefix)
+    except OSError as exc:
+        raise UserError(f"cannot listen on {host}:{port}: {exc}") from None
+    stop = threading.Event()
+    if api is not None and reconcile:
+        rec = PodReconciler(pool, names=names)
+        threading.Thread(target=rec.run, args=(api, stop), name="gpupool-reconciler", daemon=True).start()
+    typer.echo(
+        f"gpupool extender listening on {server.url} ({len(pool.nodes())} nodes, {len(slices)} slices from "
+        f"{source})",
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()

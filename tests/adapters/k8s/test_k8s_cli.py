@@ -1,0 +1,115 @@
+"""`gpupool extender` as a real subprocess: static pools from spec files, live pools from node annotations."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_node, make_pod
+
+from gpupool.adapters.k8s.annotations import encode_slices
+from gpupool.core import Resources, Slice, SliceKind
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = ROOT / "examples"
+
+
+@contextmanager
+def run_extender(*args: str) -> Iterator[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpupool.cli.main", "extender", "--port", "0", "--host", "127.0.0.1", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening on" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        yield line
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def post(url: str, obj: Any) -> Any:
+    req = urllib.request.Request(
+        url, data=json.dumps(obj).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def url_of(line: str) -> str:
+    return line.split("listening on ", 1)[1].split(" ", 1)[0]
+
+
+def test_static_pool_from_cluster_and_workloads() -> None:
+    cluster = str(EXAMPLES / "cluster-a100-l40s.yaml")
+    with run_extender("--cluster", cluster, "--no-kube", "--prefix", "gp") as line:
+        assert "from cluster-file" in line and "6 slices" in line
+        url = url_of(line)
+        pod = make_pod("llm", vram_mib=47000, compute_pct=40)
+        out = post(f"{url}/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["gpu-a", "gpu-b"]})
+        assert out["NodeNames"] == ["gpu-a"] and "gpu-b" in out["FailedAndUnresolvableNodes"]
+        m = pod["metadata"]
+        assert post(
+            f"{url}/bind",
+            {"PodName": m["name"], "PodNamespace": "default", "PodUID": m["uid"], "Node": "gpu-a"},
+        ) == {"Error": ""}
+    with run_extender(
+        "--cluster", cluster, "--workloads", str(EXAMPLES / "workloads-agent-platform.yaml"), "--no-kube"
+    ) as line:
+        assert "from plan" in line
+
+
+def test_live_pool_from_node_annotations() -> None:
+    api = FakeApiServer().start()
+    try:
+        slices = [
+            Slice(f"n1/0/mps{i}", "n1", "n1/0", SliceKind.MPS, Resources(12288, 250), gpu_index=0)
+            for i in range(4)
+        ]
+        api.add_node(make_node("n1", {"gpupool.io/slices": encode_slices(slices)}))
+        api.add_node(make_node("n2", {"gpupool.io/slices": "{broken"}))
+        with run_extender("--kube-api", api.url, "--no-reconcile") as line:
+            assert "1 nodes, 4 slices from node-annotations" in line
+            url = url_of(line)
+            pod = api.add_pod(make_pod("guard", vram_mib=4096, compute_pct=25))
+            out = post(f"{url}/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1", "n2"]})
+            assert out["NodeNames"] == ["n1"]
+            m = pod["metadata"]
+            assert post(
+                f"{url}/bind",
+                {"PodName": "guard", "PodNamespace": "default", "PodUID": m["uid"], "Node": "n1"},
+            ) == {"Error": ""}
+            assert api.pod("default", "guard")["spec"]["nodeName"] == "n1"
+    finally:
+        api.stop()
+
+
+def test_bad_cli_input_exits_2_with_one_line(tmp_path: Path) -> None:
+    for args in (
+        ["--cluster", str(tmp_path / "missing.yaml"), "--no-kube"],
+        ["--no-kube"],
+        ["--workloads", str(EXAMPLES / "workloads-agent-platform.yaml"), "--no-kube"],
+        ["--cluster", str(EXAMPLES / "cluster-a100-l40s.yaml"), "--no-kube", "--port", "70000"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpupool.cli.main", "extender", *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "gpupool: error:" in proc.stderr
