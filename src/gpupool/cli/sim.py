@@ -8,12 +8,14 @@ from pathlib import Path
 
 import typer
 
+from gpupool.cli import tidal
 from gpupool.cli.errors import UserError, user_errors
 
 app = typer.Typer(
     help="Trace-driven placement simulator: reproduce FGD (USENIX ATC'23) on the Alibaba GPU trace.",
     no_args_is_help=True,
 )
+app.command("tidal")(tidal.sim_tidal)
 
 DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,seed-bestfit,frag-bestfit"
 

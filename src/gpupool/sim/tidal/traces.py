@@ -1,0 +1,98 @@
+"""Trace inputs of the tidal simulation: the arrival shape and the token sizes.
+
+- Arrival shape: request timestamps of ``alibaba-genai-v2026/lora_request_trace.csv`` (24 days of a
+  production serving platform) as hourly counts. The trace's clock is shifted by an unknown
+  constant, so we rotate it by the whole-hour phase that puts the most requests inside the
+  08:30-19:30 day window (computed, reported as ``phase_shift_h``); the weekly pattern (low days) is
+  kept as recorded. The shape is normalised to peak 1.0 and linearly interpolated per minute.
+- Token sizes: (ContextTokens, GeneratedTokens) pairs of ``azure-llm-2023/AzureLLMInferenceTrace_code.csv``,
+  sampled with replacement from an explicit seed.
+
+Both files are read from ``../shared/data`` relative to the repository root, or ``GPUPOOL_DATA_DIR``.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+ALIBABA = "alibaba-genai-v2026/lora_request_trace.csv"
+AZURE = "azure-llm-2023/AzureLLMInferenceTrace_code.csv"
+FIRST_DAY = datetime(2024, 11, 30)
+"""First measured local day (a Saturday after the phase shift; the week runs Sat..Fri, so it holds a
+weekend). The day before (Fri 11-29) is the controller's warm-up day. Later days need ``--days`` <= 9."""
+
+
+def data_dir() -> Path:
+    env = os.environ.get("GPUPOOL_DATA_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[4].parent / "shared" / "data"
+
+
+@dataclass(frozen=True, slots=True)
+class Traces:
+    hourly_shape: npt.NDArray[np.float64]
+    """Requests per hour, normalised to max 1.0, local time, starting at local midnight of day 0."""
+    phase_shift_h: int
+    prompt_tokens: npt.NDArray[np.int64]
+    output_tokens: npt.NDArray[np.int64]
+
+
+def _hourly_counts(path: Path) -> tuple[dict[datetime, int], int]:
+    counts: dict[datetime, int] = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            t = datetime.strptime(row["gmt_create"], "%Y-%m-%d %H:%M:%S").replace(minute=0, second=0)
+            counts[t] = counts.get(t, 0) + 1
+    by_hour = [0] * 24
+    for t, c in counts.items():
+        by_hour[t.hour] += c
+    # phase: local = trace + shift; maximise requests in local hours 9..19 (the 08:30-19:30 window)
+    best = max(range(24), key=lambda s: (sum(by_hour[(h - s) % 24] for h in range(9, 19)), -s))
+    return counts, best
+
+
+def load(days: int, *, base: Path | None = None) -> Traces:
+    root = base or data_dir()
+    alibaba, azure = root / ALIBABA, root / AZURE
+    for p in (alibaba, azure):
+        if not p.exists():
+            raise FileNotFoundError(f"trace file {p} not found (set GPUPOOL_DATA_DIR)")
+    counts, shift = _hourly_counts(alibaba)
+    # +1 day in front: the warm-up day that teaches the mode controller its baseline
+    hours = (days + 1) * 24
+    start = FIRST_DAY - timedelta(days=1) - timedelta(hours=shift)
+    shape = np.array([counts.get(start + timedelta(hours=h), 0) for h in range(hours)], dtype=np.float64)
+    if shape.max() <= 0:
+        raise ValueError(f"no requests in the selected trace window starting {start}")
+    shape /= shape.max()
+    ctx, gen = [], []
+    with azure.open(newline="") as f:
+        for row in csv.DictReader(f):
+            ctx.append(int(row["ContextTokens"]))
+            gen.append(int(row["GeneratedTokens"]))
+    return Traces(shape, shift, np.array(ctx, dtype=np.int64), np.array(gen, dtype=np.int64))
+
+
+def minute_rates(shape: npt.NDArray[np.float64], peak_per_s: float) -> npt.NDArray[np.float64]:
+    """Arrival rate (requests/s) per minute, linear between hour midpoints."""
+    minutes = np.arange(len(shape) * 60, dtype=np.float64)
+    mids = np.arange(len(shape), dtype=np.float64) * 60 + 30
+    return np.interp(minutes, mids, shape) * peak_per_s
+
+
+def poisson_arrivals(
+    rates_per_min: npt.NDArray[np.float64], *, rng: np.random.Generator, t0_s: float = 0.0
+) -> npt.NDArray[np.float64]:
+    """A non-homogeneous Poisson process, piecewise constant per minute; sorted seconds from t0."""
+    n = rng.poisson(rates_per_min * 60.0)
+    minute = np.repeat(np.arange(len(rates_per_min)), n)
+    t = t0_s + (minute + rng.random(len(minute))) * 60.0
+    return np.sort(t)

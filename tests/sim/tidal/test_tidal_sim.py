@@ -1,0 +1,150 @@
+"""`gpupool sim tidal` at CI size: one trace day at reduced load, the real traces, the real core."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from gpupool.cli.main import app
+from gpupool.hardware.mig import validate_layout
+from gpupool.sim.tidal import perf, platform, traces
+from gpupool.sim.tidal.run import RunConfig, run
+from gpupool.sim.tidal.serve import coverage
+
+REQUIRED = (
+    "gpu_util",
+    "vram_util",
+    "p0_ttft_slo_attainment",
+    "guardrail_p99_ms",
+    "batch_tokens_per_day",
+    "preemptions",
+    "night_serve_ms_p99",
+)
+
+needs_data = pytest.mark.skipif(
+    not (traces.data_dir() / traces.ALIBABA).exists() or not (traces.data_dir() / traces.AZURE).exists(),
+    reason="trace data ../shared/data (or GPUPOOL_DATA_DIR) not present",
+)
+
+
+@pytest.fixture(scope="module")
+def result():
+    if not (traces.data_dir() / traces.ALIBABA).exists():
+        pytest.skip("trace data not present")
+    # two trace days (the weekend) at 15 % load: nights, lending and the night paths all happen
+    return run(RunConfig(days=2, scale=0.15, seed=3))
+
+
+@needs_data
+def test_json_has_the_required_keys_and_sane_ranges(result):
+    assert result["days"] == 2
+    assert set(result["strategies"]) == {"dedicated", "static-slicing", "tidal"}
+    for name, s in result["strategies"].items():
+        for k in REQUIRED:
+            assert k in s, (name, k)
+        assert 0.0 <= s["gpu_util"] <= 1.0 and 0.0 <= s["vram_util"] <= 1.0
+        assert 0.0 <= s["p0_ttft_slo_attainment"] <= s["p0_ttft_slo_bound"] + 1e-9
+        # idle reserved capacity never counts: useful busy time stays under what was on offer
+        assert s["gpu_util"] <= s["capacity_bound_gpu_util"] + 1e-9
+        assert s["online_gpu_util"] + s["batch_gpu_util"] == pytest.approx(s["gpu_util"], abs=2e-4)
+        assert len(s["gpu_util_by_hour"]) == 48
+    json.dumps(result)
+
+
+@needs_data
+def test_only_tidal_lends_and_preempts_through_the_allocator(result):
+    st = result["strategies"]
+    assert st["dedicated"]["preemptions"] == 0 and st["static-slicing"]["preemptions"] == 0
+    tidal = st["tidal"]
+    assert result["night_intervals_h"], "the core controller should have found at least one NIGHT"
+    assert tidal["preemptions"] == tidal["allocator"]["p2_leases_preempted"] > 0
+    assert tidal["capacity_bound_gpu_util"] > st["static-slicing"]["capacity_bound_gpu_util"]
+    assert tidal["batch_tokens_per_day"] >= st["static-slicing"]["batch_tokens_per_day"]
+
+
+@needs_data
+def test_batch_work_is_never_dropped(result):
+    days = result["days"]
+    injected_days = days  # one injection at 19:00 on each measured day
+    for s in result["strategies"].values():
+        total = s["batch_tokens_per_day"] * days + s["batch_backlog_left_tokens"]
+        from gpupool.sim.tidal.batch import EVAL_TOKENS_PER_DAY, REEMBED_TOKENS_PER_DAY
+
+        want = injected_days * (EVAL_TOKENS_PER_DAY + REEMBED_TOKENS_PER_DAY) * result["scale"]
+        assert total == pytest.approx(want, rel=1e-6)
+
+
+@needs_data
+def test_night_paths_partition_the_night_requests(result):
+    t = result["strategies"]["tidal"]
+    assert sum(p["requests"] for p in t["night_paths"].values()) == t["night_p0_requests"]
+    hb = t["night_paths"]["holdback"]
+    assert hb["serve_ms_max"] <= 1000 * (
+        perf.HOLDBACK_S + result["pauser_costs"]["p2_iteration_s_main_a100"] * 3
+    )
+
+
+def test_layouts_are_legal_and_the_p2_day_share_is_under_20_percent():
+    validate_layout(platform.A100, platform.DAY_LAYOUT_A100_MIG)
+    validate_layout(platform.A100, platform.NIGHT_LAYOUT_A100_MIG)
+    for name in platform.STRATEGIES:
+        plat = platform.build(name)
+        p2 = sum(i.spec.sm_fraction for i in plat.instances if i.role == "batch")
+        assert p2 / len(plat.gpus) <= 0.20
+        by_gpu: dict[str, float] = {}
+        for i in plat.instances:
+            by_gpu[i.gpu] = by_gpu.get(i.gpu, 0.0) + i.spec.sm_fraction
+        assert all(v <= 1.0 + 1e-9 for v in by_gpu.values())
+    with pytest.raises(ValueError, match="strategy"):
+        platform.build("magic")
+
+
+def test_roofline_prefill_is_compute_bound_and_decode_bandwidth_bound():
+    a100 = perf.whole(perf.A100_80GB)
+    g3 = platform._mig("3g.40gb")
+    m = perf.QWEN25_14B_AWQ
+    t = perf.prefill_s(m, a100, np.array([1000.0, 2000.0]))
+    assert t[1] > 2 * t[0] * 0.99  # attention makes it slightly super-linear
+    assert perf.prefill_s(m, g3, np.array([1000.0]))[0] == pytest.approx(t[0] * 108 / 42)
+    d1 = perf.decode_iter_s(m, a100, batch=1, ctx_tokens=1000)
+    assert d1 == pytest.approx(m.weight_bytes / (2.0e12 * perf.ETA_BANDWIDTH), rel=0.05)
+    assert perf.decode_iter_s(m, g3, batch=1, ctx_tokens=1000) == pytest.approx(d1 * 2, rel=0.01)
+    assert perf.cuda_checkpoint_s(80e9) == pytest.approx(15.0)
+    assert perf.sleep_l1_s(perf.ModelSpec("x", "decoder", 1, 64 * perf.GIB, 1, 1, 1, "")) == pytest.approx(
+        3.0
+    )
+
+
+def test_coverage_is_the_union_of_intervals():
+    edges = np.array([0.0, 10.0, 20.0, 30.0])
+    s = np.array([1.0, 2.0, 15.0, 18.0])
+    e = np.array([5.0, 12.0, 16.0, 25.0])
+    assert coverage(s, e, edges).tolist() == pytest.approx([9.0, 5.0, 5.0])  # [1,12] [15,16] [18,25]
+    assert coverage(np.array([]), np.array([]), edges).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_bad_config_is_rejected_with_the_field():
+    for kwargs, field in (
+        ({"days": 0}, "days"),
+        ({"scale": -1.0}, "scale"),
+        ({"main_model": "70b"}, "main_model"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            RunConfig(**kwargs)
+
+
+@needs_data
+def test_cli_json_and_report(tmp_path):
+    r = CliRunner().invoke(
+        app, ["sim", "tidal", "--days", "1", "--scale", "0.05", "--json", "--out", str(tmp_path)]
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert set(data["strategies"]) == {"dedicated", "static-slicing", "tidal"}
+    for f in ("results.json", "results.md", "util_by_hour.png", "slo.png", "batch_throughput.png"):
+        assert (tmp_path / f).stat().st_size > 0
+    bad = CliRunner().invoke(app, ["sim", "tidal", "--days", "12"])
+    assert bad.exit_code == 2
