@@ -1,0 +1,79 @@
+"""`gpupool emulate-backend`: run the emulated OpenAI-compatible inference server for one model.
+
+Token timing follows the roofline model of `gpupool.adapters.backends.roofline` for the model
+(parameters and KV bytes per token from the hardware catalogue) on the given GPU and slice fraction.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from gpupool.cli.errors import UserError, user_errors
+
+
+def build_engine(
+    model: str,
+    *,
+    gpu: str = "A100-SXM4-80GB",
+    compute_fraction: float = 1.0,
+    kv_budget_mib: int = 8192,
+    quant: str = "bf16",
+    speed: float = 1.0,
+    max_num_seqs: int = 256,
+) -> object:
+    """An `EmulatedEngine` for a catalogue model (imported lazily: the adapter needs FastAPI)."""
+    from gpupool.adapters.backends import EmulatedEngine, Roofline, gpu_peaks
+    from gpupool.hardware.memory import QUANT_BYTES, kv_bytes_per_token_of, resolve_model
+
+    arch = resolve_model(model)
+    if quant not in QUANT_BYTES:
+        raise UserError(f"--quant {quant!r}: expected one of {', '.join(QUANT_BYTES)}")
+    if not 0 < compute_fraction <= 1:
+        raise UserError(f"--compute-fraction {compute_fraction}: must be in (0, 1]")
+    if kv_budget_mib < 1:
+        raise UserError(f"--kv-budget-mib {kv_budget_mib}: must be >= 1")
+    bw, flops = gpu_peaks(gpu)
+    roof = Roofline(
+        params=arch.param_count,
+        bytes_per_param=QUANT_BYTES[quant],
+        kv_bytes_per_token=max(1, kv_bytes_per_token_of(arch)),
+        mem_bw_bytes_s=bw,
+        peak_flops=flops,
+        compute_fraction=compute_fraction,
+    )
+    return EmulatedEngine(roof, kv_budget_mib=kv_budget_mib, speed=speed, max_num_seqs=max_num_seqs)
+
+
+def build_backend_app(model: str, **kw: object) -> object:
+    from gpupool.adapters.backends.app import create_backend_app
+    from gpupool.adapters.backends.engine import EmulatedEngine
+
+    engine = build_engine(model, **kw)  # type: ignore[arg-type]
+    assert isinstance(engine, EmulatedEngine)
+    return create_backend_app(engine, model=model)
+
+
+@user_errors
+def emulate_backend(  # noqa: PLR0917 (typer options)
+    model: str = typer.Option(..., "--model", help="Catalogue model name, e.g. qwen2.5-7b."),
+    port: int = typer.Option(8001, "--port", help="TCP port (0 = any free port)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    gpu: str = typer.Option("A100-SXM4-80GB", "--gpu", help="GPU model the slice is on (roofline peaks)."),
+    compute_fraction: float = typer.Option(1.0, "--compute-fraction", help="Share of the GPU's SMs, (0, 1]."),
+    kv_budget_mib: int = typer.Option(8192, "--kv-budget-mib", help="KV-cache budget of the instance (MiB)."),
+    quant: str = typer.Option("bf16", "--quant", help="Weight format (bf16, fp8, int4, awq, ...)."),
+    speed: float = typer.Option(1.0, "--speed", help="Time scale: 10 = ten times faster than the model."),
+) -> None:
+    """Serve an emulated OpenAI-compatible model (vLLM metric names, sleep/pause endpoints)."""
+    import uvicorn
+
+    app = build_backend_app(
+        model,
+        gpu=gpu,
+        compute_fraction=compute_fraction,
+        kv_budget_mib=kv_budget_mib,
+        quant=quant,
+        speed=speed,
+    )
+    typer.echo(f"emulated backend {model} on http://{host}:{port} (gpu {gpu}, fraction {compute_fraction})")
+    uvicorn.run(app, host=host, port=port, log_level="warning")  # type: ignore[arg-type]
