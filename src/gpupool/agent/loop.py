@@ -152,6 +152,7 @@ class NodeAgent:
         self._events: list[AgentEvent] = []
         self._seq = 0
         self._tick = 0
+        self.last_tick_s: float | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: list[Future[PauseResult]] = []
         self._last: NodeSnapshot = NodeSnapshot(config.node, clock.now(), 0, (), ())
@@ -187,6 +188,7 @@ class NodeAgent:
             tuple((e.workload.lease_id, e.workload.gpu_id, e.state.value) for e in self.workloads.entries()),
         )
         self._last = snap
+        self.last_tick_s = self.clock.now() - now
         self._publish(snap)
         return snap
 

@@ -47,6 +47,8 @@ class GpuSample:
     gi_id: int | None = None
     error: str = ""
     xids: tuple[int, ...] = ()
+    instances: tuple[GpuSample, ...] = ()
+    """MIG instances of this GPU (for per-instance metrics); watermarks stay per physical GPU."""
 
 
 class DeviceSource(Protocol):

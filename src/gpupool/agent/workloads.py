@@ -163,3 +163,47 @@ def workload_from_lease(lease: Mapping[str, object]) -> Workload | None:
         sleep_level=_int_label(labels, "sleep-level", 1) or 1,
         labels=tuple(sorted(labels.items())),
     )
+
+
+def parse_workload_spec(spec: str) -> Workload:
+    """``lease=<id>,gpu=<gpu id>,pauser=<name>[,pgid=..][,pids=1;2][,cgroup=..][,endpoint=..]
+    [,vram_mib=..][,priority=..][,sleep_level=1|2][,nccl_world_size=..][,mig=true]`` (CLI ``--workload``)."""
+    fields: dict[str, str] = {}
+    for part in spec.split(","):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise InvalidInput("workload", spec, "expected key=value pairs: lease=..,gpu=..,pauser=..")
+        fields[key.strip()] = value.strip()
+    known = {"lease", "gpu", "pauser", "pgid", "pids", "cgroup", "endpoint", "vram_mib", "priority"}
+    known |= {"sleep_level", "nccl_world_size", "mig"}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise InvalidInput(f"workload.{unknown[0]}", fields[unknown[0]], f"unknown key; use {sorted(known)}")
+    for key in ("vram_mib", "priority"):
+        raw = fields.get(key, "0" if key == "vram_mib" else "-1")
+        try:
+            int(raw)
+        except ValueError:
+            raise InvalidInput(f"workload.{key}", raw, "must be an integer") from None
+    labels = {
+        LABEL_PREFIX + "pauser": fields.get("pauser", ""),
+        LABEL_PREFIX + "pgid": fields.get("pgid", ""),
+        LABEL_PREFIX + "pids": fields.get("pids", "").replace(";", ","),
+        LABEL_PREFIX + "cgroup": fields.get("cgroup", ""),
+        LABEL_PREFIX + "endpoint": fields.get("endpoint", ""),
+        LABEL_PREFIX + "sleep-level": fields.get("sleep_level", ""),
+        LABEL_PREFIX + "nccl-world-size": fields.get("nccl_world_size", ""),
+        LABEL_PREFIX + "mig": fields.get("mig", ""),
+    }
+    w = workload_from_lease(
+        {
+            "lease_id": fields.get("lease", ""),
+            "gpu_id": fields.get("gpu", ""),
+            "priority": int(fields.get("priority", "-1")),
+            "vram_mib": int(fields.get("vram_mib", "0")),
+            "labels": {k: v for k, v in labels.items() if v},
+        }
+    )
+    if w is None:
+        raise InvalidInput("workload.pauser", "", "must name a pauser (signal, cgroup, vllm-sleep, ...)")
+    return w

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpupool import __version__
+from gpupool.cli import agent as node_agent
 from gpupool.cli import bench, demo, plan, sim
 from gpupool.cli import extender as k8s_extender
 
@@ -43,6 +44,7 @@ app.add_typer(bench.app, name="bench")
 app.add_typer(sim.app, name="sim")
 app.command("plan", help="Partition a cluster for workloads (MIG/MPS layout, mig-parted).")(plan.plan)
 app.command("extender", help="Kubernetes scheduler extender (filter/bind/...).")(k8s_extender.extender)
+app.command("agent", help="Node agent: 200 ms loop, watermark pausing, /metrics.")(node_agent.agent)
 
 
 def main() -> None:

@@ -1,0 +1,178 @@
+"""Composition root of the node agent: builds the device source, pausers, engine scraper, gateway
+reporter and ``/metrics`` page around a `NodeAgent`, and runs its loop on a thread on the real clock.
+
+Role: the only place that wires several adapters together for the agent (`gpupool agent` and the
+``make run`` demo call `build_runtime` / `AgentRuntime.start`).
+
+Invariants:
+- The loop thread owns all agent state; the reporter and scraper threads only exchange values with
+  it through their own locks (see `gpupool.agent.loop`).
+- `AgentRuntime.stop` is idempotent: stops the loop, the scraper, the reporter (one last flush) and
+  the metrics server, and closes the device source.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpupool.adapters.metrics.dcgm import AgentGauges, AgentMetrics, GpuGauges
+from gpupool.adapters.pause import default_pausers
+from gpupool.agent.devices import open_source
+from gpupool.agent.engines import Engine, EngineScraper
+from gpupool.agent.gateway_client import GatewayReporter
+from gpupool.agent.loop import AgentConfig, AgentEvent, NodeAgent, NodeSnapshot
+from gpupool.agent.source import DeviceSource, GpuSample
+from gpupool.core.clock import FunctionClock
+from gpupool.core.pausers import Workload
+
+
+def _gauge(s: GpuSample, **own: Any) -> GpuGauges:
+    return GpuGauges(
+        s.index,
+        s.uuid,
+        s.vram_used_mib,
+        s.vram_total_mib,
+        model=s.model,
+        util_pct=s.util_pct,
+        engine_active_ratio=s.engine_active_ratio,
+        temperature_c=s.temperature_c,
+        power_mw=s.power_mw,
+        mig_profile=s.mig_profile,
+        gi_id=s.gi_id,
+        gpu_id=s.gpu_id,
+        **own,
+    )
+
+
+def gauges_of(
+    snap: NodeSnapshot, *, last_xid: dict[str, int], reporter: GatewayReporter | None
+) -> AgentGauges:
+    gpus: list[GpuGauges] = []
+    for g in snap.gpus:
+        s = g.sample
+        gpus.append(
+            _gauge(
+                s,
+                last_xid=last_xid.get(s.gpu_id),
+                effective_used_mib=g.reading.vram_used_mib if g.reading is not None else None,
+                paused=g.paused,
+                healthy=g.healthy,
+            )
+        )
+        for inst in s.instances:
+            gpus.append(_gauge(inst, paused=g.paused, healthy=g.healthy))
+    states = Counter(st for _lid, _gpu, st in snap.workloads)
+    return AgentGauges(
+        tuple(gpus),
+        workloads_by_state=tuple(sorted(states.items())),
+        gateway_connected=None if reporter is None else reporter.connected,
+        outbox_events=0 if reporter is None else reporter.pending(),
+    )
+
+
+@dataclass
+class AgentRuntime:
+    agent: NodeAgent
+    source: DeviceSource
+    reporter: GatewayReporter | None = None
+    scraper: EngineScraper | None = None
+    metrics: AgentMetrics | None = None
+    metrics_port: int | None = None
+    _server: Any = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _last_xid: dict[str, int] = field(default_factory=dict)
+    _stopped: bool = False
+
+    def _observe(self, snap: NodeSnapshot, events: Sequence[AgentEvent]) -> None:
+        for g in snap.gpus:
+            if g.sample.xids:
+                self._last_xid[g.sample.gpu_id] = g.sample.xids[-1]
+        if self.metrics is not None:
+            for e in events:
+                self.metrics.observe(e.kind, pauser=e.pauser, latency_ms=e.latency_ms, reason=e.reason)
+
+    def gauges(self) -> AgentGauges:
+        view = gauges_of(self.agent.snapshot(), last_xid=dict(self._last_xid), reporter=self.reporter)
+        return AgentGauges(
+            view.gpus,
+            view.workloads_by_state,
+            view.gateway_connected,
+            view.outbox_events,
+            tick_seconds=self.agent.last_tick_s,
+        )
+
+    def start(self, *, metrics_host: str = "127.0.0.1", metrics_port: int | None = 9400) -> None:
+        self.agent.observers.append(self._observe)
+        if self.reporter is not None:
+            self.agent.observers.append(self.reporter)
+            self.reporter.start()
+        if self.scraper is not None:
+            self.scraper.start()
+        if metrics_port is not None:
+            self.metrics = AgentMetrics(self.agent.config.node, self.gauges)
+            self._server, self.metrics_port = self.metrics.serve(host=metrics_host, port=metrics_port)
+        self._thread = threading.Thread(
+            target=self.agent.run,
+            args=(self._stop,),
+            name=f"gpupool-agent-{self.agent.config.node}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.agent.close()
+        if self.scraper is not None:
+            self.scraper.stop()
+        if self.reporter is not None:
+            self.reporter.stop()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        close = getattr(self.source, "close", None)
+        if callable(close):
+            close()
+
+
+def build_runtime(
+    *,
+    node: str,
+    gateway: str | None,
+    token: str,
+    devices: str = "simulated",
+    gpus: int = 2,
+    config: AgentConfig | None = None,
+    engines: Sequence[Engine] = (),
+    workloads: Sequence[Workload] = (),
+    source: DeviceSource | None = None,
+) -> AgentRuntime:
+    clock = FunctionClock(time.monotonic)
+    src = source if source is not None else open_source(devices, node=node, gpus=gpus)
+    reporter = GatewayReporter(gateway, node=node, token=token) if gateway else None
+    scraper = EngineScraper(engines, clock=clock) if engines else None
+    agent = NodeAgent(
+        config or AgentConfig(node),
+        src,
+        default_pausers(clock=clock),
+        clock=clock,
+        engines=scraper,
+        ledger=reporter,
+    )
+    for w in workloads:
+        agent.register(w)
+    return AgentRuntime(agent, src, reporter, scraper)

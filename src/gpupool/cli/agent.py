@@ -1,0 +1,94 @@
+"""`gpupool agent`: run the node agent (control loop, pausers, gateway reporting, /metrics)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import typer
+
+from gpupool.cli.errors import UserError, user_errors
+
+
+@user_errors
+def agent(
+    *,
+    gateway: str = typer.Option(
+        "", "--gateway", help="Gateway base URL (http://host:port); empty = standalone."
+    ),
+    token: str = typer.Option(
+        "", "--token", envvar="GPUPOOL_AGENT_TOKEN", help="Bearer token the gateway expects from this agent."
+    ),
+    node: str = typer.Option(..., "--node", help="Node name (as in the gateway's inventory)."),
+    devices: str = typer.Option("simulated", "--devices", help="Device source: nvml | simulated | scripted."),
+    gpus: int = typer.Option(2, "--gpus", help="GPUs of the in-memory node (simulated/scripted)."),
+    period_ms: int = typer.Option(200, "--period-ms", help="Control-loop period in milliseconds."),
+    vram_high: float = typer.Option(0.88, "--vram-high", help="Pause P2 at or above this VRAM ratio."),
+    vram_low: float = typer.Option(0.70, "--vram-low", help="Resume P2 at or below this VRAM ratio."),
+    revoke_after_s: float = typer.Option(
+        5.0,
+        "--revoke-after-s",
+        help="Revoke P2 leases not freeing VRAM within this time (<0: never).",
+    ),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address of the /metrics server."),
+    metrics_port: int = typer.Option(9400, "--metrics-port", help="/metrics port (0 = any free, -1 = off)."),
+    engine: list[str] = typer.Option(
+        [], "--engine", help="vLLM-style engine: gpu=<id>,url=<http url>[,reserved_mib=<int>] (repeatable)."
+    ),
+    workload: list[str] = typer.Option(
+        [], "--workload", help="Local P2 workload: lease=..,gpu=..,pauser=signal,pgid=.. (repeatable)."
+    ),
+    duration_s: float = typer.Option(0.0, "--duration-s", help="Stop after N seconds (0 = until SIGTERM)."),
+) -> None:
+    """Run the node agent: every --period-ms read the GPUs, feed the watermarks, pause/resume P2 work,
+    report readings and events to the gateway and serve dcgm-exporter-compatible /metrics."""
+    from gpupool.agent.engines import parse_engine_spec
+    from gpupool.agent.loop import AgentConfig
+    from gpupool.agent.runtime import build_runtime
+    from gpupool.agent.workloads import parse_workload_spec
+    from gpupool.core.watermarks import WatermarkConfig
+
+    if not node.strip():
+        raise UserError("invalid --node='': must be a non-empty node name")
+    if not 10 <= period_ms <= 60_000:
+        raise UserError(f"invalid --period-ms={period_ms}: must be in [10, 60000]")
+    if gateway and not token:
+        raise UserError("invalid --token='': a token is required with --gateway (or set GPUPOOL_AGENT_TOKEN)")
+    if not -1 <= metrics_port <= 65535:
+        raise UserError(f"invalid --metrics-port={metrics_port}: must be in [-1, 65535]")
+    config = AgentConfig(
+        node,
+        period_s=period_ms / 1000.0,
+        watermarks=WatermarkConfig(vram_high=vram_high, vram_low=vram_low),
+        revoke_after_s=None if revoke_after_s < 0 else revoke_after_s,
+    )
+    runtime = build_runtime(
+        node=node,
+        gateway=gateway or None,
+        token=token,
+        devices=devices,
+        gpus=gpus,
+        config=config,
+        engines=[parse_engine_spec(e) for e in engine],
+        workloads=[parse_workload_spec(w) for w in workload],
+    )
+    try:
+        runtime.source.read()  # probe once: a missing NVML must be a clear error, not a silent loop
+    except Exception as exc:
+        raise UserError(f"device source {devices!r} is not usable here: {exc}") from exc
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    runtime.start(metrics_host=metrics_host, metrics_port=None if metrics_port < 0 else metrics_port)
+    where = f", metrics http://{metrics_host}:{runtime.metrics_port}/metrics" if runtime.metrics_port else ""
+    typer.echo(
+        f"gpupool agent: node {node}, {devices} devices, period {period_ms} ms, "
+        f"gateway {gateway or '(none)'}{where}, pid {os.getpid()}",
+        err=True,
+    )
+    try:
+        done.wait(duration_s if duration_s > 0 else None)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        runtime.stop()
