@@ -1,0 +1,12 @@
+"""Simulated GPU cluster: the embedded default device source when no GPU is present.
+
+Public API: ``SimulatedCluster(cluster, plan=None, *, seed=0, clock=None)`` with ``read(node)``,
+``read_all()``, ``source(node)`` (a ``DeviceSource``), ``inventory()``, and test hooks ``grant``/``release``
+(leases), ``set_activity``, ``force``/``clear``, ``lose``, ``xid``, ``advance``;
+``SimulatedCluster.from_specs(cluster, workloads=None, seed=0)`` plans first when workloads are given.
+Standard library only.
+"""
+
+from gpupool.adapters.simulated.cluster import SimulatedCluster, SimulatedDeviceSource
+
+__all__ = ["SimulatedCluster", "SimulatedDeviceSource"]

@@ -1,0 +1,383 @@
+"""`SimulatedCluster`: a deterministic, seeded, scriptable GPU cluster built from a cluster spec and a plan.
+
+Role: the device source gpupool embeds when no GPU is present (``make run``, demos, tests, the node agent
+in simulation). It returns the same ``DeviceSnapshot`` values as the NVML source.
+
+Model (all integers, all deterministic for a given seed and call sequence):
+- Memory used on a slice = max(resident memory of the replica placed there (engines pre-reserve their
+  weights + KV budget), sum of VRAM granted by leases on it), capped at the slice size; a GPU's used
+  memory is the sum over its slices plus ``IDLE_USED_MIB``.
+- Utilisation of a slice = its activity percentage (``set_activity``; default ``DEFAULT_ACTIVITY_PCT`` for
+  a placed replica, 0 for pool slices) + compute granted by leases (compute_milli / 10), capped at 100;
+  a GPU's utilisation is the compute-weighted sum over its slices plus seeded jitter of +-``JITTER_PCT``.
+  MIG-enabled GPUs report ``utilization_pct=None`` like NVML and give each MIG device ``engine_active_pct``.
+- Temperature relaxes towards ambient + (``HOT_C`` - ambient) x utilisation / 100 with time constant
+  ``THERMAL_TAU_S`` as simulated time advances (``advance`` or the injected clock); power follows
+  utilisation between idle and the model's TDP.
+- Hooks: ``force`` pins any reading of a GPU until ``clear``; ``lose`` makes the GPU unhealthy with
+  "GPU is lost" (what NVML's GPU_IS_LOST maps to); ``xid`` queues an XID event (fatal XIDs mark the GPU
+  unhealthy, as the NVML source does).
+
+Invariants: no wall-clock reads (time comes from ``advance`` or the injected clock); randomness only from
+``random.Random(seed)``; UUIDs are derived from (seed, GPU id) and stable across runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpupool.hardware.devices import DeviceSnapshot, GpuReading, MigDeviceReading, ProcessReading, XidEvent
+from gpupool.hardware.inventory import Inventory
+from gpupool.hardware.planner import inventory_from_cluster, inventory_from_plan, plan
+from gpupool.hardware.plantypes import GpuPlan, Plan, PlannedSlice
+from gpupool.hardware.slices import Slice, SliceKind
+from gpupool.hardware.spec import ClusterSpec, GpuSpec, WorkloadSet
+
+IDLE_USED_MIB = 0
+DEFAULT_ACTIVITY_PCT = 30
+JITTER_PCT = 2
+AMBIENT_C = 30
+HOT_C = 82
+THERMAL_TAU_S = 30.0
+FATAL_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+TDP_W = {
+    "A100-SXM4-40GB": 400,
+    "A100-PCIE-40GB": 250,
+    "A100-SXM4-80GB": 400,
+    "A100-PCIE-80GB": 300,
+    "A30-24GB": 165,
+    "H100-SXM5-80GB": 700,
+    "H100-PCIE-80GB": 350,
+    "H100-NVL-94GB": 400,
+    "H200-141GB": 700,
+    "H20-96GB": 400,
+    "B200-180GB": 1000,
+    "L40S-48GB": 350,
+    "L4-24GB": 72,
+    "RTX4090-24GB": 450,
+    "A10-24GB": 150,
+    "T4-16GB": 70,
+    "V100-16GB": 300,
+    "V100-32GB": 300,
+}
+NVML_NAMES = {
+    "A100-SXM4-80GB": "NVIDIA A100-SXM4-80GB",
+    "A100-PCIE-80GB": "NVIDIA A100 80GB PCIe",
+    "H100-SXM5-80GB": "NVIDIA H100 80GB HBM3",
+    "H100-PCIE-80GB": "NVIDIA H100 PCIe",
+    "H100-NVL-94GB": "NVIDIA H100 NVL",
+    "H200-141GB": "NVIDIA H200",
+    "H20-96GB": "NVIDIA H20",
+    "B200-180GB": "NVIDIA B200",
+    "L40S-48GB": "NVIDIA L40S",
+    "L4-24GB": "NVIDIA L4",
+    "RTX4090-24GB": "NVIDIA GeForce RTX 4090",
+    "A10-24GB": "NVIDIA A10",
+    "T4-16GB": "Tesla T4",
+    "V100-16GB": "Tesla V100-SXM2-16GB",
+    "V100-32GB": "Tesla V100-SXM2-32GB",
+    "A30-24GB": "NVIDIA A30",
+    "A100-SXM4-40GB": "NVIDIA A100-SXM4-40GB",
+    "A100-PCIE-40GB": "NVIDIA A100-PCIE-40GB",
+}
+
+
+def _uuid(prefix: str, seed: int, key: str) -> str:
+    h = hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()
+    return f"{prefix}-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+@dataclass
+class _Forced:
+    memory_used_mib: int | None = None
+    temperature_c: int | None = None
+    utilization_pct: int | None = None
+    power_mw: int | None = None
+
+
+@dataclass
+class _GpuState:
+    spec: GpuSpec
+    layout: GpuPlan | None
+    uuid: str
+    temperature: float
+    forced: _Forced = field(default_factory=_Forced)
+    lost: bool = False
+    error: str = ""
+    events: list[XidEvent] = field(default_factory=list)
+
+    @property
+    def slices(self) -> tuple[PlannedSlice, ...]:
+        if self.layout is not None:
+            return self.layout.slices
+        g = self.spec
+        return (PlannedSlice(f"{g.gpu_id}/whole", SliceKind.WHOLE, g.model.memory_mib, 1000, pool=True),)
+
+
+class SimulatedCluster:
+    """See the module docstring. ``plan=None`` simulates every card as one whole-GPU slice."""
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        plan: Plan | None = None,
+        *,
+        seed: int = 0,
+        clock: Callable[[], float] | None = None,
+        ambient_c: int = AMBIENT_C,
+    ) -> None:
+        self.cluster = cluster
+        self.plan = plan
+        self.seed = seed
+        self._rng = random.Random(seed)
+        self._clock = clock
+        self._now = clock() if clock is not None else 0.0
+        self._ambient = ambient_c
+        layouts = {g.gpu_id: g for g in plan.gpus} if plan is not None else {}
+        self._gpus: dict[str, _GpuState] = {}
+        for g in cluster.gpus():
+            uuid = g.uuid or _uuid("GPU", seed, g.gpu_id)
+            self._gpus[g.gpu_id] = _GpuState(g, layouts.get(g.gpu_id), uuid, float(ambient_c))
+        self._slice_gpu: dict[str, str] = {s.id: gid for gid, st in self._gpus.items() for s in st.slices}
+        self._resident: dict[str, int] = {}
+        if plan is not None:
+            for p in plan.placements:
+                s = self._slice(p.slice)
+                if not s.pool:
+                    self._resident[p.slice] = min(p.need_mib, s.vram_mib)
+        self._activity: dict[str, int] = dict.fromkeys(self._resident, DEFAULT_ACTIVITY_PCT)
+        self._leases: dict[str, tuple[str, int, int]] = {}
+        for st in self._gpus.values():
+            st.temperature = float(self._target_temp(st, self._util(st)))
+
+    @classmethod
+    def from_specs(
+        cls, cluster: ClusterSpec, workloads: WorkloadSet | None = None, *, seed: int = 0
+    ) -> SimulatedCluster:
+        return cls(cluster, plan(cluster, workloads) if workloads is not None else None, seed=seed)
+
+    # --- lookups ---------------------------------------------------------------------------------
+    def _state(self, gpu_id: str) -> _GpuState:
+        try:
+            return self._gpus[gpu_id]
+        except KeyError:
+            raise KeyError(f"unknown GPU {gpu_id!r} (known: {', '.join(self._gpus)})") from None
+
+    def _slice(self, slice_id: str) -> PlannedSlice:
+        st = self._state(self._slice_gpu.get(slice_id, "?")) if slice_id in self._slice_gpu else None
+        if st is None:
+            raise KeyError(f"unknown slice {slice_id!r}")
+        return next(s for s in st.slices if s.id == slice_id)
+
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(n.name for n in self.cluster.nodes)
+
+    # --- hooks -----------------------------------------------------------------------------------
+    def grant(self, lease_id: str, slice_id: str, *, vram_mib: int, compute_milli: int = 0) -> None:
+        """A lease now uses ``vram_mib`` / ``compute_milli`` of ``slice_id`` (idempotent per lease id)."""
+        self._slice(slice_id)
+        self._leases[lease_id] = (slice_id, int(vram_mib), int(compute_milli))
+
+    def release(self, lease_id: str) -> None:
+        self._leases.pop(lease_id, None)
+
+    def set_activity(self, slice_id: str, pct: int) -> None:
+        self._slice(slice_id)
+        self._activity[slice_id] = max(0, min(100, int(pct)))
+
+    def force(
+        self,
+        gpu_id: str,
+        *,
+        memory_used_mib: int | None = None,
+        temperature_c: int | None = None,
+        utilization_pct: int | None = None,
+        power_mw: int | None = None,
+    ) -> None:
+        f = self._state(gpu_id).forced
+        if memory_used_mib is not None:
+            f.memory_used_mib = memory_used_mib
+        if temperature_c is not None:
+            f.temperature_c = temperature_c
+        if utilization_pct is not None:
+            f.utilization_pct = utilization_pct
+        if power_mw is not None:
+            f.power_mw = power_mw
+
+    def clear(self, gpu_id: str) -> None:
+        """Undo ``force`` and ``lose`` on a GPU."""
+        st = self._state(gpu_id)
+        st.forced = _Forced()
+        st.lost = False
+        st.error = ""
+
+    def lose(self, gpu_id: str) -> None:
+        st = self._state(gpu_id)
+        st.lost, st.error = True, "NVMLError_GpuIsLost: GPU is lost"
+
+    def xid(self, gpu_id: str, xid: int) -> None:
+        st = self._state(gpu_id)
+        st.events.append(XidEvent(st.uuid, int(xid)))
+        if xid in FATAL_XIDS:
+            st.lost, st.error = True, f"xid {xid}"
+
+    def advance(self, dt_s: float) -> None:
+        """Advance simulated time: temperatures relax towards their utilisation target."""
+        if dt_s <= 0:
+            return
+        self._now += dt_s
+        k = 1.0 - math.exp(-dt_s / THERMAL_TAU_S)
+        for st in self._gpus.values():
+            target = self._target_temp(st, self._util(st))
+            st.temperature += (target - st.temperature) * k
+
+    # --- model -----------------------------------------------------------------------------------
+    def _slice_used(self, s: PlannedSlice) -> int:
+        leased = sum(v for sid, v, _ in self._leases.values() if sid == s.id)
+        return min(s.vram_mib, max(self._resident.get(s.id, 0), leased))
+
+    def _slice_util(self, s: PlannedSlice) -> int:
+        leased = sum(c for sid, _, c in self._leases.values() if sid == s.id) // 10
+        return min(100, self._activity.get(s.id, 0) + leased)
+
+    def _util(self, st: _GpuState) -> int:
+        total = sum(self._slice_util(s) * max(s.compute_milli, 0) for s in st.slices) // 1000
+        return min(100, total)
+
+    def _target_temp(self, st: _GpuState, util: int) -> int:
+        return self._ambient + (HOT_C - self._ambient) * util // 100
+
+    def _power_mw(self, st: _GpuState, util: int) -> int:
+        tdp = TDP_W.get(st.spec.model.name, 300)
+        idle = tdp * 15 // 100
+        return (idle + (tdp - idle) * util // 100) * 1000
+
+    # --- reading ---------------------------------------------------------------------------------
+    def _reading(self, st: _GpuState) -> GpuReading:
+        g = st.spec
+        name = NVML_NAMES.get(g.model.name, f"NVIDIA {g.model.name}")
+        if st.lost:
+            return GpuReading(
+                g.index, st.uuid, name, g.model.name, g.model.memory_mib, 0, healthy=False, error=st.error
+            )
+        util = self._util(st)
+        jitter = self._rng.randint(-JITTER_PCT, JITTER_PCT)
+        util_read = (
+            st.forced.utilization_pct
+            if st.forced.utilization_pct is not None
+            else max(0, min(100, util + jitter))
+        )
+        used = IDLE_USED_MIB + sum(self._slice_used(s) for s in st.slices)
+        if st.forced.memory_used_mib is not None:
+            used = st.forced.memory_used_mib
+        temp = st.forced.temperature_c if st.forced.temperature_c is not None else round(st.temperature)
+        power = st.forced.power_mw if st.forced.power_mw is not None else self._power_mw(st, util_read)
+        mig_enabled = st.layout is not None and st.layout.mode.value == "mig"
+        procs: list[ProcessReading] = []
+        migs: list[MigDeviceReading] = []
+        for n, s in enumerate(st.slices):
+            resident = self._resident.get(s.id, 0)
+            gi = s.start + 1 if s.kind is SliceKind.MIG else -1
+            p = (
+                (ProcessReading(10_000 + g.index * 100 + n, resident, gi, 0 if gi >= 0 else -1),)
+                if resident
+                else ()
+            )
+            procs += p
+            if s.kind is SliceKind.MIG:
+                sm_slices = int(s.profile.split("g", 1)[0])
+                migs.append(
+                    MigDeviceReading(
+                        uuid=_uuid("MIG", self.seed, s.id),
+                        index=len(migs),
+                        gpu_instance_id=gi,
+                        compute_instance_id=0,
+                        profile=s.profile,
+                        memory_total_mib=s.vram_mib,
+                        memory_used_mib=self._slice_used(s),
+                        sm_slices=sm_slices,
+                        sm_count=g.model.sm_count * s.compute_milli // 1000,
+                        start=s.start,
+                        engine_active_pct=self._slice_util(s),
+                        processes=p,
+                    )
+                )
+        return GpuReading(
+            index=g.index,
+            uuid=st.uuid,
+            name=name,
+            model=g.model.name,
+            memory_total_mib=g.model.memory_mib,
+            memory_used_mib=min(used, g.model.memory_mib),
+            utilization_pct=None if mig_enabled else util_read,
+            temperature_c=int(temp),
+            power_mw=int(power),
+            mig_enabled=mig_enabled,
+            mig_devices=tuple(migs),
+            processes=tuple(procs),
+        )
+
+    def read(self, node: str) -> DeviceSnapshot:
+        if self._clock is not None:
+            self.advance(self._clock() - self._now)
+        states = [st for st in self._gpus.values() if st.spec.node == node]
+        if not states and node not in self.nodes():
+            raise KeyError(f"unknown node {node!r} (known: {', '.join(self.nodes())})")
+        events: list[XidEvent] = []
+        for st in states:
+            events += st.events
+            st.events = []
+        gpus = tuple(self._reading(st) for st in states)
+        return DeviceSnapshot(node, self._now, gpus, tuple(events), "simulated", "simulated")
+
+    def read_all(self) -> tuple[DeviceSnapshot, ...]:
+        return tuple(self.read(n) for n in self.nodes())
+
+    def source(self, node: str) -> SimulatedDeviceSource:
+        if node not in self.nodes():
+            raise KeyError(f"unknown node {node!r} (known: {', '.join(self.nodes())})")
+        return SimulatedDeviceSource(self, node)
+
+    def inventory(self) -> Inventory:
+        """The Inventory the core consumes: the plan's slices (or whole cards) with simulated uuids."""
+        base = (
+            inventory_from_plan(self.plan) if self.plan is not None else inventory_from_cluster(self.cluster)
+        )
+        out: list[Slice] = []
+        for s in base:
+            st = self._gpus[s.gpu_id]
+            uuid = _uuid("MIG", self.seed, s.id) if s.kind is SliceKind.MIG else st.uuid
+            out.append(
+                Slice(
+                    s.id,
+                    s.node,
+                    s.gpu_id,
+                    s.kind,
+                    s.capacity,
+                    not st.lost,
+                    s.gpu_index,
+                    s.gpu_model,
+                    s.profile,
+                    uuid,
+                    s.labels,
+                )
+            )
+        return Inventory(tuple(out))
+
+
+class SimulatedDeviceSource:
+    """One node's view of a ``SimulatedCluster`` (a ``DeviceSource``)."""
+
+    def __init__(self, cluster: SimulatedCluster, node: str) -> None:
+        self.cluster = cluster
+        self.node = node
+
+    def read(self) -> DeviceSnapshot:
+        return self.cluster.read(self.node)
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,167 @@
+"""NvmlDeviceSource against recorded readings (tests/fixtures/nvml): no GPU needed."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from gpupool.adapters.nvml import FakeNvml, NvmlDeviceSource, NvmlUnavailableError, record
+from gpupool.adapters.nvml.source import mig_profile_name
+from gpupool.hardware.devices import DeviceSource, inventory_from_snapshot, reconcile_inventory
+from gpupool.hardware.planner import inventory_from_plan, plan
+from gpupool.hardware.slices import SliceKind
+from gpupool.hardware.spec import load_cluster_spec, load_workload_spec
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nvml"
+
+
+def _fixture(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def _read(name: str, node: str = "gpu-a", fixture: dict | None = None):
+    fake = FakeNvml.from_fixture(fixture or _fixture(name))
+    src = NvmlDeviceSource(node, nvml=fake, clock=lambda: 12.5)
+    assert isinstance(src, DeviceSource)
+    snap = src.read()
+    src.close()
+    assert fake.initialised == 0
+    return snap
+
+
+def test_a100_mig_devices_read_from_nvml():
+    snap = _read("a100-80gb-mig-3g40-2x1g10.json")
+    assert snap.source == "nvml" and snap.at_s == 12.5 and snap.driver_version == "535.129.03"
+    (g,) = snap.gpus
+    assert g.model == "A100-SXM4-80GB" and g.mig_enabled and g.healthy
+    assert g.utilization_pct is None  # NOT_SUPPORTED with MIG on
+    assert (g.temperature_c, g.power_mw, g.memory_total_mib) == (41, 187000, 81920)
+    migs = {(d.profile, d.start): d for d in g.mig_devices}
+    assert set(migs) == {("3g.40gb", 4), ("1g.10gb", 0), ("1g.10gb", 1)}
+    big = migs[("3g.40gb", 4)]
+    assert (big.gpu_instance_id, big.compute_instance_id, big.sm_count, big.memory_total_mib) == (
+        1,
+        0,
+        42,
+        40192,
+    )
+    assert big.memory_used_mib == 24600 and big.processes[0].pid == 4101
+    assert [p.gpu_instance_id for p in g.processes] == [1, 9, 10]
+
+
+def test_mig_memory_is_read_not_hard_coded():
+    fx = _fixture("a100-80gb-mig-3g40-2x1g10.json")
+    fx["devices"][0]["mig_devices"][0]["memory"]["total"] = 39_999 * 1024 * 1024
+    inv = inventory_from_snapshot(_read("", fixture=fx))
+    s = {x.id: x for x in inv}["gpu-a/0/mig-3g.40gb-4"]
+    assert s.capacity.vram_mib == 39_999 and s.capacity.compute_milli == 428
+    assert s.uuid == "MIG-3b9a3c6e-7d1f-5b8e-9c7a-1e2f3a4b5c01" and s.kind is SliceKind.MIG
+
+
+def test_reconcile_plan_with_discovery():
+    cluster = load_cluster_spec({"nodes": [{"name": "gpu-a", "gpus": ["A100-SXM4-80GB"]}]})
+    wl = load_workload_spec(
+        {
+            "workloads": [
+                {
+                    "name": "main",
+                    "model": "qwen2.5-32b",
+                    "quant": "awq",
+                    "max_context": 16384,
+                    "concurrency": 4,
+                },
+                {"name": "emb", "model": "bge-m3", "max_context": 512, "isolation": "mig"},
+                {"name": "rr", "model": "bge-reranker-v2-m3", "max_context": 512, "isolation": "mig"},
+            ]
+        }
+    )
+    planned = inventory_from_plan(plan(cluster, wl))
+    got = {s.id: s for s in reconcile_inventory(planned, [_read("a100-80gb-mig-3g40-2x1g10.json")])}
+    assert got["gpu-a/0/mig-3g.40gb-4"].uuid.startswith("MIG-3b9a") and got["gpu-a/0/mig-3g.40gb-4"].healthy
+    assert got["gpu-a/0/mig-1g.10gb-0"].uuid.startswith("MIG-8f2c")
+    # the planned pool instance 2g.20gb@2 was never created on the device: not usable
+    assert not got["gpu-a/0/mig-2g.20gb-2"].healthy
+
+
+def test_h100_without_mig():
+    snap = _read("h100-sxm5-no-mig.json", node="hopper")
+    assert [g.model for g in snap.gpus] == ["H100-SXM5-80GB", "H100-SXM5-80GB"]
+    g0 = snap.gpus[0]
+    assert not g0.mig_enabled and g0.utilization_pct == 63 and g0.memory_used_mib == 73405
+    assert g0.memory_used_pct == 90
+    assert g0.processes[0].gpu_instance_id == -1
+    inv = inventory_from_snapshot(snap)
+    assert [(s.id, s.kind, s.capacity.vram_mib, s.capacity.compute_milli) for s in inv] == [
+        ("hopper/0/whole", SliceKind.WHOLE, 81559, 1000),
+        ("hopper/1/whole", SliceKind.WHOLE, 81559, 1000),
+    ]
+
+
+def test_l40s_no_mig_support():
+    (g,) = _read("l40s.json", node="ada").gpus
+    assert g.model == "L40S-48GB" and not g.mig_enabled and g.healthy
+    assert len(g.processes) == 3
+
+
+def test_gpu_lost_maps_to_unhealthy_and_events_survive():
+    snap = _read("gpu-lost.json")
+    g0, g1 = snap.gpus
+    assert g0.healthy and not g1.healthy
+    assert "GPU is lost" in g1.error and "GpuIsLost" in g1.error
+    assert [(e.gpu_uuid, e.xid) for e in snap.events] == [(g0.uuid, 13)]  # XID 13 is not fatal
+    inv = {s.id: s for s in inventory_from_snapshot(snap)}
+    assert inv["gpu-a/0/whole"].healthy and not inv["gpu-a/1/whole"].healthy
+
+
+def test_fatal_xid_makes_gpu_unhealthy_until_restart():
+    fake = FakeNvml.from_fixture(FIXTURES / "h100-sxm5-no-mig.json")
+    src = NvmlDeviceSource("hopper", nvml=fake)
+    assert all(g.healthy for g in src.read().gpus)
+    fake.inject_event(1, 79)
+    snap = src.read()
+    assert snap.gpus[0].healthy and not snap.gpus[1].healthy and snap.gpus[1].error == "xid 79"
+    assert not src.read().gpus[1].healthy  # sticky
+    src.close()
+
+
+def test_record_round_trip():
+    for name in ("a100-80gb-mig-3g40-2x1g10.json", "h100-sxm5-no-mig.json", "l40s.json", "gpu-lost.json"):
+        fx = _fixture(name)
+        recorded = record(FakeNvml.from_fixture(copy.deepcopy(fx)), description=fx["description"])
+        a = _read(name)
+        b = _read("", fixture=recorded)
+        assert a.gpus == b.gpus, name
+
+
+@pytest.mark.parametrize(
+    ("slices", "mib", "total", "name"),
+    [
+        (3, 40192, 81920, "3g.40gb"),
+        (1, 9728, 81920, "1g.10gb"),
+        (1, 19968, 81920, "1g.20gb"),
+        (7, 80896, 81920, "7g.80gb"),
+        (3, 40448, 81559, "3g.40gb"),
+        (1, 10880, 95830, "1g.12gb"),
+        (3, 71424, 143771, "3g.71gb"),
+        (2, 11968, 24576, "2g.12gb"),
+        (1, 4864, 40537, "1g.5gb"),
+    ],
+)
+def test_profile_names_from_nvml_numbers(slices, mib, total, name):
+    assert mig_profile_name(slices, mib, total) == name
+
+
+def test_real_nvml_or_a_clear_error():
+    """Without libnvidia-ml (CI) the source says so; on a GPU machine this is a smoke test of real NVML."""
+    src = NvmlDeviceSource("n")
+    try:
+        snap = src.read()
+    except NvmlUnavailableError:
+        return
+    try:
+        assert snap.source == "nvml" and snap.gpus
+        assert all(g.memory_total_mib > 0 for g in snap.gpus if g.healthy)
+        assert len(inventory_from_snapshot(snap)) >= len(snap.gpus)
+    finally:
+        src.close()
