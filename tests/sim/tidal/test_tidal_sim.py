@@ -68,7 +68,7 @@ def test_only_tidal_lends_and_preempts_through_the_allocator(result):
 @needs_data
 def test_batch_work_is_never_dropped(result):
     days = result["days"]
-    injected_days = days  # one injection at 19:00 on each measured day
+    injected_days = days + 1  # the carried-in backlog at the start, then one at 19:00 each day
     for s in result["strategies"].values():
         total = s["batch_tokens_per_day"] * days + s["batch_backlog_left_tokens"]
         from gpupool.sim.tidal.batch import EVAL_TOKENS_PER_DAY, REEMBED_TOKENS_PER_DAY

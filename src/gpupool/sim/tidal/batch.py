@@ -29,9 +29,17 @@ import numpy.typing as npt
 
 from gpupool.core import P0, P1, P2, Allocator, ManualClock, Request, Resources
 from gpupool.core.ids import seeded_lease_ids
+from gpupool.core.tidal_partition import RepartitionPlan, plan_merge
 from gpupool.hardware.slices import Slice, SliceKind
 from gpupool.sim.tidal import perf
-from gpupool.sim.tidal.platform import Instance, Platform, _mig
+from gpupool.sim.tidal.platform import (
+    A100,
+    DAY_LAYOUT_A100_MIG,
+    NIGHT_LAYOUT_A100_MIG,
+    Instance,
+    Platform,
+    _mig,
+)
 from gpupool.sim.tidal.serve import Availability
 
 F = npt.NDArray[np.float64]
@@ -139,7 +147,8 @@ def drain(
     cap_gpu = np.zeros(minutes)
     vram = np.zeros(minutes)
     tokens_by_min = np.zeros(minutes)
-    inject = {
+    # the week starts with the previous evening's backlog (minute 0), then one injection per day at 19:00
+    inject = {0} | {
         int((86400.0 * d + INJECT_HOUR * 3600.0 - edges[0]) // 60) for d in range(1, minutes // 1440 + 2)
     }
     for m in range(minutes):
@@ -225,6 +234,9 @@ def _replay(
     by_name = {i.name: i for i in plat.instances}
     preempted = 0
     grants = 0
+    plan = plan_merge("a100-7", A100, DAY_LAYOUT_A100_MIG, idle=dict.fromkeys(DAY_LAYOUT_A100_MIG, True))
+    assert isinstance(plan, RepartitionPlan), plan
+    assert plan.target == NIGHT_LAYOUT_A100_MIG and plan.reverse().target == DAY_LAYOUT_A100_MIG
     seven = Slice(
         id="a100-7/7g.80gb/batch",
         node="a100-7",
@@ -281,5 +293,10 @@ def _replay(
             held.pop(f"batch-on-{name}", None)
             held[name] = out.lease.id
     alloc.check_invariants()
-    return preempted, {"p2_engine_leases": grants, "p2_leases_preempted": preempted,
-                       "active_leases_at_end": len(held)}  # fmt: skip
+    return preempted, {
+        "p2_engine_leases": grants,
+        "p2_leases_preempted": preempted,
+        "active_leases_at_end": len(held),
+        "repartition_plan": [str(st) for st in plan.steps],
+        "repartition_reverse": [str(st) for st in plan.reverse().steps],
+    }
