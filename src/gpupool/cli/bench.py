@@ -43,3 +43,8 @@ def allocator(
                 f"{row['slices']:>7} slices: gpupool {row['gpupool_us_per_op']:.2f} us/op, "
                 f"seed {row['seed_us_per_op']:.1f} us/op, speed-up {row['speedup']:.0f}x"
             )
+
+
+from gpupool.cli.plan import bench_plan  # noqa: E402  (reason: registration kept next to its line)
+
+app.command("plan", help="Planning time of the example specs (gpupool plan).")(bench_plan)

@@ -89,3 +89,82 @@ def plan(
         typer.echo("\n".join(mps_commands(p)).rstrip() or "# no MPS GPUs in this plan")
     else:
         render_table(p, Console(width=160))
+
+
+EXAMPLE_PAIRS = (
+    ("cluster-a100-l40s.yaml", "workloads-agent-platform.yaml"),
+    ("cluster-h100-h200.yaml", "workloads-hopper.yaml"),
+)
+
+
+def run_plan_bench(examples_dir: Path, *, repeats: int = 20, scale: int = 8) -> dict[str, object]:
+    """Wall time of load + parse + plan for each example pair, and for the first pair scaled up
+    ``scale`` x (nodes and replicas). Reports min and median milliseconds over ``repeats`` runs."""
+    import statistics
+    import time
+
+    from gpupool.cli.specfiles import load_yaml
+    from gpupool.hardware.spec import load_cluster_spec, load_workload_spec
+
+    def timed(fn: object) -> tuple[float, float, Plan]:
+        samples: list[float] = []
+        result: Plan | None = None
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            result = fn()  # type: ignore[operator]
+            samples.append((time.perf_counter() - t0) * 1000)
+        assert result is not None
+        return min(samples), statistics.median(samples), result
+
+    rows: list[dict[str, object]] = []
+    for c, w in EXAMPLE_PAIRS:
+        cp, wp = examples_dir / c, examples_dir / w
+        best, med, p = timed(lambda cp=cp, wp=wp: make_plan(*load_specs(cp, wp)))
+        rows.append(
+            {
+                "case": f"{c} + {w}",
+                "gpus": len(p.gpus),
+                "replicas": len(p.placements) + len(p.unplaced),
+                "min_ms": round(best, 3),
+                "median_ms": round(med, 3),
+                "gpus_used": p.gpus_used,
+            }
+        )
+    cdoc = load_yaml(examples_dir / EXAMPLE_PAIRS[0][0])
+    wdoc = load_yaml(examples_dir / EXAMPLE_PAIRS[0][1])
+    assert isinstance(cdoc, dict) and isinstance(wdoc, dict)
+    big_c = {"nodes": [{**n, "name": f"{n['name']}-{k}"} for k in range(scale) for n in cdoc["nodes"]]}
+    big_w = {"workloads": [{**x, "replicas": int(x.get("replicas", 1)) * scale} for x in wdoc["workloads"]]}
+    cluster = load_cluster_spec(big_c, source="scaled")
+    workloads = load_workload_spec(big_w, source="scaled")
+    best, med, p = timed(lambda: make_plan(cluster, workloads))
+    rows.append(
+        {
+            "case": f"{EXAMPLE_PAIRS[0][0]} x{scale} (nodes and replicas)",
+            "gpus": len(p.gpus),
+            "replicas": len(p.placements) + len(p.unplaced),
+            "min_ms": round(best, 3),
+            "median_ms": round(med, 3),
+            "gpus_used": p.gpus_used,
+        }
+    )
+    return {"benchmark": "plan", "repeats": repeats, "results": rows}
+
+
+@user_errors
+def bench_plan(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    repeats: int = typer.Option(20, min=1, help="Runs per case (min and median are reported)."),
+    scale: int = typer.Option(8, min=1, max=64, help="Scale factor of the synthetic large case."),
+    examples: Path = typer.Option(Path("examples"), help="Directory holding the example YAML files."),
+) -> None:
+    """Planning time of the example specs (load + parse + plan), plus a scaled-up case."""
+    result = run_plan_bench(examples, repeats=repeats, scale=scale)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for row in result["results"]:  # type: ignore[attr-defined]
+        typer.echo(
+            f"{row['case']}: {row['gpus']} GPUs, {row['replicas']} replicas, "
+            f"min {row['min_ms']} ms, median {row['median_ms']} ms"
+        )
