@@ -1,0 +1,225 @@
+"""The device plugin over real gRPC on unix sockets, driven by a fake kubelet."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_pod
+from tests.adapters.k8s.k8s_fakekubelet import FakeKubelet, FakePodResources
+from tests.adapters.k8s.k8s_helpers import Client, wait_until
+
+from gpupool.adapters.k8s.annotations import PlacedGrant, Placement
+from gpupool.adapters.k8s.device_plugin import DevicePlugin, PluginConfig, cards_of, container_env
+from gpupool.adapters.k8s.extender import Extender, ExtenderServer
+from gpupool.adapters.k8s.kubeapi import KubeApi
+from gpupool.adapters.k8s.pool import ExtenderPool
+from gpupool.adapters.k8s.proto import deviceplugin_v1beta1_pb2 as pb
+from gpupool.core.clock import ManualClock
+from gpupool.core.errors import InvalidInput
+from gpupool.hardware.planner import inventory_from_cluster
+from gpupool.hardware.slices import SliceKind
+from gpupool.hardware.spec import load_cluster_spec
+
+CLUSTER = {
+    "nodes": [
+        {
+            "name": "gpu-a",
+            "gpus": [{"model": "L40S-48GB", "count": 2, "uuids": ["GPU-aaaa-0", "GPU-aaaa-1"]}],
+        },
+    ]
+}
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="gpdp", dir="/tmp"))  # unix socket paths must stay < 108 bytes
+    yield d
+    for f in d.iterdir():
+        f.unlink()
+    d.rmdir()
+
+
+def _bind(client: Client, api: FakeApiServer, pod: dict[str, Any]) -> None:
+    api.add_pod(pod)
+    out = client.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["gpu-a"]})
+    assert out["NodeNames"] == ["gpu-a"], out
+    m = pod["metadata"]
+    assert client.post(
+        "bind", {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": "gpu-a"}
+    ) == {"Error": ""}
+
+
+def test_register_list_allocate_verify_and_reregister(short_dir: Path, fake_api: FakeApiServer) -> None:
+    slices = list(inventory_from_cluster(load_cluster_spec(CLUSTER)))
+    ext = Extender(
+        ExtenderPool(slices, clock=ManualClock(0.0)),
+        api=KubeApi.for_host(fake_api.url),
+        wall_clock=iter(range(1000, 2000)).__next__,
+    )
+    server = ExtenderServer(ext).start()
+    client = Client(server)
+    kubelet = FakeKubelet(short_dir).start()
+    podres = FakePodResources(short_dir / "pod-resources.sock")
+    podres.server.start()
+    cfg = PluginConfig(
+        node="gpu-a",
+        plugin_dir=str(short_dir),
+        replicas=4,
+        poll_s=0.05,
+        pod_resources_socket=str(short_dir / "pod-resources.sock"),
+    )
+    plugin = DevicePlugin(cfg, cards_of(slices, "gpu-a")).start()
+    stop = threading.Event()
+    feeder = threading.Thread(
+        target=plugin.run_pod_feed, args=(KubeApi.for_host(fake_api.url), stop), kwargs={"watch_timeout_s": 1}
+    )
+    feeder.start()
+    try:
+        req = kubelet.wait_registered(1)
+        assert (req.version, req.endpoint, req.resource_name) == ("v1beta1", "gpupool.sock", "gpupool.io/gpu")
+        assert req.options.get_preferred_allocation_available
+        channel, stub = kubelet.plugin(req.endpoint)
+        opts = stub.GetDevicePluginOptions(pb.Empty(), timeout=5)
+        assert opts.get_preferred_allocation_available and not opts.pre_start_required
+        stream = stub.ListAndWatch(pb.Empty(), timeout=30)
+        first = next(stream)
+        ids = [d.ID for d in first.devices]
+        assert len(ids) == 8 and all(d.health == "Healthy" for d in first.devices)
+        assert ids[0] == "gpu-a_0-0"
+        plugin.set_health("gpu-a/1", False)
+        second = next(stream)
+        assert {d.ID for d in second.devices if d.health == "Unhealthy"} == {f"gpu-a_1-{k}" for k in range(4)}
+        plugin.set_health("gpu-a/1", True)
+        next(stream)
+
+        one = make_pod("one", vram_mib=30000, compute_pct=25, gpus=1)
+        two = make_pod("two", vram_mib=30000, compute_pct=40, gpus=1)
+        _bind(client, fake_api, one)
+        _bind(client, fake_api, two)
+        wait_until(lambda: len(plugin.queue.waiting()) == 2, what="both bound pods queued on the node")
+        card_one = next(iter(plugin.queue.waiting()[0].gpu_ids))
+        card_two = next(iter(plugin.queue.waiting()[1].gpu_ids))
+        assert card_one != card_two
+
+        pref = stub.GetPreferredAllocation(
+            pb.PreferredAllocationRequest(
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=1)
+                ]
+            ),
+            timeout=5,
+        )
+        chosen = list(pref.container_responses[0].deviceIDs)
+        assert len(chosen) == 1 and plugin._ids[chosen[0]] == card_one
+
+        resp = stub.Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=chosen)]),
+            timeout=5,
+        )
+        env = dict(resp.container_responses[0].envs)
+        placed_one = plugin.queue.taken()[0]
+        assert env["GPUPOOL_POD"] == "default/one" and env["GPUPOOL_LEASE_ID"] == placed_one.lease_id
+        assert env["NVIDIA_VISIBLE_DEVICES"] == ("GPU-aaaa-0" if card_one == "gpu-a/0" else "GPU-aaaa-1")
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=30000M"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+        assert [(m.container_path, m.host_path) for m in resp.container_responses[0].mounts] == [
+            ("/tmp/nvidia-mps", "/tmp/nvidia-mps")
+        ]
+        assert dict(resp.container_responses[0].annotations) == {"gpupool.io/lease": placed_one.lease_id}
+
+        # kubelet ignored the preference: the device is on pod one's card, the lease waiting is pod two's
+        wrong = next(i for i in ids if plugin._ids[i] == card_one and i != chosen[0])
+        resp2 = stub.Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[wrong])]),
+            timeout=5,
+        )
+        assert dict(resp2.container_responses[0].envs)["GPUPOOL_POD"] == "default/two"
+
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Allocate(
+                pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[wrong])]),
+                timeout=5,
+            )
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "no bound gpupool lease" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Allocate(
+                pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["x"])]),
+                timeout=5,
+            )
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+        podres.pods = [
+            ("default", "one", "gpupool.io/gpu", chosen),
+            ("default", "two", "gpupool.io/gpu", [wrong]),
+        ]
+        drift = plugin.verify()
+        assert len(drift) == 1 and "default/two" in drift[0]
+        assert plugin.queue.taken() == []
+
+        fake_api.update_pod("default", "one", phase="Running")
+        channel.close()
+
+        # kubelet restarts: it wipes the directory and comes back; the plugin must register again
+        kubelet.stop(wipe=True)
+        kubelet = FakeKubelet(short_dir).start()
+        req2 = kubelet.wait_registered(1)
+        assert req2.resource_name == "gpupool.io/gpu"
+        wait_until(lambda: plugin.registrations >= 2, what="plugin counted its second registration")
+        channel, stub = kubelet.plugin(req2.endpoint)
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=10)).devices) == 8
+        channel.close()
+    finally:
+        stop.set()
+        feeder.join(timeout=10)
+        plugin.stop()
+        kubelet.stop(wipe=False)
+        podres.server.stop(grace=None)
+        client.close()
+        server.stop()
+
+
+def _placement(*grants: PlacedGrant) -> Placement:
+    return Placement(
+        lease_id="L",
+        pod_uid="U",
+        namespace="ns",
+        name="p",
+        container="c",
+        node="n",
+        priority=0,
+        preemptible=False,
+        vram_mib=grants[0].vram_mib,
+        compute_milli=grants[0].compute_milli,
+        gpu_count=len(grants),
+        kinds=(),
+        grants=grants,
+        bound_at=1.0,
+    )
+
+
+def test_container_env_per_slice_kind() -> None:
+    mig = PlacedGrant("n/0/mig", "n/0", "MIG-1234", SliceKind.MIG, 0, "3g.40gb", 40960, 428, False)
+    env = container_env(_placement(mig), mps_pipe_dir="/run/mps")
+    assert env.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-1234" and "CUDA_MPS_PIPE_DIRECTORY" not in env.envs
+    assert env.mounts == ()
+    with pytest.raises(InvalidInput, match="no device UUID"):
+        container_env(
+            _placement(PlacedGrant("n/0/mig", "n/0", "", SliceKind.MIG, 0, "1g", 1, 1, False)),
+            mps_pipe_dir="/run/mps",
+        )
+    mps = PlacedGrant("n/1/mps0", "n/1", "GPU-b", SliceKind.MPS, 1, "", 4096, 0, False)
+    env = container_env(_placement(mps), mps_pipe_dir="/run/mps")
+    assert env.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env.envs
+    w0 = PlacedGrant("n/2/whole", "n/2", "", SliceKind.WHOLE, 2, "", 81920, 1000, False)
+    w1 = PlacedGrant("n/3/whole", "n/3", "", SliceKind.WHOLE, 3, "", 81920, 1000, False)
+    env = container_env(_placement(w0, w1), mps_pipe_dir="/run/mps")
+    assert env.envs["NVIDIA_VISIBLE_DEVICES"] == "2,3" and "CUDA_MPS_PIPE_DIRECTORY" not in env.envs
