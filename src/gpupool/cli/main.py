@@ -6,8 +6,11 @@ import typer
 
 from gpupool import __version__
 from gpupool.cli import agent as node_agent
-from gpupool.cli import bench, demo, plan, sim
+from gpupool.cli import bench, demo, emulate, plan, sim
+from gpupool.cli import device_plugin as k8s_device_plugin
 from gpupool.cli import extender as k8s_extender
+from gpupool.cli import run as cli_run
+from gpupool.cli import serve as cli_serve
 
 app = typer.Typer(
     name="gpupool",
@@ -36,7 +39,11 @@ def _root(
     """gpupool: GPU pooling and elastic slicing for private AI-agent platforms."""
 
 
-app.command("run", help="Start gpupool on the embedded defaults (what `make run` does).")(demo.run)
+app.command("run", help="The gateway on the simulated example cluster with emulated backends (`make run`).")(
+    cli_run.run
+)
+app.command("serve", help="Serve the lease API, events, metrics and OpenAI proxy.")(cli_serve.serve)
+app.command("emulate-backend", help="An emulated OpenAI-compatible server.")(emulate.emulate_backend)
 app.command(
     "demo", help="Show the allocator on the seed's example pool: slices and leases around a P0 preemption."
 )(demo.demo)
@@ -44,6 +51,7 @@ app.add_typer(bench.app, name="bench")
 app.add_typer(sim.app, name="sim")
 app.command("plan", help="Partition a cluster for workloads (MIG/MPS layout, mig-parted).")(plan.plan)
 app.command("extender", help="Kubernetes scheduler extender (filter/bind/...).")(k8s_extender.extender)
+app.command("device-plugin", help="Kubelet device plugin (gpupool.io/gpu).")(k8s_device_plugin.device_plugin)
 app.command("agent", help="Node agent: 200 ms loop, watermark pausing, /metrics.")(node_agent.agent)
 
 

@@ -34,6 +34,7 @@ from enum import StrEnum
 from gpupool.core.errors import DuplicateId, InvalidInput
 from gpupool.core.model import Request
 from gpupool.core.priority import band as band_name
+from gpupool.hardware.slices import SliceKind
 
 
 class Verdict(StrEnum):
@@ -89,6 +90,20 @@ class AdmissionConfig:
 
     def default_wait_s(self, priority: int) -> float:
         return self.wait_s[{"P0": 0, "P1": 1, "P2": 2}[band_name(priority)]]
+
+
+_DEFAULT_KINDS = frozenset({SliceKind.MIG.value, SliceKind.MPS.value, SliceKind.WHOLE.value})
+
+
+def competition_keys(request: Request, *, kv: bool = False) -> frozenset[str]:
+    """What a request competes for: the slice kinds it accepts, or ``model:NAME`` for a request lease."""
+    if kv:
+        return frozenset({"model:" + request.model})
+    if request.gpu_count > 1:
+        return frozenset({SliceKind.WHOLE.value})
+    if not request.kinds:
+        return _DEFAULT_KINDS
+    return frozenset(k.value for k in request.kinds)
 
 
 def overlaps(a: frozenset[str], b: frozenset[str] | set[str]) -> bool:
@@ -290,4 +305,4 @@ class AdmissionQueue:
             heapq.heapify(self._heap)
 
 
-__all__ = ["AdmissionConfig", "AdmissionQueue", "Ticketed", "Verdict", "overlaps"]
+__all__ = ["AdmissionConfig", "AdmissionQueue", "Ticketed", "Verdict", "competition_keys", "overlaps"]

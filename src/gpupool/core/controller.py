@@ -33,20 +33,19 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from gpupool.core.admission import AdmissionConfig, AdmissionQueue, Ticketed, Verdict
+from gpupool.core.admission import AdmissionConfig, AdmissionQueue, Ticketed, Verdict, competition_keys
 from gpupool.core.allocator import Allocator, LeaseEvent
 from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.ids import LeaseIdFactory, random_lease_id
 from gpupool.core.model import Lease, LeaseState, Request, validate_request
 from gpupool.core.outcome import Outcome, OutcomeCode
-from gpupool.core.ports import EventSink, GatewayEvent, LeaseStore, StoreWrite
+from gpupool.core.ports import Backend, EventSink, GatewayEvent, LeaseStore, StoreWrite
 from gpupool.core.priority import P0, band
 from gpupool.core.watermarks import Reading, Signal, WatermarkBank, WatermarkConfig
 from gpupool.hardware.slices import Slice, SliceKind
 from gpupool.hardware.units import Resources
 
-_DEFAULT_KINDS = frozenset({SliceKind.MIG.value, SliceKind.MPS.value, SliceKind.WHOLE.value})
 KV_PREFIX = "kv/"
 
 
@@ -76,19 +75,6 @@ class TicketStatus:
 class Batch:
     writes: tuple[StoreWrite, ...]
     events: tuple[GatewayEvent, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Backend:
-    """A model instance whose KV-cache budget request leases draw from."""
-
-    id: str
-    model: str
-    url: str
-    node: str
-    gpu_id: str
-    kv_budget_mib: int
-    slice_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +137,13 @@ class LeaseController:
         if request.model and request.model in self.models():
             return self._finish(self._admit(request, wait_s=wait_s, gpu_id="", kv=True))
         return self._finish(self._admit(request, wait_s=wait_s, gpu_id=gpu_id, kv=False))
+
+    def place(self, request: Request, slice_ids: tuple[str, ...]) -> Outcome:
+        """Grant on exactly these slices (model instances placed by the plan; Kubernetes bind)."""
+        out = self.allocator.place(request, slice_ids)
+        if out.granted:
+            self.queue.record_grant(request.priority)
+        return self._finish(self._count(request, out))
 
     def release(self, lease_id: str, *, tenant: str | None = None, reason: str = "") -> Outcome:
         alloc = self._owner(lease_id)
@@ -358,7 +351,7 @@ class LeaseController:
 
     # ================================================================== internals
     def _admit(self, request: Request, *, wait_s: float | None, gpu_id: str, kv: bool) -> Outcome:
-        keys = frozenset({"model:" + request.model}) if kv else _keys(request)
+        keys = competition_keys(request, kv=kv)
         possible = self._possible(request, gpu_id, kv=kv)
         if possible is not None:
             return self._count(request, possible)
@@ -595,14 +588,6 @@ class LeaseController:
         why = f"GPU {gpu} {health}" + (f" (XID {', '.join(map(str, xids))})" if xids else "")
         for sid in sids:
             self.allocator.mark_unhealthy(sid, revoke=health == "failed", reason=why)
-
-
-def _keys(request: Request) -> frozenset[str]:
-    if request.gpu_count > 1:
-        return frozenset({SliceKind.WHOLE.value})
-    if not request.kinds:
-        return _DEFAULT_KINDS
-    return frozenset(k.value for k in request.kinds)
 
 
 __all__ = ["Backend", "Batch", "ControllerConfig", "LeaseController", "RecoveryReport", "TicketStatus"]

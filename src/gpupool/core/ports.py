@@ -31,7 +31,7 @@ from gpupool.hardware.slices import SliceKind
 from gpupool.hardware.units import Resources
 
 
-class RevisionConflict(GpupoolError):  # noqa: N818 (named like the core errors)
+class RevisionConflict(GpupoolError):
     """A compare-and-set failed: somebody else wrote the lease (or the id already exists)."""
 
     def __init__(self, lease_id: str, expected: int | None, actual: int | None) -> None:
@@ -95,6 +95,19 @@ class GatewayEvent:
     """Tenants concerned (for pause/resume: the holders of ``lease_ids``)."""
     wait_s: float = 0.0
     """For a grant from the queue: how long the request waited."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """A model instance whose KV-cache budget request leases draw from."""
+
+    id: str
+    model: str
+    url: str
+    node: str
+    gpu_id: str
+    kv_budget_mib: int
+    slice_id: str = ""
 
 
 class EventSink(Protocol):
@@ -188,6 +201,7 @@ def decode_lease(text: str) -> Lease:
 
 
 __all__ = [
+    "Backend",
     "EventSink",
     "GatewayEvent",
     "LeaseStore",

@@ -1,0 +1,208 @@
+"""`gpupool run` (what `make run` does): the real product on the simulated example cluster.
+
+Starts the gateway (`gpupool.cli.serve`) on the example cluster + agent-platform workloads, one emulated
+OpenAI-compatible backend per planned model (in-process uvicorn servers on free loopback ports, timed
+by the roofline model of the slice each runs on), and a small synthetic agent workload so that the
+pool, the queues and backpressure are visibly alive:
+
+- P0 chat: streamed ``/v1/chat/completions`` to the main LLM (tenant ``agent-chat``);
+- P1 embeddings: ``/v1/embeddings`` to the embedding model (tenant ``retrieval``);
+- P2 batch: ``POST /v1/leases`` of 8-24 GiB held 10-20 s then released; 429s back off (tenant ``batch``).
+
+Prints the URL and the admin token, then a status line every 5 s. Ctrl-C stops everything cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import secrets
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpupool.cli.errors import user_errors
+from gpupool.cli.serve import (
+    DEFAULT_CLUSTER,
+    DEFAULT_WORKLOADS,
+    Bundle,
+    KvSizer,
+    build,
+    free_port,
+    register_backends,
+)
+
+DEMO_TENANTS = ("agent-chat", "retrieval", "batch")
+
+
+def start_emulated_backends(bundle: Bundle, *, host: str = "127.0.0.1", speed: float = 1.0) -> list[Any]:
+    """One emulated backend per planned model (its first replica's slice); returns uvicorn servers."""
+    import uvicorn
+
+    from gpupool.adapters.backends.app import create_backend_app
+    from gpupool.cli.emulate import build_engine
+
+    sizer = KvSizer()
+    slices = {st.slice.id: st.slice for st in bundle.controller.allocator.states()}
+    specs: list[tuple[str, str, str, str]] = []
+    servers = []
+    seen: set[str] = set()
+    for pl in bundle.plan.placements:
+        w = bundle.workloads.by_name(pl.workload)
+        if not w.model or w.model in seen or pl.slice not in slices:
+            continue
+        seen.add(w.model)
+        s = slices[pl.slice]
+        engine = build_engine(
+            w.model,
+            gpu=s.gpu_model,
+            compute_fraction=max(0.01, min(1.0, s.capacity.compute_milli / 1000)),
+            kv_budget_mib=sizer.kv_budget_mib(w.model, s.capacity.vram_mib, w.quant),
+            quant=w.quant,
+            speed=speed,
+        )
+        port = free_port(host)
+        app = create_backend_app(engine, model=w.model)  # type: ignore[arg-type]
+        servers.append(uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")))
+        specs.append((f"{w.name}-{pl.replica}", w.model, f"http://{host}:{port}", pl.slice))
+    register_backends(bundle, specs)
+    return servers
+
+
+def _models(bundle: Bundle) -> tuple[str | None, str | None]:
+    """(largest P0 decoder model, first encoder model) among the registered backends."""
+    chat: tuple[int, str] | None = None
+    embed: str | None = None
+    for b in bundle.backends:
+        w = next((w for w in bundle.workloads if w.model == b.model), None)
+        if w is None or w.arch is None:
+            continue
+        if w.arch.is_decoder and w.priority == "P0":
+            if chat is None or w.arch.param_count > chat[0]:
+                chat = (w.arch.param_count, b.model)
+        elif not w.arch.is_decoder and embed is None:
+            embed = b.model
+    return (chat[1] if chat else None), embed
+
+
+async def synthetic_workload(url: str, tokens: dict[str, str], bundle: Bundle, *, seed: int = 7) -> None:
+    import httpx
+
+    rng = random.Random(seed)
+    chat_model, embed_model = _models(bundle)
+
+    def hdr(tenant: str, prio: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {tokens[tenant]}", "x-gpupool-priority": prio}
+
+    async with httpx.AsyncClient(base_url=url, timeout=60) as cl:
+
+        async def chat() -> None:
+            while chat_model:
+                body = {
+                    "model": chat_model,
+                    "stream": True,
+                    "max_tokens": rng.randint(8, 48),
+                    "messages": [
+                        {"role": "user", "content": "plan the next tool call " * rng.randint(5, 60)}
+                    ],
+                }
+                with contextlib.suppress(httpx.HTTPError):
+                    async with cl.stream(
+                        "POST", "/v1/chat/completions", json=body, headers=hdr("agent-chat", "P0")
+                    ) as r:
+                        async for _ in r.aiter_raw():
+                            pass
+                await asyncio.sleep(rng.uniform(0.2, 0.8))
+
+        async def embed() -> None:
+            while embed_model:
+                body = {
+                    "model": embed_model,
+                    "input": ["chunk of a document " * rng.randint(5, 40) for _ in range(4)],
+                }
+                with contextlib.suppress(httpx.HTTPError):
+                    await cl.post("/v1/embeddings", json=body, headers=hdr("retrieval", "P1"))
+                await asyncio.sleep(rng.uniform(0.1, 0.4))
+
+        async def batch(i: int) -> None:
+            while True:
+                body = {
+                    "priority": "P2",
+                    "vram_mib": rng.randint(8, 24) * 1024,
+                    "compute_pct": 20,
+                    "ttl_s": 60,
+                }
+                try:
+                    r = await cl.post("/v1/leases", json=body, headers=hdr("batch", "P2"))
+                except httpx.HTTPError:
+                    await asyncio.sleep(2)
+                    continue
+                if r.status_code == 201:
+                    await asyncio.sleep(rng.uniform(10, 20))
+                    with contextlib.suppress(httpx.HTTPError):
+                        await cl.delete(f"/v1/leases/{r.json()['id']}", headers=hdr("batch", "P2"))
+                elif r.status_code == 202:
+                    ticket = r.json()["ticket"]
+                    with contextlib.suppress(httpx.HTTPError):
+                        await cl.get(
+                            f"/v1/tickets/{ticket}", params={"wait_s": 30}, headers=hdr("batch", "P2")
+                        )
+                else:
+                    await asyncio.sleep(float(r.headers.get("retry-after", "2")))
+                await asyncio.sleep(rng.uniform(0.5, 2))
+
+        await asyncio.gather(chat(), embed(), *(batch(i) for i in range(6)))
+
+
+async def status_printer(bundle: Bundle, period_s: float = 5.0) -> None:
+    from gpupool.core.poolview import pool_view
+
+    while True:
+        await asyncio.sleep(period_s)
+        v = pool_view(bundle.controller)
+        cap, gr = v["capacity"], v["granted"]
+        assert isinstance(cap, dict) and isinstance(gr, dict)
+        pct = 100 * gr["vram_mib"] / max(1, cap["vram_mib"])
+        typer.echo(
+            f"pool: {gr['vram_mib'] // 1024}/{cap['vram_mib'] // 1024} GiB granted ({pct:.0f} %), "
+            f"leases {v['active_leases']}, request leases {v['request_leases']}, queue {v['queue']}, "
+            f"paused GPUs {v['paused_gpus'] or 'none'}"
+        )
+
+
+@user_errors
+def run(  # noqa: PLR0917 (typer options)
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    port: int = typer.Option(8080, "--port", help="Gateway TCP port."),
+    data_dir: Path = typer.Option(Path(".gpupool"), "--data-dir", help="SQLite store and admin token."),
+    cluster: Path = typer.Option(DEFAULT_CLUSTER, "--cluster", help="Cluster spec YAML."),
+    workloads: Path = typer.Option(DEFAULT_WORKLOADS, "--workloads", help="Workload spec YAML."),
+    traffic: bool = typer.Option(True, help="Run the synthetic P0/P1/P2 agent workload."),
+) -> None:
+    """Gateway + emulated backends + synthetic agent traffic on the simulated example cluster."""
+    from gpupool.cli.serve import serve_forever
+
+    demo = {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}
+    bundle = build(
+        data_dir=data_dir,
+        cluster=cluster,
+        workloads=workloads,
+        extra_tokens=[(tok, t, "tenant") for t, tok in demo.items()],
+    )
+    servers = start_emulated_backends(bundle, host=host)
+    admin = bundle.new_admin_token or (data_dir / "admin.token").read_text().strip()
+    url = f"http://{host}:{port}"
+    typer.echo(f"gpupool gateway on {url}   (docs {url}/docs, metrics {url}/metrics)")
+    typer.echo(f"admin token: {admin}   (stored in {data_dir / 'admin.token'})")
+    typer.echo(f"try: curl -H 'Authorization: Bearer {admin}' {url}/v1/pool")
+    for b in bundle.backends:
+        typer.echo(f"backend {b.id}: {b.model} at {b.url} on {b.slice_id} (KV budget {b.kv_budget_mib} MiB)")
+    extra: list[Any] = [s.serve() for s in servers]
+    extra.append(status_printer(bundle))
+    if traffic:
+        extra.append(synthetic_workload(url, demo, bundle))
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve_forever(bundle, host=host, port=port, extra=extra))
+    typer.echo("gpupool: stopped")

@@ -1,0 +1,342 @@
+"""`gpupool serve`: the gateway (FastAPI on uvicorn) on a cluster + workload plan, with simulated devices
+and a SQLite lease store. This module is a composition root: it wires the store, HTTP, metrics,
+simulated-device and backend adapters around one core `LeaseController`.
+
+Start-up: plan the cluster for the workloads (`gpupool.hardware.planner`), build the inventory, open
+the store (``DATA_DIR/leases.db``, WAL + durable commits), recover leases (expired ones are reclaimed;
+the ledger is rebuilt from the stored leases), register backends (``--backends`` YAML or, for
+``gpupool run``, emulated ones) each with a placement lease on its planned slice, then serve.
+
+Auth: ``--auth-file`` YAML ``tokens: [{token, tenant, role: tenant|admin}]``. Without it, an admin
+token is generated on first start, stored in ``DATA_DIR/admin.token`` (mode 0600) and printed once.
+Simulated readings: every 200 ms each simulated GPU's memory/temperature is fed to the watermark bank
+(``--no-simulate-readings`` leaves that to node agents posting ``/v1/nodes/{node}/readings``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import secrets
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpupool.cli.errors import UserError, user_errors
+from gpupool.core.clock import FunctionClock
+from gpupool.core.controller import LeaseController
+from gpupool.core.errors import InvalidInput
+from gpupool.core.model import Request
+from gpupool.core.ports import Backend, GatewayEvent
+from gpupool.core.watermarks import Reading
+from gpupool.hardware.slices import Slice
+from gpupool.hardware.units import Resources
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_CLUSTER = REPO_ROOT / "examples" / "cluster-a100-l40s.yaml"
+DEFAULT_WORKLOADS = REPO_ROOT / "examples" / "workloads-agent-platform.yaml"
+SYSTEM_TENANT = "gpupool-system"
+INSTANCE_TTL_S = 7 * 24 * 3600.0
+BLOCK_TOKENS = 16
+
+
+class KvSizer:
+    """Token counts -> MiB with the hardware KV estimator (rounded up to 16-token vLLM blocks)."""
+
+    def __init__(self, quant: dict[str, str] | None = None) -> None:
+        self._per_tok: dict[str, int] = {}
+        self.quant = quant or {}
+
+    def kv_bytes_per_token(self, model: str) -> int:
+        per = self._per_tok.get(model)
+        if per is None:
+            from gpupool.hardware.memory import kv_bytes_per_token_of, resolve_model
+
+            per = self._per_tok[model] = kv_bytes_per_token_of(resolve_model(model))
+        return per
+
+    def request_mib(self, model: str, tokens: int) -> int:
+        blocks = math.ceil(max(1, tokens) / BLOCK_TOKENS)
+        return max(1, math.ceil(blocks * BLOCK_TOKENS * self.kv_bytes_per_token(model) / (1024 * 1024)))
+
+    def instance_mib(self, model: str, tokens: int) -> int:
+        from gpupool.hardware.memory import estimate
+
+        return estimate(model, quant=self.quant.get(model, "bf16"), max_context=max(1, tokens)).total_mib
+
+    def kv_budget_mib(self, model: str, slice_vram_mib: int, quant: str = "bf16") -> int:
+        """What a slice leaves for KV cache after the model's weights and runtime overhead (>= 1)."""
+        from gpupool.hardware.memory import estimate
+
+        base = estimate(model, quant=quant, max_context=1, kv_tokens=0)
+        return max(1, slice_vram_mib - base.weights_mib - base.overhead_mib)
+
+
+def load_tokens(auth_file: Path | None, data_dir: Path) -> tuple[list[tuple[str, str, str]], str | None]:
+    """(entries, newly generated admin token or None)."""
+    if auth_file is not None:
+        from gpupool.cli.specfiles import load_yaml
+
+        doc = load_yaml(auth_file)
+        if not isinstance(doc, dict) or not isinstance(doc.get("tokens"), list):
+            raise UserError(f"{auth_file}: expected 'tokens: [{{token, tenant, role}}]'")
+        out = []
+        for i, t in enumerate(doc["tokens"]):
+            if not isinstance(t, dict):
+                raise UserError(f"{auth_file}: tokens[{i}] must be a mapping")
+            out.append((str(t.get("token", "")), str(t.get("tenant", "")), str(t.get("role", "tenant"))))
+        return out, None
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "admin.token"
+    if path.exists():
+        return [(path.read_text().strip(), "admin", "admin")], None
+    token = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return [(token, "admin", "admin")], token
+
+
+@dataclass
+class Bundle:
+    controller: LeaseController
+    app: Any
+    tokens: list[tuple[str, str, str]]
+    new_admin_token: str | None
+    sim: Any = None
+    plan: Any = None
+    workloads: Any = None
+    backends: list[Backend] = field(default_factory=list)
+
+
+def plan_cluster(cluster: Path, workloads: Path) -> tuple[Any, Any, Any, list[Slice]]:
+    from gpupool.cli.specfiles import load_specs
+    from gpupool.hardware.planner import inventory_from_plan, plan
+
+    cspec, wset = load_specs(cluster, workloads)
+    p = plan(cspec, wset)
+    return cspec, wset, p, list(inventory_from_plan(p))
+
+
+def build(
+    *,
+    data_dir: Path,
+    cluster: Path = DEFAULT_CLUSTER,
+    workloads: Path = DEFAULT_WORKLOADS,
+    auth_file: Path | None = None,
+    store_url: str | None = None,
+    simulate: bool = True,
+    extra_tokens: Iterable[tuple[str, str, str]] = (),
+) -> Bundle:
+    from gpupool.adapters.http.app import create_app
+    from gpupool.adapters.http.auth import TokenTable
+    from gpupool.adapters.metrics.gateway import GatewayMetrics
+    from gpupool.adapters.store import open_store
+
+    cspec, wset, p, slices = plan_cluster(cluster, workloads)
+    store = open_store(store_url or f"sqlite:{data_dir / 'leases.db'}")
+    controller = LeaseController(slices, clock=FunctionClock(time.time), store=store)
+    saved = store.get_meta("watermarks")
+    if saved:
+        import json
+
+        from gpupool.core.watermarks import WatermarkConfig
+
+        with contextlib.suppress(InvalidInput, TypeError, ValueError):
+            controller.set_watermarks(WatermarkConfig(**json.loads(saved)))
+    report = controller.recover()
+    typer.echo(
+        f"gpupool: recovered {report.restored} leases ({report.expired} expired, {report.revoked} revoked)"
+    )
+    tokens, new_admin = load_tokens(auth_file, data_dir)
+    tokens = [*tokens, *extra_tokens]
+    try:
+        table = TokenTable(tokens)
+    except InvalidInput as exc:
+        raise UserError(f"{auth_file or 'tokens'}: {exc}") from None
+    commits: list[Any] = []
+    metrics = GatewayMetrics(controller, commits=lambda: (commits[0].batches, commits[0].writes))
+    sizer = KvSizer({w.model: w.quant for w in wset if w.model})
+    app = create_app(controller, tokens=table, sizer=sizer, metrics=metrics)
+    gw = app.state.gateway
+    commits.append(gw.committer)
+    gw.hub.extra.append(metrics.observe_event)
+    sim = None
+    if simulate:
+        from gpupool.adapters.simulated import SimulatedCluster
+
+        sim = SimulatedCluster(cspec, p, seed=0, clock=time.monotonic)
+        gw.hub.extra.append(_mirror_into(sim))
+        for lease in controller.leases():
+            for g in lease.grants:
+                sim.grant(
+                    lease.id,
+                    g.slice_id,
+                    vram_mib=g.resources.vram_mib,
+                    compute_milli=g.resources.compute_milli,
+                )
+    return Bundle(controller, app, tokens, new_admin, sim, p, wset)
+
+
+def _mirror_into(sim: Any) -> Any:
+    def on_event(e: GatewayEvent) -> None:
+        if e.lease is None:
+            return
+        if e.kind == "granted":
+            for g in e.lease.grants:
+                with contextlib.suppress(KeyError):
+                    sim.grant(
+                        e.lease.id,
+                        g.slice_id,
+                        vram_mib=g.resources.vram_mib,
+                        compute_milli=g.resources.compute_milli,
+                    )
+        elif e.lease.state.ended:
+            sim.release(e.lease.id)
+
+    return on_event
+
+
+def register_backends(bundle: Bundle, backends: Iterable[tuple[str, str, str, str]]) -> list[Backend]:
+    """(id, model, url, slice_id) -> registered backends, each holding a placement lease on its slice."""
+    c = bundle.controller
+    sizer = KvSizer()
+    by_id = {st.slice.id: st.slice for st in c.allocator.states()}
+    held = {dict(x.request.labels).get("instance"): x for x in c.leases(tenant=SYSTEM_TENANT)}
+    out = []
+    quant = {w.model: w.quant for w in bundle.workloads or () if w.model}
+    prio = {w.model: w.priority_value for w in bundle.workloads or () if w.model}
+    for bid, model, url, slice_id in backends:
+        s = by_id.get(slice_id)
+        if s is None:
+            raise UserError(f"backend {bid}: unknown slice {slice_id!r}")
+        b = Backend(
+            id=bid,
+            model=model,
+            url=url,
+            node=s.node,
+            gpu_id=s.gpu_id,
+            kv_budget_mib=sizer.kv_budget_mib(model, s.capacity.vram_mib, quant.get(model, "bf16")),
+            slice_id=slice_id,
+        )
+        c.register_backend(b)
+        lease = held.get(bid)
+        if lease is not None and lease.slice_ids == (slice_id,):
+            c.renew(lease.id, ttl_s=INSTANCE_TTL_S)
+        else:
+            req = Request(
+                id=f"instance-{bid}",
+                tenant=SYSTEM_TENANT,
+                priority=prio.get(model, 50),
+                demand=Resources(s.capacity.vram_mib, s.capacity.compute_milli),
+                ttl_s=INSTANCE_TTL_S,
+                kinds=frozenset({s.kind}),
+                preemptible=False,
+                model=model,
+                labels=(("instance", bid),),
+            )
+            c.place(req, (slice_id,))
+        out.append(b)
+    c.flush()
+    bundle.backends.extend(out)
+    return out
+
+
+async def feed_simulated_readings(bundle: Bundle, period_s: float = 0.2) -> None:
+    c, sim = bundle.controller, bundle.sim
+    gw = bundle.app.state.gateway
+    while True:
+        await asyncio.sleep(period_s)
+        now = c.clock.now()
+        for snap in sim.read_all():
+            for g in snap.gpus:
+                gpu_id = f"{snap.node}/{g.index}"
+                r = Reading(
+                    gpu_id,
+                    g.memory_used_mib,
+                    max(1, g.memory_total_mib),
+                    at_s=now,
+                    temperature_c=g.temperature_c,
+                )
+                with contextlib.suppress(InvalidInput):
+                    c.feed_reading(r, health="ok" if g.healthy else "failed")
+        gw.committer.kick()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+async def serve_forever(bundle: Bundle, *, host: str, port: int, extra: Iterable[Any] = ()) -> None:
+    """Run the gateway server (+ any extra uvicorn servers / coroutines) until Ctrl-C or SIGTERM."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(bundle.app, host=host, port=port, log_level="warning"))
+    tasks = [asyncio.create_task(server.serve())]
+    if bundle.sim is not None:
+        tasks.append(asyncio.create_task(feed_simulated_readings(bundle)))
+    for x in extra:
+        tasks.append(asyncio.create_task(x))
+    try:
+        await tasks[0]
+    finally:
+        for t in tasks[1:]:
+            t.cancel()
+        await asyncio.gather(*tasks[1:], return_exceptions=True)
+
+
+def _load_backends_file(path: Path) -> list[tuple[str, str, str, str]]:
+    from gpupool.cli.specfiles import load_yaml
+
+    doc = load_yaml(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("backends"), list):
+        raise UserError(f"{path}: expected 'backends: [{{id, model, url, slice_id}}]'")
+    out = []
+    for i, b in enumerate(doc["backends"]):
+        if not isinstance(b, dict) or not all(
+            isinstance(b.get(k), str) for k in ("id", "model", "url", "slice_id")
+        ):
+            raise UserError(f"{path}: backends[{i}] needs string id, model, url and slice_id")
+        out.append((b["id"], b["model"], b["url"], b["slice_id"]))
+    return out
+
+
+@user_errors
+def serve(  # noqa: PLR0917 (typer options)
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    port: int = typer.Option(8080, "--port", help="TCP port."),
+    data_dir: Path = typer.Option(Path(".gpupool"), "--data-dir", help="SQLite store and generated token."),
+    cluster: Path = typer.Option(DEFAULT_CLUSTER, "--cluster", help="Cluster spec YAML."),
+    workloads: Path = typer.Option(DEFAULT_WORKLOADS, "--workloads", help="Workload spec YAML."),
+    auth_file: Path | None = typer.Option(None, "--auth-file", help="tokens: [{token, tenant, role}] YAML."),
+    backends: Path | None = typer.Option(
+        None, "--backends", help="backends: [{id, model, url, slice_id}] YAML."
+    ),
+    simulate_readings: bool = typer.Option(True, help="Feed simulated GPU readings to the watermarks."),
+) -> None:
+    """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
+    bundle = build(
+        data_dir=data_dir,
+        cluster=cluster,
+        workloads=workloads,
+        auth_file=auth_file,
+        simulate=simulate_readings,
+    )
+    if backends is not None:
+        register_backends(bundle, _load_backends_file(backends))
+    typer.echo(f"gpupool gateway on http://{host}:{port}  (store {data_dir / 'leases.db'})")
+    if bundle.new_admin_token:
+        typer.echo(
+            f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}"
+        )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve_forever(bundle, host=host, port=port))
