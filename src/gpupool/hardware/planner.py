@@ -31,12 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpupool.hardware.capability import GpuMode
-from gpupool.hardware.inventory import Inventory
 from gpupool.hardware.mig import MigProfile, best_layout, can_place, family_of
+from gpupool.hardware.planinventory import inventory_from_cluster, inventory_from_plan
 from gpupool.hardware.plantypes import GpuPlan, Placement, Plan, PlanError, PlannedSlice, Unplaced
-from gpupool.hardware.slices import Slice, SliceKind
+from gpupool.hardware.slices import SliceKind
 from gpupool.hardware.spec import ClusterSpec, GpuSpec, Isolation, Role, WorkloadSet, WorkloadSpec
-from gpupool.hardware.units import COMPUTE_MILLI_PER_GPU, Resources
+from gpupool.hardware.units import COMPUTE_MILLI_PER_GPU
 
 MPS_MIN_QUOTA_MIB = 4096
 """The seed's guardrail share: a 4 GB pinned memory limit."""
@@ -282,7 +282,12 @@ def _run(cluster: ClusterSpec, reps: list[_Rep], open_order: str, embed_mig_firs
         space = _largest_space(cards, r)
         short = max(1, r.need - space) if space < r.need else 0
         iso = r.w.isolation.value
-        if short:
+        kinds, _ = _kinds(r, True)
+        if not any(c.supports(m) for c in cards for m in kinds):
+            wanted = "/".join(m.value for m in kinds)
+            why = f"no GPU in the cluster supports {wanted}: short by {r.need} MiB"
+            short = r.need
+        elif short:
             why = f"largest space left for it is {space} MiB: short by {short} MiB"
         else:
             why = f"no card offers an acceptable slice kind (isolation {iso}) with {r.need} MiB free"
@@ -299,6 +304,8 @@ def _run(cluster: ClusterSpec, reps: list[_Rep], open_order: str, embed_mig_firs
 
 
 def _finish_card(c: _Card, placements: list[Placement]) -> GpuPlan:
+    if c.mode is None and c.spec.mode in (GpuMode.MIG, GpuMode.MPS, GpuMode.TIME_SLICE):
+        c.mode = c.spec.mode  # forced by the cluster spec: partition it even without online work
     g = c.spec
     base = g.gpu_id
     model = g.model
@@ -343,7 +350,7 @@ def _finish_card(c: _Card, placements: list[Placement]) -> GpuPlan:
                 )
             )
         slices.sort(key=lambda s: (s.start, s.id))
-        names = sorted({r.w.name for _, r in c.mig})
+        names = sorted({r.w.name for _, r in c.mig}) or ["nothing (mode forced by the cluster spec)"]
         pool_txt = " + ".join(str(i) for i in layout.pool) or "none"
         reason = (
             f"MIG: hard isolation for {', '.join(names)} ({model.name} supports MIG); "
@@ -379,7 +386,7 @@ def _finish_card(c: _Card, placements: list[Placement]) -> GpuPlan:
                     pool=True,
                 )
             )
-        names = sorted({r.w.name for _, _, r in c.shares})
+        names = sorted({r.w.name for _, _, r in c.shares}) or ["none yet"]
         if c.mode is GpuMode.TIME_SLICE:
             reason = (
                 f"TIME-SLICE (last resort, no memory isolation): forced by the cluster spec; "
@@ -496,51 +503,3 @@ def plan(cluster: ClusterSpec, workloads: WorkloadSet) -> Plan:
     unplaced = _place_batch(gpus, batch, placements)
     placements.sort(key=lambda p: (p.workload, p.replica))
     return Plan(gpus, tuple(placements), tuple(unplaced), cluster.source, workloads.source)
-
-
-def _slice_of(g: GpuPlan, s: PlannedSlice) -> Slice:
-    labels: tuple[tuple[str, str], ...]
-    if s.pool:
-        labels = (("pool", "p2"),)
-    else:
-        labels = (("replica", str(s.replica)), ("workload", s.workload))
-    return Slice(
-        id=s.id,
-        node=g.node,
-        gpu_id=g.gpu_id,
-        kind=s.kind,
-        capacity=Resources(s.vram_mib, s.compute_milli),
-        gpu_index=g.index,
-        gpu_model=g.model.name,
-        profile=s.profile,
-        uuid=g.uuid if s.kind is not SliceKind.MIG else "",
-        labels=labels,
-    )
-
-
-def inventory_from_plan(plan: Plan) -> Inventory:
-    """The core ``Inventory`` of a plan: one ``Slice`` per planned slice, ids exactly as planned.
-
-    MIG slices carry no uuid (the MIG device UUID exists only once the instance is created; device
-    sources fill it in); MPS/whole slices carry the card's uuid when the cluster spec gave one.
-    """
-    return Inventory(tuple(_slice_of(g, s) for g in plan.gpus for s in g.slices))
-
-
-def inventory_from_cluster(cluster: ClusterSpec) -> Inventory:
-    """One ``WHOLE`` slice per card (``<node>/<index>/whole``), full memory and 1000 milli-GPU."""
-    return Inventory(
-        tuple(
-            Slice(
-                id=f"{g.gpu_id}/whole",
-                node=g.node,
-                gpu_id=g.gpu_id,
-                kind=SliceKind.WHOLE,
-                capacity=Resources(g.model.memory_mib, COMPUTE_MILLI_PER_GPU),
-                gpu_index=g.index,
-                gpu_model=g.model.name,
-                uuid=g.uuid,
-            )
-            for g in cluster.gpus()
-        )
-    )

@@ -3,7 +3,7 @@ mig-parted round trip, and the Inventory hand-over."""
 
 from collections import Counter
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gpupool.hardware.catalogue import GPU_MODELS
@@ -11,18 +11,24 @@ from gpupool.hardware.mig import find_placement, is_legal_layout
 from gpupool.hardware.migparted import node_layouts, to_mig_parted
 from gpupool.hardware.planner import PlanError, inventory_from_cluster, inventory_from_plan, plan
 from gpupool.hardware.slices import SliceKind
-from gpupool.hardware.spec import load_cluster_spec, load_workload_spec
+from gpupool.hardware.spec import SpecError, load_cluster_spec, load_workload_spec
 
 MODELS = [m.name for m in GPU_MODELS]
 
+MODES = [None, None, None, "mig", "mps", "whole", "time-slice"]
 clusters = st.lists(
-    st.lists(st.tuples(st.sampled_from(MODELS), st.integers(1, 3)), min_size=1, max_size=2),
+    st.lists(
+        st.tuples(st.sampled_from(MODELS), st.integers(1, 3), st.sampled_from(MODES)), min_size=1, max_size=2
+    ),
     min_size=1,
     max_size=3,
 ).map(
     lambda nodes: {
         "nodes": [
-            {"name": f"n{i}", "gpus": [{"model": m, "count": c} for m, c in groups]}
+            {
+                "name": f"n{i}",
+                "gpus": [{"model": m, "count": c, **({"mode": md} if md else {})} for m, c, md in groups],
+            }
             for i, groups in enumerate(nodes)
         ]
     }
@@ -45,7 +51,11 @@ workloads = st.lists(workload, min_size=1, max_size=5).map(
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters, workloads)
 def test_plan_properties(cluster_doc, workload_doc):
-    cluster = load_cluster_spec(cluster_doc)
+    try:
+        cluster = load_cluster_spec(cluster_doc)
+    except SpecError:
+        assume(False)  # a forced mode the model cannot run (mig on L40S): rejected at parse time
+        return
     wl = load_workload_spec(workload_doc)
     try:
         p = plan(cluster, wl)
@@ -53,12 +63,16 @@ def test_plan_properties(cluster_doc, workload_doc):
         assert exc.workload and exc.shortfall_mib > 0
         assert f"'{exc.workload}'" in str(exc)
         return
+    forced_modes = {spec.gpu_id: spec.mode for spec in cluster.gpus()}
     slices = {}
     for g in p.gpus:
         if g.mig:
             assert is_legal_layout(g.model, g.mig), (g.gpu_id, g.mig)
         total = sum(s.vram_mib for s in g.slices)
         assert total <= g.model.memory_mib
+        forced = forced_modes[g.gpu_id]
+        if forced is not None:
+            assert g.mode is forced, (g.gpu_id, g.mode, forced)
         for s in g.slices:
             assert s.id.startswith(g.gpu_id + "/")
             slices[s.id] = (g, s)
