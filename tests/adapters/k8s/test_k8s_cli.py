@@ -113,3 +113,65 @@ def test_bad_cli_input_exits_2_with_one_line(tmp_path: Path) -> None:
         )
         assert proc.returncode == 2, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "gpupool: error:" in proc.stderr
+
+
+def test_device_plugin_command_registers_with_kubelet(tmp_path: Path) -> None:
+    import shutil
+    import tempfile
+
+    from tests.adapters.k8s.k8s_fakekubelet import FakeKubelet
+
+    from gpupool.adapters.k8s.proto import deviceplugin_v1beta1_pb2 as pb
+
+    d = Path(tempfile.mkdtemp(prefix="gpcli", dir="/tmp"))
+    kubelet = FakeKubelet(d).start()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NODE_NAME": "gpu-b"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpupool.cli.main",
+            "device-plugin",
+            "--cluster",
+            str(EXAMPLES / "cluster-a100-l40s.yaml"),
+            "--plugin-dir",
+            str(d),
+            "--no-kube",
+            "--replicas",
+            "3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "2 cards" in proc.stdout.readline()
+        req = kubelet.wait_registered(1, timeout_s=30)
+        assert req.resource_name == "gpupool.io/gpu"
+        channel, stub = kubelet.plugin(req.endpoint)
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=10)).devices) == 6
+        channel.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        kubelet.stop(wipe=False)
+        shutil.rmtree(d, ignore_errors=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpupool.cli.main",
+            "device-plugin",
+            "--no-kube",
+            "--plugin-dir",
+            str(tmp_path),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NODE_NAME": ""},
+    )
+    assert bad.returncode == 2 and "--node" in bad.stderr

@@ -1,0 +1,105 @@
+"""`gpupool device-plugin`: the kubelet device plugin for ``<domain>/gpu`` on one node.
+
+Cards: ``--cluster FILE [--workloads FILE]`` (this node's part of the static pool), else the node's
+``<domain>/slices`` annotation read through the Kubernetes API. With an API, a thread watches this
+node's pods and queues their bound placements for Allocate; every ``--verify-s`` seconds the
+PodResources API (when its socket exists) confirms which pod got which cards. Stops on SIGTERM/^C.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+import typer
+
+from gpupool.cli.errors import UserError, user_errors
+
+
+@user_errors
+def device_plugin(
+    *,
+    node: str = typer.Option("", "--node", help="This node's name (default: $NODE_NAME)."),
+    cluster: Path | None = typer.Option(None, "--cluster", help="Cluster spec YAML (static pool)."),
+    workloads: Path | None = typer.Option(None, "--workloads", help="Workload spec YAML: the plan's layout."),
+    plugin_dir: str = typer.Option(
+        "/var/lib/kubelet/device-plugins", "--plugin-dir", help="kubelet socket dir."
+    ),
+    endpoint: str = typer.Option(
+        "gpupool.sock", "--endpoint", help="Our socket's file name in --plugin-dir."
+    ),
+    replicas: int = typer.Option(
+        16, "--replicas", help="Device IDs per card (pods that may share one card)."
+    ),
+    domain: str = typer.Option("gpupool.io", "--domain", help="Extended resource domain."),
+    mps_pipe_dir: str = typer.Option("/tmp/nvidia-mps", "--mps-pipe-dir", help="CUDA MPS pipe directory."),  # noqa: S108
+    pod_resources_socket: str = typer.Option(
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        "--pod-resources-socket",
+        help="kubelet PodResources socket.",
+    ),
+    verify_s: float = typer.Option(10.0, "--verify-s", help="Seconds between PodResources checks."),
+    kube_api: str = typer.Option(
+        "", "--kube-api", help="Kubernetes API URL (default: in-cluster/kubeconfig)."
+    ),
+    kubeconfig: str = typer.Option("", "--kubeconfig", help="kubeconfig file."),
+    no_kube: bool = typer.Option(False, "--no-kube", help="No Kubernetes API (no pod feed: Allocate fails)."),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+) -> None:
+    """Kubelet device plugin (v1beta1): advertise cards, hand containers the env of their bound lease."""
+    from gpupool.adapters.k8s.device_plugin import DevicePlugin, PluginConfig, cards_of
+    from gpupool.adapters.k8s.kubeapi import KubeApi
+    from gpupool.adapters.k8s.resources import ResourceNames
+    from gpupool.cli.extender import build_slices
+    from gpupool.hardware.slices import Slice
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    node = node or os.environ.get("NODE_NAME", "")
+    if not node:
+        raise UserError("--node is required (or set NODE_NAME)")
+    if not 1 <= replicas <= 1024:
+        raise UserError(f"--replicas {replicas}: must be in [1, 1024]")
+    if not Path(plugin_dir).is_dir():
+        raise UserError(f"--plugin-dir {plugin_dir}: no such directory")
+    api: KubeApi | None = None
+    if not no_kube:
+        api = KubeApi.for_host(kube_api) if kube_api else KubeApi.from_environment(kubeconfig or None)
+    slices, _ = build_slices(cluster, workloads, api=api, domain=domain)
+    cards = cards_of([s for s in slices if isinstance(s, Slice)], node)
+    if not cards:
+        raise UserError(f"node {node!r} has no GPUs in the inventory")
+    cfg = PluginConfig(
+        node=node,
+        names=ResourceNames(domain),
+        plugin_dir=plugin_dir,
+        endpoint=endpoint,
+        replicas=replicas,
+        mps_pipe_dir=mps_pipe_dir,
+        pod_resources_socket=pod_resources_socket,
+    )
+    plugin = DevicePlugin(cfg, cards).start()
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    if api is not None:
+        threading.Thread(
+            target=plugin.run_pod_feed, args=(api, stop), name="gpupool-dp-pods", daemon=True
+        ).start()
+    typer.echo(f"gpupool device plugin for {cfg.names.gpu} on {node}: {len(cards)} cards at {cfg.socket}")
+    try:
+        while not stop.wait(verify_s):
+            try:
+                plugin.verify()
+            except Exception as exc:  # NOTE: PodResources is optional; keep serving
+                logging.getLogger("gpupool.device_plugin").warning("PodResources check failed: %s", exc)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        plugin.stop()
