@@ -1,5 +1,6 @@
 """Reporting to a (stand-in) gateway over real HTTP: token, outbox, outage with local enforcement,
-resync and catch-up, and the lease ledger flowing back into the loop."""
+resync and catch-up, the lease ledger flowing back into the loop, and the fallback for a gateway
+without the events route."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from gpupool.agent.gateway_client import GatewayReporter
 from gpupool.agent.loop import AgentConfig, NodeAgent
 from gpupool.agent.source import ScriptedSource
 from gpupool.core.clock import ManualClock
+from gpupool.core.pausers import Workload
 from tests.agent.agent_helpers import running, stopped, wait_for
 from tests.agent.standin_gateway import StandinGateway
 
@@ -17,13 +19,19 @@ GPU = "n1/0"
 
 
 def build(
-    gw_url: str, token: str = "t0ken"
+    gw_url: str, token: str = "t0ken", **cfg: object
 ) -> tuple[NodeAgent, ScriptedSource, GatewayReporter, ManualClock]:
     clock = ManualClock()
     source = ScriptedSource.uniform("n1", 2, vram_total_mib=10000)
-    reporter = GatewayReporter(gw_url, node="n1", token=token, backoff_initial_s=0.01, backoff_max_s=0.05)
+    reporter = GatewayReporter(
+        gw_url, node="n1", token=token, backoff_initial_s=0.01, backoff_max_s=0.05, ledger_every_s=0.0
+    )
     agent = NodeAgent(
-        AgentConfig("n1"), source, {"signal": SignalPauser(clock=clock)}, clock=clock, ledger=reporter
+        AgentConfig("n1", **cfg),  # type: ignore[arg-type]
+        source,
+        {"signal": SignalPauser(clock=clock)},
+        clock=clock,
+        ledger=reporter,
     )
     agent.observers.append(reporter)
     return agent, source, reporter, clock
@@ -34,7 +42,7 @@ def tick(agent: NodeAgent, clock: ManualClock) -> None:
     agent.tick()
 
 
-def test_readings_and_events_reach_the_gateway_with_the_token() -> None:
+def test_readings_in_the_gateway_schema_and_events_with_the_token() -> None:
     gw = StandinGateway()
     gw.start()
     try:
@@ -42,16 +50,24 @@ def test_readings_and_events_reach_the_gateway_with_the_token() -> None:
         source.set_used_ratio(GPU, 0.9)
         tick(agent, clock)
         assert reporter.flush_once()
-        post = gw.posts[-1]
-        assert post["node"] == "n1" and post["resync"] is True
-        assert [g["gpu_id"] for g in post["gpus"]] == ["n1/0", "n1/1"]
-        assert post["gpus"][0]["state"] == "paused" and post["gpus"][1]["state"] == "normal"
-        assert post["gpus"][0]["vram_used_mib"] == 9000
-        assert [e["kind"] for e in post["events"]] == ["watermark_pause"]
+        body = gw.readings[-1]
+        assert [g["gpu_id"] for g in body["gpus"]] == ["n1/0", "n1/1"]
+        assert body["gpus"][0] == {
+            "gpu_id": "n1/0",
+            "vram_used_mib": 9000,
+            "vram_total_mib": 10000,
+            "temperature_c": 40,
+            "util_pct": 0,
+            "health": "ok",
+            "xids": [],
+        }
+        post = gw.event_posts[-1]
+        assert post["resync"] is True and [e["kind"] for e in post["events"]] == ["watermark_pause"]
         tick(agent, clock)
+        n = len(gw.event_posts)
         assert reporter.flush_once()
-        assert gw.posts[-1]["resync"] is False and gw.posts[-1]["events"] == []
-        assert reporter.pending() == 0 and reporter.connected
+        assert len(gw.event_posts) == n  # nothing new to say: no events post
+        assert reporter.pending() == 0 and reporter.connected and reporter.events_supported is True
     finally:
         gw.stop()
 
@@ -67,7 +83,7 @@ def test_bad_token_is_retried_with_backoff_and_never_drops_events() -> None:
         assert not reporter.flush_once()
         assert reporter.failures == 2 and "401" in reporter.last_error
         assert reporter.backoff_s() == 0.02
-        assert reporter.pending() == 1 and gw.posts == []
+        assert reporter.pending() == 1 and gw.readings == []
     finally:
         gw.stop()
 
@@ -80,13 +96,16 @@ def test_outage_keeps_enforcing_locally_then_resyncs_and_catches_up(
     agent, source, reporter, clock = build(gw.url)
     gw.leases = [
         {
-            "lease_id": "batch-1",
+            "id": "batch-1",
+            "node": "n1",
+            "state": "active",
             "gpu_id": GPU,
             "priority": -1,
             "vram_mib": 1500,
             "labels": {"gpupool.io/pauser": "signal", "gpupool.io/pgid": str(batch_job.pid)},
         },
-        {"lease_id": "online-1", "gpu_id": GPU, "priority": 100, "vram_mib": 2000, "labels": {}},
+        {"id": "online-1", "node": "n1", "state": "active", "gpu_id": GPU, "priority": 100, "vram_mib": 2000},
+        {"id": "elsewhere", "node": "n2", "state": "active", "gpu_id": "n2/0", "priority": -1, "vram_mib": 7},
     ]
     reporter.start()
     try:
@@ -106,12 +125,12 @@ def test_outage_keeps_enforcing_locally_then_resyncs_and_catches_up(
         assert wait_for(lambda: stopped(batch_job.pid))
         assert wait_for(lambda: reporter.failures >= 2)
         assert reporter.pending() >= 6
-        n_before = len(gw.posts)
+        n_before = len(gw.readings)
         gw.start()  # ---- back on the same port
         assert wait_for(lambda: reporter.pending() == 0 and reporter.connected)
-        first_after = gw.posts[n_before]
+        assert gw.readings[n_before]["gpus"][0]["vram_used_mib"] == 9100  # current state, not history
+        first_after = gw.event_posts[-1] if len(gw.event_posts) == 1 else gw.event_posts[1]
         assert first_after["resync"] is True
-        assert first_after["gpus"][0]["state"] == "paused"
         assert {"lease_id": "batch-1", "gpu_id": GPU, "state": "paused"} in first_after["workloads"]
         kinds = [e["kind"] for e in gw.events()]
         assert kinds == [
@@ -129,6 +148,27 @@ def test_outage_keeps_enforcing_locally_then_resyncs_and_catches_up(
         assert wait_for(lambda: (tick(agent, clock), agent.workloads.get("batch-1") is None)[1])
     finally:
         reporter.stop(final_flush=False)
+        gw.stop()
+
+
+def test_gateway_without_events_route_still_gets_revocations(batch_job: subprocess.Popen[bytes]) -> None:
+    gw = StandinGateway(events_route=False)
+    gw.leases = [
+        {"id": "p2-big", "node": "n1", "state": "active", "gpu_id": GPU, "priority": -1, "vram_mib": 3000}
+    ]
+    gw.start()
+    try:
+        agent, source, reporter, clock = build(gw.url, revoke_after_s=0.2)
+        agent.register(Workload("p2-big", GPU, "signal", vram_mib=3000, pgid=batch_job.pid))
+        source.set_used_ratio(GPU, 0.97)
+        tick(agent, clock)
+        tick(agent, clock)  # VRAM still high after the budget: revoke
+        assert batch_job.wait(timeout=10) != 0
+        assert reporter.flush_once()
+        assert reporter.events_supported is False
+        assert gw.deleted == ["p2-big"] and gw.leases == []
+        assert reporter.pending() == 0 and reporter.unsent_events == 2  # watermark_pause, paused
+    finally:
         gw.stop()
 
 

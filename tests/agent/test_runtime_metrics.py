@@ -163,8 +163,8 @@ def test_cli_agent_subprocess_reports_to_the_gateway() -> None:
             check=False,
         )
         assert proc.returncode == 0, proc.stderr
-        assert gw.posts and gw.posts[0]["resync"] is True
-        assert [g["gpu_id"] for g in gw.posts[-1]["gpus"]] == ["n7/0", "n7/1", "n7/2"]
+        assert gw.readings
+        assert [g["gpu_id"] for g in gw.readings[-1]["gpus"]] == ["n7/0", "n7/1", "n7/2"]
         bad = subprocess.run(
             [
                 sys.executable,

@@ -167,3 +167,42 @@ def test_parse_metrics_and_engine_spec() -> None:
         parse_engine_spec("gpu=n1/0,url=ftp://x")
     with pytest.raises(InvalidInput, match=r"engine\.reserved_mib"):
         parse_engine_spec("gpu=n1/0,url=http://x,reserved_mib=lots")
+
+
+def test_sleep_wake_and_metrics_against_the_emulated_backend() -> None:
+    from gpupool.cli.emulate import build_backend_app
+    from tests.adapters.http.servers import running as serving
+
+    app = build_backend_app("qwen2.5-0.5b", gpu="H100-SXM5-80GB", kv_budget_mib=512, speed=20.0)
+    with serving(app) as url:
+        clock = ManualClock()
+        scraper = EngineScraper([Engine(GPU, url, reserved_mib=2000)], clock=clock)
+        scraper.scrape_once()
+        assert scraper.views(GPU, clock.now())[0].kv_usage == 0.0
+        agent, source, events = build(clock, scraper)
+        w = Workload("night-engine", GPU, "vllm-sleep", vram_mib=2000, endpoint=url, sleep_level=1)
+        agent.register(w)
+        sleeper = agent.pausers["vllm-sleep"]
+        assert not sleeper.is_paused(w)
+        source.set(GPU, vram_used_mib=9500)  # 95 %; the idle engine's 2000 MiB count as free -> 75 %
+        clock.advance(0.2)
+        agent.tick()
+        assert events == []
+        source.set(GPU, vram_used_mib=9999)
+        scraper.engines = []  # no engine metrics any more: nothing is credited, 99.99 % -> pause
+        clock.advance(0.2)
+        agent.tick()
+        agent.drain()
+        assert [e.kind for e in events] == ["watermark_pause", "paused"]
+        assert sleeper.is_paused(w)  # GET /is_sleeping on the emulated backend
+        source.set(GPU, vram_used_mib=1000)
+        clock.advance(0.2)
+        agent.tick()
+        agent.drain()
+        assert [e.kind for e in events][-2:] == ["watermark_resume", "resumed"]
+        assert not sleeper.is_paused(w)
+        pauser = agent.pausers["vllm-pause"]
+        wp = Workload("rl", GPU, "vllm-pause", endpoint=url)
+        assert pauser.pause(wp).ok and pauser.is_paused(wp)
+        assert pauser.resume(wp).ok and not pauser.is_paused(wp)
+        agent.close()

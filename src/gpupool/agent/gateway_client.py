@@ -1,37 +1,39 @@
 """`GatewayReporter`: sends the agent's readings and events to the gateway, with an outbox, reconnect
 and exponential backoff, and hands the gateway's lease ledger back to the control loop.
 
-Wire format (JSON over HTTP, ``Authorization: Bearer <token>``)::
+Wire protocol (JSON over HTTP, ``Authorization: Bearer <token>``; the token needs the gateway's
+``admin`` role), per flush:
 
-    POST {gateway}/v1/nodes/{node}/readings
-    {
-      "node": "gpu-a", "agent_time_s": 12.4, "tick": 62, "resync": false, "dropped_events": 0,
-      "gpus": [{"gpu_id": "gpu-a/0", "index": 0, "uuid": "GPU-...", "model": "...",
-                "vram_used_mib": 70000, "vram_total_mib": 81920, "effective_used_mib": 30000,
-                "temperature_c": 61, "util_pct": 40, "power_mw": 250000,
-                "mig_profile": "", "gi_id": null,
-                "state": "normal" | "paused", "healthy": true, "problem": ""}],
-      "workloads": [{"lease_id": "...", "gpu_id": "...", "state": "running|pausing|paused|resuming|revoked"}],
-      "events": [{"seq": 7, "kind": "watermark_pause|watermark_resume|paused|resumed|pauser_failure|
-                  revoke|unhealthy|source_error", "at_s": 12.2, "gpu_id": "...", "lease_id": "...",
-                  "reason": "...", "pauser": "signal", "frees": "compute|compute+vram",
-                  "latency_ms": 0.1}]
-    }
-    -> 200 {"leases": [{"lease_id", "gpu_id", "slice_id", "priority", "vram_mib", "labels": {}}]}
+1. ``POST {gateway}/v1/nodes/{node}/readings`` -- the gateway's own schema (`gpupool.adapters.http`)::
 
-``resync`` is true on the first post after start-up or after an outage: the gateway then replaces
-its view of the node (states, paused workloads) instead of applying a delta. ``revoke`` events ask
-the gateway to revoke the lease and requeue its job; ``unhealthy`` marks the GPU's slices unhealthy
-(the gateway revokes their leases). A response without ``leases`` leaves the ledger unchanged.
+       {"gpus": [{"gpu_id": "gpu-a/0", "vram_used_mib": 30000, "vram_total_mib": 81920,
+                  "temperature_c": 61, "util_pct": 40, "health": "ok" | "failed", "xids": [79]}]}
+
+   ``vram_used_mib`` is the *effective* use the agent's watermarks see (NVML minus unused engine KV
+   reservations, floored by the ledger; `gpupool.agent.pressure`), so the gateway's watermark bank
+   and the agent's agree. ``health`` is ``failed`` once the agent saw an NVML error or a device XID:
+   the gateway then revokes the GPU's leases. Readings are state, not deltas: the first post after
+   an outage resynchronises the gateway by itself.
+2. Events, when the outbox is not empty: ``POST {gateway}/v1/nodes/{node}/events`` with
+   ``{"resync": bool, "dropped_events": int, "workloads": [{"lease_id", "gpu_id", "state"}],
+   "events": [{"seq", "kind", "at_s", "gpu_id", "lease_id", "reason", "pauser", "frees",
+   "latency_ms"}]}`` (kinds: watermark_pause, watermark_resume, paused, resumed, pauser_failure,
+   revoke, unhealthy, source_error). A gateway without this route (404/405) is remembered; then
+   only ``revoke`` events are delivered, as ``DELETE /v1/leases/{lease_id}`` (the capacity returns
+   to the pool; the job's owner requeues it), and the other events are counted in ``unsent_events``.
+3. Every ``ledger_every_s``: ``GET {gateway}/v1/leases`` -> ``{"leases": [{"id", "node", "gpu_id",
+   "priority", "vram_mib", "state", "labels"?}]}``, filtered to this node's active leases; the loop
+   takes it with `take_ledger` (lease labels name the pauser, see `gpupool.agent.workloads`).
 
 Invariants:
 - Calling the reporter (the loop's observer) never blocks on the network: it stores the newest
   snapshot and appends events to a bounded outbox (oldest dropped, counted in ``dropped_events``).
-- Events leave the outbox only after a 2xx; they are sent in ``seq`` order, at most ``batch`` per post.
+- Events leave the outbox only after a 2xx (or an accepted fallback); in ``seq`` order, at most
+  ``batch`` per post.
 - After a failure the next attempt waits ``min(backoff_max_s, backoff_initial_s * 2**(failures-1))``.
   No jitter: one agent per node, and the schedule must be reproducible.
-- A 4xx other than 401/403/404/408/429 means the batch itself is bad: it is dropped and counted,
-  so one malformed event cannot block the outbox.
+- A 4xx other than 401/403/404/405/408/429 means the request itself is bad: the batch is dropped and
+  counted, so one malformed event cannot block the outbox.
 """
 
 from __future__ import annotations
@@ -47,39 +49,66 @@ from gpupool.agent.loop import AgentEvent, NodeSnapshot
 if TYPE_CHECKING:
     import httpx
 
-RETRYABLE_4XX = frozenset({401, 403, 404, 408, 429})
+RETRYABLE_4XX = frozenset({401, 403, 408, 429})
+UNSUPPORTED = frozenset({404, 405})
 
 
-def snapshot_json(snap: NodeSnapshot) -> dict[str, Any]:
+def _clamp(v: int | None, lo: int, hi: int) -> int | None:
+    return None if v is None else min(max(v, lo), hi)
+
+
+def readings_json(snap: NodeSnapshot) -> dict[str, Any]:
+    """The gateway's ``ReadingsIn`` body for one snapshot (no other fields: its schema is strict)."""
     gpus = []
     for g in snap.gpus:
         s = g.sample
+        used = g.reading.vram_used_mib if g.reading is not None else s.vram_used_mib
         gpus.append(
             {
                 "gpu_id": s.gpu_id,
-                "index": s.index,
-                "uuid": s.uuid,
-                "model": s.model,
-                "vram_used_mib": s.vram_used_mib,
-                "vram_total_mib": s.vram_total_mib,
-                "effective_used_mib": g.reading.vram_used_mib if g.reading is not None else None,
-                "temperature_c": s.temperature_c,
-                "util_pct": s.util_pct,
-                "power_mw": s.power_mw,
-                "mig_profile": s.mig_profile,
-                "gi_id": s.gi_id,
-                "state": "paused" if g.paused else "normal",
-                "healthy": g.healthy,
-                "problem": g.problem,
+                "vram_used_mib": max(0, used),
+                "vram_total_mib": max(1, s.vram_total_mib),
+                "temperature_c": _clamp(s.temperature_c, -50, 200),
+                "util_pct": _clamp(s.util_pct, 0, 100),
+                "health": "ok" if g.healthy else "failed",
+                "xids": list(s.xids[:64]),
             }
         )
+    return {"gpus": gpus}
+
+
+def events_json(
+    snap: NodeSnapshot | None, events: Sequence[AgentEvent], *, resync: bool, dropped: int
+) -> dict[str, Any]:
     return {
-        "node": snap.node,
-        "agent_time_s": snap.at_s,
-        "tick": snap.tick,
-        "gpus": gpus,
-        "workloads": [{"lease_id": lid, "gpu_id": gpu, "state": st} for lid, gpu, st in snap.workloads],
+        "resync": resync,
+        "dropped_events": dropped,
+        "workloads": []
+        if snap is None
+        else [{"lease_id": lid, "gpu_id": gpu, "state": st} for lid, gpu, st in snap.workloads],
+        "events": [e.to_json() for e in events],
     }
+
+
+def ledger_from(body: Any, *, node: str) -> list[Mapping[str, object]] | None:
+    """This node's active leases from a ``GET /v1/leases`` body, in the loop's lease shape."""
+    if not isinstance(body, dict) or not isinstance(body.get("leases"), list):
+        return None
+    out: list[Mapping[str, object]] = []
+    for x in body["leases"]:
+        if not isinstance(x, dict) or x.get("node") != node or x.get("state", "active") != "active":
+            continue
+        out.append(
+            {
+                "lease_id": x.get("id", x.get("lease_id", "")),
+                "gpu_id": x.get("gpu_id", ""),
+                "slice_id": x.get("slice_id", ""),
+                "priority": x.get("priority", 0),
+                "vram_mib": x.get("vram_mib", 0),
+                "labels": x.get("labels") or {},
+            }
+        )
+    return out
 
 
 class GatewayReporter:
@@ -90,6 +119,7 @@ class GatewayReporter:
         node: str,
         token: str,
         send_every_s: float = 0.2,
+        ledger_every_s: float = 1.0,
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 10.0,
         outbox_limit: int = 10_000,
@@ -98,10 +128,14 @@ class GatewayReporter:
     ) -> None:
         if not gateway_url.startswith(("http://", "https://")):
             raise ValueError(f"invalid gateway={gateway_url!r}: must be an http(s) URL")
-        self.url = f"{gateway_url.rstrip('/')}/v1/nodes/{node}/readings"
+        base = gateway_url.rstrip("/")
+        self.base = base
+        self.readings_url = f"{base}/v1/nodes/{node}/readings"
+        self.events_url = f"{base}/v1/nodes/{node}/events"
         self.node = node
         self._headers = {"Authorization": f"Bearer {token}"}
         self.send_every_s = send_every_s
+        self.ledger_every_s = ledger_every_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.batch = batch
@@ -115,12 +149,16 @@ class GatewayReporter:
         self._thread: threading.Thread | None = None
         self._client: httpx.Client | None = None
         self.dropped_events = 0
+        self.unsent_events = 0
+        """Events the gateway has no route for (only when it lacks the events route)."""
+        self.events_supported: bool | None = None
         self.failures = 0
-        """Consecutive failed posts (0 = connected)."""
+        """Consecutive failed flushes (0 = connected)."""
         self.posts_ok = 0
         self.last_error = ""
         self._resync = True
         self._next_try = 0.0
+        self._next_ledger = 0.0
 
     # ----------------------------------------------------------------- loop side (never blocks)
     def __call__(self, snap: NodeSnapshot, events: Sequence[AgentEvent]) -> None:
@@ -146,10 +184,18 @@ class GatewayReporter:
             return len(self._outbox)
 
     # ----------------------------------------------------------------- sender side
-    def flush_once(self) -> bool:
-        """One post of the newest snapshot and up to ``batch`` queued events. True on success."""
+    def _request(self, method: str, url: str, **kw: Any) -> httpx.Response | str:
         import httpx
 
+        try:
+            if self._client is None:
+                self._client = httpx.Client(timeout=self.timeout_s)
+            return self._client.request(method, url, headers=self._headers, **kw)
+        except httpx.HTTPError as exc:
+            return f"{method} {url}: {type(exc).__name__}: {exc}"
+
+    def flush_once(self, *, now_s: float | None = None) -> bool:
+        """Readings, then queued events, then (when due) the ledger. True when all went through."""
         with self._lock:
             snap = self._latest
             events = list(self._outbox)[: self.batch]
@@ -157,35 +203,77 @@ class GatewayReporter:
             resync = self._resync
         if snap is None:
             return True
-        body = snapshot_json(snap)
-        body["resync"] = resync
-        body["dropped_events"] = dropped
-        body["events"] = [e.to_json() for e in events]
-        try:
-            if self._client is None:
-                self._client = httpx.Client(timeout=self.timeout_s)
-            resp = self._client.post(self.url, json=body, headers=self._headers)
-        except httpx.HTTPError as exc:
-            return self._failed(f"{type(exc).__name__}: {exc}")
-        if resp.status_code >= 500 or resp.status_code in RETRYABLE_4XX:
-            return self._failed(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        resp = self._request("POST", self.readings_url, json=readings_json(snap))
+        if not self._ok(resp, what="readings"):
+            return False
+        if events and not self._send_events(snap, events, resync=resync, dropped=dropped):
+            return False
+        now = time.monotonic() if now_s is None else now_s
+        if now >= self._next_ledger:
+            resp = self._request("GET", f"{self.base}/v1/leases")
+            if not isinstance(resp, str) and resp.status_code < 300:
+                try:
+                    ledger = ledger_from(resp.json(), node=self.node)
+                except ValueError:
+                    ledger = None
+                if ledger is not None:
+                    with self._lock:
+                        self._ledger = ledger
+                self._next_ledger = now + self.ledger_every_s
         with self._lock:
-            for _ in events:
-                self._outbox.popleft()
-            if resp.status_code >= 400:
-                self.dropped_events += len(events)
-                self.last_error = f"HTTP {resp.status_code} (batch dropped): {resp.text[:200]}"
             self._resync = False
             self.failures = 0
             self.posts_ok += 1
-            if resp.status_code < 300:
-                try:
-                    data = resp.json()
-                except ValueError:
-                    data = None
-                if isinstance(data, dict) and isinstance(data.get("leases"), list):
-                    self._ledger = [x for x in data["leases"] if isinstance(x, dict)]
         return True
+
+    def _ok(self, resp: httpx.Response | str, *, what: str) -> bool:
+        """True for 2xx. Retryable failures count towards backoff; a bad request is recorded only."""
+        if isinstance(resp, str):
+            return self._failed(resp)
+        code = resp.status_code
+        if code < 300:
+            return True
+        if code >= 500 or code in RETRYABLE_4XX:
+            return self._failed(f"{what}: HTTP {code}: {resp.text[:200]}")
+        self.last_error = f"{what}: HTTP {code}: {resp.text[:200]}"
+        return True  # a 4xx for this request: never retried (it would fail forever)
+
+    def _send_events(
+        self, snap: NodeSnapshot, events: list[AgentEvent], *, resync: bool, dropped: int
+    ) -> bool:
+        if self.events_supported is not False:
+            resp = self._request(
+                "POST", self.events_url, json=events_json(snap, events, resync=resync, dropped=dropped)
+            )
+            if not isinstance(resp, str) and resp.status_code in UNSUPPORTED:
+                self.events_supported = False
+            else:
+                if not self._ok(resp, what="events"):
+                    return False
+                bad = not isinstance(resp, str) and resp.status_code >= 400
+                self.events_supported = True
+                self._pop(len(events), dropped=len(events) if bad else 0)
+                return True
+        # Fallback: a gateway without the events route still learns about revocations.
+        unsent = 0
+        for ev in events:
+            if ev.kind != "revoke" or not ev.lease_id:
+                unsent += 1
+                continue
+            resp = self._request("DELETE", f"{self.base}/v1/leases/{ev.lease_id}")
+            if not isinstance(resp, str) and resp.status_code == 404:
+                continue  # the gateway never had (or already forgot) this lease
+            if not self._ok(resp, what=f"revoke {ev.lease_id}"):
+                return False
+        self._pop(len(events), unsent=unsent)
+        return True
+
+    def _pop(self, n: int, *, dropped: int = 0, unsent: int = 0) -> None:
+        with self._lock:
+            for _ in range(n):
+                self._outbox.popleft()
+            self.dropped_events += dropped
+            self.unsent_events += unsent
 
     def _failed(self, why: str) -> bool:
         with self._lock:

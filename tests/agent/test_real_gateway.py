@@ -1,0 +1,137 @@
+"""The agent against the real gateway app (`gpupool.adapters.http.create_app`) over HTTP: readings in
+its schema drive its watermarks, the admin lease list is the agent's ledger, XID health revokes the
+GPU's leases, and a relief revocation reaches it through the fallback (it has no events route)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpupool.adapters.http.app import create_app
+from gpupool.adapters.http.auth import TokenTable
+from gpupool.adapters.pause import SignalPauser
+from gpupool.adapters.store import SqliteLeaseStore
+from gpupool.agent.gateway_client import GatewayReporter
+from gpupool.agent.loop import AgentConfig, NodeAgent
+from gpupool.agent.source import GpuSample, ScriptedSource
+from gpupool.cli.demo import seed_example_pool
+from gpupool.core.clock import FunctionClock, ManualClock
+from gpupool.core.controller import LeaseController
+from gpupool.core.pausers import Workload
+from tests.adapters.http.servers import running
+from tests.agent.agent_helpers import stopped, wait_for
+
+ADMIN, TENANT = "agent-admin-token-01", "tenant-a-token-0001"
+GPU = "gpu-c/0"  # the seed pool's whole H100 on node gpu-c
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[tuple[str, LeaseController]]:
+    store = SqliteLeaseStore(tmp_path / "leases.db")
+    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=store)
+    c.recover()
+    tokens = TokenTable([(ADMIN, "ops", "admin"), (TENANT, "a", "tenant")])
+    with running(create_app(c, tokens=tokens, tick_s=0.05)) as url:
+        yield url, c
+    store.close()
+
+
+def acquire_p2(url: str, vram_mib: int) -> str:
+    r = httpx.post(
+        f"{url}/v1/leases",
+        headers={"Authorization": f"Bearer {TENANT}"},
+        json={"priority": "P2", "vram_mib": vram_mib, "compute_pct": 10, "kinds": ["whole"], "ttl_s": 600},
+        timeout=10,
+    )
+    assert r.status_code == 201, r.text
+    lease = r.json()
+    assert lease["gpu_id"] == GPU
+    return str(lease["id"])
+
+
+def lease_state(url: str, lease_id: str) -> str:
+    r = httpx.get(f"{url}/v1/leases/{lease_id}", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+    return str(r.json()["state"])
+
+
+def build(url: str, **cfg: object) -> tuple[NodeAgent, ScriptedSource, GatewayReporter, ManualClock]:
+    clock = ManualClock()
+    source = ScriptedSource([GpuSample(GPU, 0, 0, 81920, uuid="GPU-c0", temperature_c=45, util_pct=10)])
+    reporter = GatewayReporter(url, node="gpu-c", token=ADMIN, ledger_every_s=0.0)
+    agent = NodeAgent(
+        AgentConfig("gpu-c", **cfg),  # type: ignore[arg-type]
+        source,
+        {"signal": SignalPauser(clock=clock)},
+        clock=clock,
+        ledger=reporter,
+    )
+    agent.observers.append(reporter)
+    return agent, source, reporter, clock
+
+
+def tick(agent: NodeAgent, clock: ManualClock) -> None:
+    clock.advance(0.2)
+    agent.tick()
+
+
+def test_readings_pause_the_gateway_and_ledger_flows_back(
+    gateway: tuple[str, LeaseController], batch_job: subprocess.Popen[bytes]
+) -> None:
+    url, c = gateway
+    lease_id = acquire_p2(url, 8192)
+    agent, source, reporter, clock = build(url, revoke_after_s=None)
+    agent.register(Workload(lease_id, GPU, "signal", vram_mib=8192, pgid=batch_job.pid))
+    tick(agent, clock)
+    assert reporter.flush_once(), reporter.last_error
+    tick(agent, clock)  # picks up the ledger fetched by the flush
+    assert agent.ledger_mib == {GPU: 8192}
+    assert reporter.flush_once()  # the ledger floors the effective use the gateway is told
+    assert c.reading(GPU) is not None and c.reading(GPU).vram_used_mib == 8192  # type: ignore[union-attr]
+    source.set(GPU, vram_used_mib=76000)  # 92.8 %
+    tick(agent, clock)
+    assert wait_for(lambda: stopped(batch_job.pid))
+    assert reporter.flush_once(), reporter.last_error
+    assert c.paused_gpus() == {GPU}
+    assert reporter.events_supported is False  # this gateway has no events route: fallback mode
+    source.set(GPU, vram_used_mib=20000)
+    tick(agent, clock)
+    assert reporter.flush_once()
+    assert c.paused_gpus() == set()
+    assert lease_state(url, lease_id) == "active"
+    reporter.stop(final_flush=False)
+
+
+def test_xid_marks_the_gpu_failed_and_the_gateway_revokes(gateway: tuple[str, LeaseController]) -> None:
+    url, c = gateway
+    lease_id = acquire_p2(url, 4096)
+    agent, source, reporter, clock = build(url)
+    tick(agent, clock)
+    assert reporter.flush_once()
+    source.inject_xid(GPU, 79)
+    tick(agent, clock)
+    assert reporter.flush_once(), reporter.last_error
+    assert c.health(GPU) == "failed"
+    assert lease_state(url, lease_id) == "revoked"
+    reporter.stop(final_flush=False)
+
+
+def test_relief_revocation_reaches_the_gateway(
+    gateway: tuple[str, LeaseController], batch_job: subprocess.Popen[bytes]
+) -> None:
+    url, _ = gateway
+    lease_id = acquire_p2(url, 8192)
+    agent, source, reporter, clock = build(url, revoke_after_s=0.4)
+    agent.register(Workload(lease_id, GPU, "signal", vram_mib=8192, pgid=batch_job.pid))
+    source.set(GPU, vram_used_mib=80000)
+    for _ in range(3):
+        tick(agent, clock)
+    assert batch_job.wait(timeout=10) != 0
+    assert reporter.flush_once(), reporter.last_error
+    assert lease_state(url, lease_id) in ("released", "revoked")
+    assert reporter.pending() == 0
+    reporter.stop(final_flush=False)
