@@ -128,3 +128,23 @@ def test_missing_file_exit_2(tmp_path):
     res = _run("-c", str(tmp_path / "nope.yaml"), "-w", str(tmp_path / "w.yaml"))
     assert res.exit_code == 2
     assert "nope.yaml: no such file" in res.output
+
+
+def test_seed_example_follows_the_seed_rules():
+    cluster, workloads = EXAMPLES[0]
+    doc = json.loads(_run("-c", str(cluster), "-w", str(workloads), "-f", "json").output)
+    slices = {s["id"]: s for g in doc["gpus"] for s in g["slices"]}
+    models = {g["gpu_id"]: g["model"] for g in doc["gpus"]}
+    for p in doc["placements"]:
+        s = slices[p["slice"]]
+        if p["workload"] == "main-llm":
+            assert (s["kind"], s["profile"], models[p["gpu_id"]]) == ("mig", "3g.40gb", "A100-SXM4-80GB")
+        if p["workload"] in ("guardrail", "intent"):
+            assert s["kind"] == "mps" and s["vram_mib"] >= 4096 and models[p["gpu_id"]] == "L40S-48GB"
+            assert s["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={s['vram_mib']}M"
+        if p["workload"] == "batch-eval":
+            assert s["pool"]
+    assert doc["summary"]["gpus_used"] == 3 and doc["unplaced"] == []
+    reasons = {g["gpu_id"]: g["reason"] for g in doc["gpus"]}
+    assert reasons["gpu-a/0"].startswith("MIG: hard isolation for main-llm")
+    assert reasons["gpu-b/0"].startswith("MPS: L40S-48GB has no MIG")
