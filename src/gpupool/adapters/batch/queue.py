@@ -1,0 +1,150 @@
+"""Durable batch-job queue on SQLite (standard library ``sqlite3``, WAL), next to the lease store.
+
+Role: persist `BatchJobSpec` values and their states so that a restart loses nothing. The table
+``batch_jobs`` can live in the lease store's database file (pass the same path).
+
+Invariants:
+- Every state change goes through `gpupool.core.tidal_jobs.check_transition` inside one
+  ``BEGIN IMMEDIATE`` transaction; a refused change leaves the row unchanged.
+- `jobs(QUEUED)` returns jobs in the core's total queue order (deadline, submission time, id);
+  `claim` is a compare-and-set (QUEUED -> RUNNING), so two runners never start one job.
+- `recover` (call at start-up) requeues every RUNNING or PAUSED job of a previous process: work
+  is requeued, never silently dropped; ``attempts`` counts the tries.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpupool.core.errors import DuplicateId, UnknownId
+from gpupool.core.tidal_jobs import BatchJobSpec, JobState, check_transition, validate_job
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS batch_jobs (
+  id TEXT PRIMARY KEY,
+  spec TEXT NOT NULL,
+  state TEXT NOT NULL,
+  deadline REAL NOT NULL,
+  submitted_at REAL NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  lease_id TEXT NOT NULL DEFAULT '',
+  worker TEXT NOT NULL DEFAULT '',
+  reason TEXT NOT NULL DEFAULT '',
+  returncode INTEGER,
+  updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS batch_jobs_order ON batch_jobs (state, deadline, submitted_at, id);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    spec: BatchJobSpec
+    state: JobState
+    submitted_at: float
+    attempts: int
+    lease_id: str
+    worker: str
+    reason: str
+    returncode: int | None
+
+
+def _spec_from(text: str) -> BatchJobSpec:
+    d = json.loads(text)
+    d["command"] = tuple(d["command"])
+    d["args"] = tuple(d["args"])
+    return BatchJobSpec(**d)
+
+
+class BatchJobQueue:
+    def __init__(self, path: str | Path) -> None:
+        self._db = sqlite3.connect(str(path), isolation_level=None, timeout=10.0)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def submit(self, spec: BatchJobSpec, *, now: float) -> JobRecord:
+        validate_job(spec)
+        deadline = float("inf") if spec.deadline_s is None else float(spec.deadline_s)
+        try:
+            self._db.execute(
+                "INSERT INTO batch_jobs (id, spec, state, deadline, submitted_at, updated_at) "
+                "VALUES (?,?,?,?,?,?)",
+                (spec.id, json.dumps(asdict(spec)), JobState.QUEUED.value, deadline, now, now),
+            )
+        except sqlite3.IntegrityError:
+            raise DuplicateId("id", spec.id) from None
+        return self.get(spec.id)
+
+    def get(self, job_id: str) -> JobRecord:
+        row = self._db.execute(
+            "SELECT spec, state, submitted_at, attempts, lease_id, worker, reason, returncode "
+            "FROM batch_jobs WHERE id = ?",
+            (job_id,),
+        ).fetchone()
+        if row is None:
+            raise UnknownId("job", job_id)
+        return JobRecord(_spec_from(row[0]), JobState(row[1]), row[2], row[3], row[4], row[5], row[6], row[7])
+
+    def jobs(self, state: JobState | None = None) -> list[JobRecord]:
+        q = "SELECT id FROM batch_jobs"
+        rows = (
+            self._db.execute(q + " WHERE state = ? ORDER BY deadline, submitted_at, id", (state.value,))
+            if state
+            else self._db.execute(q + " ORDER BY deadline, submitted_at, id")
+        )
+        return [self.get(r[0]) for r in rows.fetchall()]
+
+    def claim(self, job_id: str, *, worker: str, now: float, lease_id: str) -> JobRecord | None:
+        """Atomically move QUEUED ``job_id`` to RUNNING under ``lease_id``; None if it is not queued."""
+        cur = self._db.execute(
+            "UPDATE batch_jobs SET state = ?, worker = ?, lease_id = ?, attempts = attempts + 1, "
+            "reason = 'started', updated_at = ? WHERE id = ? AND state = ?",
+            (JobState.RUNNING.value, worker, lease_id, now, job_id, JobState.QUEUED.value),
+        )
+        return self.get(job_id) if cur.rowcount == 1 else None
+
+    def transition(
+        self,
+        job_id: str,
+        new: JobState,
+        *,
+        now: float,
+        reason: str = "",
+        lease_id: str | None = None,
+        returncode: int | None = None,
+    ) -> JobRecord:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            row = self._db.execute("SELECT state FROM batch_jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise UnknownId("job", job_id)
+            check_transition(job_id, JobState(row[0]), new)
+            sets = ["state = ?", "reason = ?", "updated_at = ?"]
+            vals: list[object] = [new.value, reason, now]
+            if lease_id is not None:
+                sets.append("lease_id = ?")
+                vals.append(lease_id)
+            if returncode is not None:
+                sets.append("returncode = ?")
+                vals.append(returncode)
+            if new is JobState.QUEUED:
+                sets += ["worker = ''", "lease_id = ''"]
+            self._db.execute(f"UPDATE batch_jobs SET {', '.join(sets)} WHERE id = ?", (*vals, job_id))  # noqa: S608
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return self.get(job_id)
+
+    def recover(self, *, now: float) -> list[str]:
+        """Requeue the RUNNING/PAUSED jobs a previous process left behind; returns their ids."""
+        ids = [r.spec.id for r in self.jobs() if r.state in (JobState.RUNNING, JobState.PAUSED)]
+        for job_id in ids:
+            self.transition(job_id, JobState.QUEUED, now=now, reason="recovered after restart: requeued")
+        return ids

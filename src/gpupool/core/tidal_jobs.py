@@ -1,0 +1,118 @@
+"""Batch (P2) jobs as first-class values: the job spec, its states, its queue order and its lease.
+
+Role: the pure half of the batch queue (issue 8, section 4). Adapters persist jobs
+(``gpupool.adapters.batch.queue``) and run them (local subprocesses, Ray); this module only says
+what a valid job is, which job runs next and what lease a running job holds.
+
+Invariants:
+- A job runs either a ``command`` (argv list, no shell) or a ``ray_task`` (``module:function``),
+  never both; ``vram_mib`` > 0; ``deadline_s`` (Unix seconds) is finite when given.
+- Every running job holds exactly one P2 lease (`lease_request`): preemptible, priority ``P2``.
+- State machine: QUEUED -> RUNNING -> {DONE, FAILED}; RUNNING <-> PAUSED (a pauser that keeps
+  state: SIGSTOP, vLLM sleep, cuda-checkpoint); RUNNING|PAUSED -> QUEUED (requeue when the pauser
+  cannot keep state, or after a crash: never silently dropped). `check_transition` enforces it.
+- Queue order is total: earliest deadline first (no deadline sorts last), then submission time,
+  then job id (`queue_key`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpupool.core.errors import InvalidInput
+from gpupool.core.model import Request
+from gpupool.core.priority import P2
+from gpupool.hardware.units import COMPUTE_MILLI_PER_GPU, Resources
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    PAUSED = "paused"
+    DONE = "done"
+    FAILED = "failed"
+
+
+_ALLOWED = {
+    (JobState.QUEUED, JobState.RUNNING),
+    (JobState.RUNNING, JobState.DONE),
+    (JobState.RUNNING, JobState.FAILED),
+    (JobState.RUNNING, JobState.PAUSED),
+    (JobState.PAUSED, JobState.RUNNING),
+    (JobState.RUNNING, JobState.QUEUED),
+    (JobState.PAUSED, JobState.QUEUED),
+    (JobState.PAUSED, JobState.FAILED),
+}
+
+
+def check_transition(job_id: str, old: JobState, new: JobState) -> None:
+    if (old, new) not in _ALLOWED:
+        raise InvalidInput("state", new.value, f"job {job_id}: {old.value} -> {new.value} is not allowed")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchJobSpec:
+    id: str
+    vram_mib: int
+    command: tuple[str, ...] = ()
+    ray_task: str = ""
+    """``package.module:function``; called with ``args`` on the Ray cluster."""
+    args: tuple[str, ...] = ()
+    checkpointable: bool = False
+    """True when pausing keeps its progress (it resumes); False: a pause means requeue."""
+    deadline_s: float | None = None
+    compute_milli: int = 0
+    tenant: str = "batch"
+    tokens: int = 0
+    """Work size in tokens (for reporting throughput), 0 when unknown."""
+
+
+def validate_job(spec: BatchJobSpec) -> BatchJobSpec:
+    """Raise `InvalidInput` naming the first bad field; return the spec otherwise."""
+    if not isinstance(spec.id, str) or not spec.id or len(spec.id) > 200:
+        raise InvalidInput("id", spec.id, "must be a non-empty string of at most 200 characters")
+    if bool(spec.command) == bool(spec.ray_task):
+        raise InvalidInput("command", list(spec.command), "give exactly one of command or ray_task")
+    if spec.command and not all(isinstance(a, str) and a for a in spec.command):
+        raise InvalidInput("command", list(spec.command), "must be a list of non-empty strings")
+    if spec.ray_task and (spec.ray_task.count(":") != 1 or not all(spec.ray_task.split(":"))):
+        raise InvalidInput("ray_task", spec.ray_task, "expected package.module:function")
+    if type(spec.vram_mib) is not int or spec.vram_mib <= 0:
+        raise InvalidInput("vram_mib", spec.vram_mib, "must be a positive integer (MiB)")
+    if type(spec.compute_milli) is not int or not 0 <= spec.compute_milli <= COMPUTE_MILLI_PER_GPU:
+        raise InvalidInput("compute_milli", spec.compute_milli, "must be an integer in [0, 1000]")
+    if spec.deadline_s is not None and (
+        isinstance(spec.deadline_s, bool)
+        or not isinstance(spec.deadline_s, int | float)
+        or not math.isfinite(spec.deadline_s)
+    ):
+        raise InvalidInput("deadline_s", spec.deadline_s, "must be finite Unix seconds or null")
+    if type(spec.tokens) is not int or spec.tokens < 0:
+        raise InvalidInput("tokens", spec.tokens, "must be a non-negative integer")
+    if type(spec.checkpointable) is not bool:
+        raise InvalidInput("checkpointable", spec.checkpointable, "must be true or false")
+    return spec
+
+
+def queue_key(spec: BatchJobSpec, submitted_at: float) -> tuple[float, float, str]:
+    """Earliest deadline first; no deadline last; then submission time; then id (total order)."""
+    return (math.inf if spec.deadline_s is None else float(spec.deadline_s), submitted_at, spec.id)
+
+
+def lease_request(spec: BatchJobSpec, *, attempt: int, ttl_s: float) -> Request:
+    """The P2 lease a running job holds (one per attempt, so ids never repeat)."""
+    return Request(
+        id=f"job/{spec.id}/{attempt}",
+        tenant=spec.tenant,
+        priority=P2,
+        demand=Resources(spec.vram_mib, spec.compute_milli),
+        ttl_s=ttl_s,
+        preemptible=True,
+        model=spec.ray_task or (spec.command[0] if spec.command else ""),
+        labels=(("job", spec.id),),
+    )
+
+
+__all__ = ["BatchJobSpec", "JobState", "check_transition", "lease_request", "queue_key", "validate_job"]

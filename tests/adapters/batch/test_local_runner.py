@@ -1,0 +1,93 @@
+"""The batch runner on real subprocesses and the real core allocator: leases, pause, requeue."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gpupool.adapters.batch.local import LocalExecutor, wait_for
+from gpupool.adapters.batch.queue import BatchJobQueue
+from gpupool.adapters.batch.runner import BatchRunner
+from gpupool.core import P0, Allocator, ManualClock, Request, Resources, Slice, SliceKind
+from gpupool.core.tidal_jobs import BatchJobSpec, JobState
+
+GPU = Slice(id="gpu-0", node="n0", gpu_id="gpu-0", kind=SliceKind.WHOLE, capacity=Resources(10_000, 1000))
+
+
+def proc_state(pid: int) -> str:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text.rsplit(")", 1)[1].split()[0]
+
+
+def setup(tmp_path):
+    clock = ManualClock(0.0)
+    alloc = Allocator([GPU], clock=clock)
+    q = BatchJobQueue(tmp_path / "jobs.db")
+    return clock, alloc, q, BatchRunner(q, alloc, LocalExecutor(), lease_ttl_s=3600.0)
+
+
+def sleeper(i: str, *, checkpointable: bool, vram: int = 6000) -> BatchJobSpec:
+    return BatchJobSpec(
+        id=i, vram_mib=vram, command=(sys.executable, "-c", "import time; time.sleep(60)"),
+        checkpointable=checkpointable,
+    )  # fmt: skip
+
+
+def p0(rid: str, vram: int = 8000) -> Request:
+    return Request(id=rid, tenant="online", priority=P0, demand=Resources(vram, 0), ttl_s=600.0)
+
+
+def test_jobs_run_to_done_and_failed_with_leases(tmp_path):
+    clock, alloc, q, runner = setup(tmp_path)
+    q.submit(BatchJobSpec(id="ok", vram_mib=1000, command=(sys.executable, "-c", "pass")), now=0.0)
+    q.submit(
+        BatchJobSpec(id="bad", vram_mib=1000, command=(sys.executable, "-c", "raise SystemExit(3)")), now=0.0
+    )
+    runner.step(clock.now())
+    assert set(runner.running) == {"ok", "bad"}
+    assert alloc.slice_state("gpu-0").granted.vram_mib == 2000  # each running job holds a P2 lease
+    assert wait_for(lambda: all(r.handle.poll() is not None for r in runner.running.values()))
+    runner.step(clock.advance(1.0))
+    assert q.get("ok").state is JobState.DONE and q.get("bad").state is JobState.FAILED
+    assert q.get("bad").returncode == 3
+    assert alloc.slice_state("gpu-0").granted.vram_mib == 0
+    alloc.check_invariants()
+
+
+def test_p0_preempts_a_checkpointable_job_which_pauses_then_resumes(tmp_path):
+    clock, alloc, q, runner = setup(tmp_path)
+    q.submit(sleeper("ckpt", checkpointable=True), now=0.0)
+    runner.step(clock.now())
+    pid = runner.running["ckpt"].handle.proc.pid  # type: ignore[attr-defined]
+    out = alloc.allocate(p0("agent-1"), preempt=True)  # needs 8000 of 10000: the P2 lease must go
+    assert out.granted and [v.request.id for v in out.victims] == ["job/ckpt/1"]
+    runner.step(clock.advance(1.0))
+    assert q.get("ckpt").state is JobState.PAUSED
+    assert wait_for(lambda: proc_state(pid) == "T")  # SIGSTOPped, progress kept
+    runner.step(clock.advance(1.0))
+    assert q.get("ckpt").state is JobState.PAUSED  # no room while P0 holds the GPU
+    alloc.release(out.lease.id)
+    runner.step(clock.advance(1.0))
+    assert q.get("ckpt").state is JobState.RUNNING and q.get("ckpt").attempts == 1
+    assert wait_for(lambda: proc_state(pid) in ("S", "R"))
+    runner.running["ckpt"].handle.stop()
+    alloc.check_invariants()
+
+
+def test_non_checkpointable_job_is_requeued_never_dropped(tmp_path):
+    clock, alloc, q, runner = setup(tmp_path)
+    q.submit(sleeper("plain", checkpointable=False), now=0.0)
+    runner.step(clock.now())
+    handle = runner.running["plain"].handle
+    out = alloc.allocate(p0("agent-2"), preempt=True)
+    assert out.granted and len(out.victims) == 1
+    runner.step(clock.advance(1.0))
+    assert handle.poll() is not None  # stopped
+    rec = q.get("plain")
+    assert rec.state is JobState.QUEUED and "requeued" in rec.reason
+    alloc.release(out.lease.id)
+    runner.step(clock.advance(1.0))
+    assert q.get("plain").state is JobState.RUNNING and q.get("plain").attempts == 2
+    runner.running["plain"].handle.stop()
+    events = [e[2] for e in runner.log]
+    assert events == ["started", "requeued", "started"]
