@@ -92,3 +92,48 @@ def agent(
         pass
     finally:
         runtime.stop()
+
+
+@user_errors
+def bench_agent(
+    *,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    period_ms: int = typer.Option(200, "--period-ms", help="Control-loop period for the reaction runs."),
+    gpus: int = typer.Option(8, "--gpus", help="GPUs of the node whose tick is timed."),
+    workloads: int = typer.Option(4, "--workloads", help="P2 workloads per GPU."),
+    ticks: int = typer.Option(2000, "--ticks", help="Ticks timed per case."),
+    trials: int = typer.Option(40, "--trials", help="Watermark crossings timed on the real clock."),
+    seed: int = typer.Option(1, "--seed", help="Seed of the crossing phases."),
+    pauser: str = typer.Option(
+        "signal", "--pauser", help="signal | cgroup (cgroup needs a writable cgroup v2)."
+    ),
+) -> None:
+    """Tick cost per GPU and reaction time from a watermark crossing to the process being stopped."""
+    import json
+
+    from gpupool_benchmarks import agent_bench
+
+    for name, value, lo in (("--period-ms", period_ms, 10), ("--gpus", gpus, 1), ("--ticks", ticks, 1)):
+        if value < lo:
+            raise UserError(f"invalid {name}={value}: must be >= {lo}")
+    if workloads < 0 or trials < 1:
+        raise UserError(f"invalid --workloads={workloads} / --trials={trials}: need >= 0 / >= 1")
+    if pauser not in ("signal", "cgroup"):
+        raise UserError(f"invalid --pauser={pauser!r}: must be signal or cgroup")
+    result = agent_bench.run(
+        period_ms=period_ms,
+        gpus=gpus,
+        workloads=workloads,
+        ticks=ticks,
+        trials=trials,
+        seed=seed,
+        pauser=pauser,
+    )
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        r = result["reaction_ms"]
+        typer.echo(
+            f"tick {result['tick_ms_per_gpu']:.4f} ms/GPU ({gpus} GPUs); reaction p50 {r['p50']} ms, "
+            f"p99 {r['p99']} ms, max {r['max']} ms at {period_ms} ms period"
+        )

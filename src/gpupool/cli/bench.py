@@ -48,3 +48,7 @@ def allocator(
 from gpupool.cli.plan import bench_plan  # noqa: E402  (reason: registration kept next to its line)
 
 app.command("plan", help="Planning time of the example specs (gpupool plan).")(bench_plan)
+
+from gpupool.cli.agent import bench_agent  # noqa: E402  (reason: registration kept next to its line)
+
+app.command("agent", help="Node agent: tick cost per GPU and pause reaction time.")(bench_agent)
