@@ -39,6 +39,7 @@ fmt: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/gpupool bench allocator --json
+	$(BIN)/gpupool bench agent --json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
