@@ -117,3 +117,13 @@ def test_without_plan_every_card_is_whole():
     assert [g.model for g in sim.read("n").gpus] == ["L4-24GB", "L4-24GB"]
     assert SimulatedCluster(cluster, seed=1).inventory() == sim.inventory()
     assert SimulatedCluster(cluster, seed=2).inventory() != sim.inventory()
+
+
+def test_embedded_default_matches_examples():
+    from gpupool.adapters.simulated import DEFAULT_CLUSTER, DEFAULT_WORKLOADS, embedded_default
+
+    assert yaml.safe_load((ROOT / "examples/cluster-a100-l40s.yaml").read_text()) == DEFAULT_CLUSTER
+    assert yaml.safe_load((ROOT / "examples/workloads-agent-platform.yaml").read_text()) == DEFAULT_WORKLOADS
+    sim = embedded_default(seed=3)
+    assert sim.plan is not None and sim.plan.gpus_used == 3
+    assert sim.read_all() == embedded_default(seed=3).read_all()
