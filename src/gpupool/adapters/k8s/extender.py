@@ -245,6 +245,7 @@ def _meta_of(victims: dict[str, Any]) -> dict[str, Any]:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # NOTE: one small response must not wait for a delayed ACK
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -252,11 +253,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, obj: object) -> None:
         body = json.dumps(obj, separators=(",", ":")).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        self.wfile.write(head.encode() + body)  # NOTE: one write: no Nagle / delayed-ACK stall
+        self.log_request(status)
 
     def do_GET(self) -> None:
         prefix = self.server.prefix

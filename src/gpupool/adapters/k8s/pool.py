@@ -3,9 +3,8 @@
 Role: answer kube-scheduler's filter / prioritize / preempt questions for one pod over many nodes
 in one read-only pass, and commit (bind) or release placement leases by pod UID.
 
-Per-node index: for every node a tuple of card rows ``(free_vram, free_compute, cap_vram,
-cap_compute, kind, preemptible_vram, preemptible_compute, num_leases, healthy, SliceState)``, one per
-slice (a "card" below is the core's slice: a whole GPU, a MIG instance or an MPS share). The
+Per-node index: for every node a tuple of rows, one per healthy slice (see `_Row`; a "card" below is
+the core's slice: a whole GPU, a MIG instance or an MPS share), plus its unhealthy shapes. The
 allocator's event sink marks a node dirty whenever a lease on it changes; rows are rebuilt lazily
 for dirty nodes only, so filter over 1,000 nodes never calls the allocator per node.
 
@@ -15,7 +14,9 @@ request, or when even evicting every preemptible lease could not make room (pree
 otherwise it fails resolvably. The preemption part is a bound (it counts all preemptible grants);
 `preempt` is exact, through the core's preemption planner.
 
-Scores (`prioritize`): the core policy's cost of the best card per node (N-GPU pods: free whole cards
+Scores (`prioritize`): the core policy's cost of the best card per node (for a ``monotone`` policy only
+the Pareto-tight rows of each shape are costed: a row with at least as much VRAM and compute free as
+another of its shape can never cost less; N-GPU pods: free whole cards
 left after placement, fewer is better), mapped onto 1..10 by min-max over the fitting nodes (the
 best node gets 10, all equal -> 10); nodes that do not fit score 0. Filter caches the costs it
 computed per (pod UID, pool generation), so prioritize for the same pod and state is a lookup.
@@ -45,7 +46,9 @@ from gpupool.core.outcome import Outcome, OutcomeCode
 from gpupool.core.policies import DEFAULT_POLICY, Policy
 from gpupool.hardware.slices import Slice, SliceKind
 
-_Row = tuple[int, int, int, int, SliceKind, int, int, int, bool, SliceState]
+_Row = tuple[int, int, SliceKind, int, int, int, int, int, SliceState]
+"""(cap vram, cap compute, kind, free vram, free compute, preemptible vram, preemptible compute,
+num leases, state) of one healthy slice; a node's rows sort by shape, then free VRAM, then free compute."""
 
 FIT, BUSY, BUSY_HOPELESS, NEVER = 0, 1, 2, 3
 
@@ -76,6 +79,8 @@ class ExtenderPool:
         self._dirty: set[str] = set()
         self._nodes: dict[str, list[str]] = {}
         self._rows: dict[str, tuple[_Row, ...]] = {}
+        self._sick: dict[str, tuple[tuple[int, int, SliceKind], ...]] = {}
+        self._time_sliced: set[str] = set()
         self._pod_lease: dict[str, str] = {}
         self._pods: OrderedDict[str, PodDemand] = OrderedDict()
         self._costs: OrderedDict[tuple[str, int], dict[str, int]] = OrderedDict()
@@ -185,38 +190,56 @@ class ExtenderPool:
         rows = self._rows.get(node)
         if rows is None:
             return NEVER, 0, f"node {node} has no gpupool GPUs"
-        need_v, need_c = demand.vram_mib, demand.compute_milli
-        kinds = demand.kinds
         if demand.gpu_count > 1:
             return self._evaluate_cards(demand, node, rows)
-        res = demand.resources
-        cost = self.allocator.policy.cost
+        need_v, need_c, kinds = demand.vram_mib, demand.compute_milli, demand.kinds
+        check_kind = bool(kinds) or node in self._time_sliced
+        policy = self.allocator.policy
+        cost, monotone, res = policy.cost, getattr(policy, "monotone", False), demand.resources
         best: int | None = None
-        ever = reach = sick = False
-        most_v = most_c = largest = 0
-        for free_v, free_c, cap_v, cap_c, kind, pre_v, pre_c, _, healthy, st in rows:
-            largest = max(largest, cap_v)
+        s_v = s_c = min_c = -1
+        s_k: SliceKind | None = None
+        for cap_v, cap_c, kind, free_v, free_c, _, _, _, st in rows:
+            if need_v > free_v or need_c > free_c:
+                continue
+            if check_kind and ((kind not in kinds) if kinds else (kind is SliceKind.TIME_SLICE)):
+                continue
+            if monotone:  # NOTE: rows of one shape ascend in free VRAM; a row no tighter in compute
+                if cap_v == s_v and cap_c == s_c and kind is s_k:  # than an earlier one cannot cost less
+                    if free_c >= min_c:
+                        continue
+                    min_c = free_c
+                else:
+                    s_v, s_c, s_k, min_c = cap_v, cap_c, kind, free_c
+            c = cost(st, res)
+            if best is None or c < best:
+                best = c
+        if best is not None:
+            return FIT, best, ""
+        return self._why_not(demand, node, rows)
+
+    def _why_not(self, demand: PodDemand, node: str, rows: tuple[_Row, ...]) -> tuple[int, int, str]:
+        need_v, need_c, kinds = demand.vram_mib, demand.compute_milli, demand.kinds
+        ever = reach = False
+        most_v = most_c = 0
+        largest = max((r[0] for r in rows), default=0)
+        for cap_v, cap_c, kind, free_v, free_c, pre_v, pre_c, _, _ in rows:
             if need_v > cap_v or need_c > cap_c:
                 continue
             if (kind not in kinds) if kinds else (kind is SliceKind.TIME_SLICE):
                 continue
-            if not healthy:
-                sick = True
-                continue
             ever = True
-            if need_v <= free_v and need_c <= free_c:
-                c = cost(st, res)
-                if best is None or c < best:
-                    best = c
-            else:
-                if free_v > most_v or (free_v == most_v and free_c > most_c):
-                    most_v, most_c = free_v, free_c
-                if need_v <= free_v + pre_v and need_c <= free_c + pre_c:
-                    reach = True
-        if best is not None:
-            return FIT, best, ""
+            most_v, most_c = max((most_v, most_c), (free_v, free_c))
+            if need_v <= free_v + pre_v and need_c <= free_c + pre_c:
+                reach = True
         want = f"{need_v} MiB and {_pct(need_c)} compute"
         if not ever:
+            sick = any(
+                need_v <= cap_v
+                and need_c <= cap_c
+                and ((kind in kinds) if kinds else kind is not SliceKind.TIME_SLICE)
+                for cap_v, cap_c, kind in self._sick.get(node, ())
+            )
             if sick:
                 return NEVER, 0, f"every card on {node} that could hold {want} is unhealthy"
             what = f" of kind {sorted(k.value for k in kinds)}" if kinds else ""
@@ -229,8 +252,8 @@ class ExtenderPool:
     def _evaluate_cards(self, demand: PodDemand, node: str, rows: tuple[_Row, ...]) -> tuple[int, int, str]:
         n, need_v = demand.gpu_count, demand.vram_mib
         able = free = reach = 0
-        for free_v, free_c, cap_v, cap_c, kind, pre_v, pre_c, num, healthy, _ in rows:
-            if kind is not SliceKind.WHOLE or not healthy or need_v > cap_v:
+        for cap_v, cap_c, kind, free_v, free_c, pre_v, pre_c, num, _ in rows:
+            if kind is not SliceKind.WHOLE or need_v > cap_v:
                 continue
             able += 1
             if num == 0:
@@ -355,24 +378,33 @@ class ExtenderPool:
     def _build(self, node: str) -> tuple[_Row, ...]:
         led = self.allocator.ledger
         rows = []
+        sick = []
+        time_sliced = False
         for sid in self._nodes[node]:
             st = led.state(sid)
             cap = st.slice.capacity
+            kind = st.slice.kind
+            time_sliced = time_sliced or kind is SliceKind.TIME_SLICE
+            if not st.healthy:
+                sick.append((cap.vram_mib, cap.compute_milli, kind))
+                continue
             rows.append(
                 (
-                    st.free.vram_mib,
-                    st.free.compute_milli,
                     cap.vram_mib,
                     cap.compute_milli,
-                    st.slice.kind,
+                    kind,
+                    st.free.vram_mib,
+                    st.free.compute_milli,
                     st.preemptible.vram_mib,
                     st.preemptible.compute_milli,
                     st.num_leases,
-                    st.healthy,
                     st,
                 )
             )
+        rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4], r[8].slice.id))
+        self._sick[node] = tuple(sick)
+        if time_sliced:
+            self._time_sliced.add(node)
+        else:
+            self._time_sliced.discard(node)
         return tuple(rows)
-
-
-__all__ = ["ExtenderPool", "FilterVerdict"]

@@ -1,0 +1,189 @@
+"""`gpupool bench extender`: filter + prioritize latency for one pod over 1,000 nodes x 8 GPUs.
+
+Method:
+1. A static pool of ``nodes`` x ``gpus_per_node`` whole H100-80GB cards (81,559 MiB, 1000 mGPU each),
+   pre-filled with seeded leases (``fill_per_card`` per card on average, 2-24 GiB x 5-40 % each,
+   placed with ``Allocator.place``) so nodes differ and some cards are full.
+2. The real extender HTTP server on loopback; a keep-alive ``http.client`` connection posts what
+   kube-scheduler posts with ``nodeCacheCapable: true``: ``/filter`` with the pod JSON and all node
+   names, then ``/prioritize`` with the nodes that passed. One timed sample = both round trips,
+   including JSON encode / decode on both sides and the HTTP stack.
+3. Every sample is a fresh pod (new UID, so nothing is reused from the previous pod), and between
+   samples one lease is granted and one released on random cards (untimed), so each timed filter
+   also rebuilds the index rows of the nodes that changed.
+4. The same samples are timed in process (``Extender.filter`` + ``Extender.prioritize`` on dicts:
+   no HTTP, no JSON) to show what the protocol stack costs.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import statistics
+import time
+import uuid
+from typing import Any
+
+from gpupool.adapters.k8s.extender import Extender, ExtenderServer
+from gpupool.adapters.k8s.pool import ExtenderPool
+from gpupool.core import ManualClock, Request, Resources, Slice, SliceKind
+from gpupool.core.ids import seeded_lease_ids
+
+H100_MIB = 81559
+
+
+def _pod(rng: random.Random) -> dict[str, Any]:
+    vram = rng.choice([4096, 8192, 20480, 32768])
+    pct = rng.choice([10, 25, 30, 50])
+    limits = {
+        "cpu": "8",
+        "memory": "32Gi",
+        "gpupool.io/gpu": "1",
+        "gpupool.io/vram-mib": str(vram),
+        "gpupool.io/compute-pct": str(pct),
+    }
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": f"agent-{rng.randrange(10**6)}",
+            "namespace": "team-x",
+            "uid": str(uuid.uuid4()),
+            "labels": {"app": "agent-llm"},
+            "annotations": {},
+        },
+        "spec": {
+            "schedulerName": "gpupool-scheduler",
+            "priority": 100,
+            "priorityClassName": "gpupool-p0",
+            "containers": [
+                {
+                    "name": "llm",
+                    "image": "vllm/vllm-openai:v0.11.0",
+                    "resources": {"limits": limits, "requests": limits},
+                }
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+def _pctl(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def build(nodes: int, gpus_per_node: int, fill_per_card: float, seed: int) -> tuple[ExtenderPool, list[str]]:
+    slices = [
+        Slice(
+            f"n{n:04d}/{g}",
+            f"n{n:04d}",
+            f"n{n:04d}/{g}",
+            SliceKind.WHOLE,
+            Resources(H100_MIB, 1000),
+            gpu_index=g,
+        )
+        for n in range(nodes)
+        for g in range(gpus_per_node)
+    ]
+    pool = ExtenderPool(slices, clock=ManualClock(0.0), lease_ids=seeded_lease_ids(seed))
+    rng = random.Random(seed)
+    alloc = pool.allocator
+    for i in range(round(len(slices) * fill_per_card)):
+        s = rng.choice(slices)
+        req = Request(
+            id=f"fill-{i}",
+            tenant="fill",
+            priority=rng.choice([100, 50, -1]),
+            demand=Resources(rng.randrange(2048, 24576), rng.randrange(50, 400)),
+            ttl_s=10**6,
+        )
+        alloc.place(req, (s.id,))
+    return pool, [f"n{n:04d}" for n in range(nodes)]
+
+
+def run(
+    *,
+    nodes: int = 1000,
+    gpus_per_node: int = 8,
+    samples: int = 300,
+    warmup: int = 20,
+    fill_per_card: float = 2.0,
+    seed: int = 1,
+) -> dict[str, Any]:
+    pool, names = build(nodes, gpus_per_node, fill_per_card, seed)
+    ext = Extender(pool)
+    server = ExtenderServer(ext).start()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    rng = random.Random(seed + 1)
+    slice_ids = [f"{n}/{g}" for n in names for g in range(gpus_per_node)]
+    churn: list[str] = []
+
+    def mutate(i: int) -> None:
+        if churn:
+            pool.allocator.release(churn.pop(0))
+        req = Request(id=f"churn-{i}", tenant="c", priority=50, demand=Resources(1024, 10), ttl_s=10**6)
+        out = pool.allocator.place(req, (rng.choice(slice_ids),))
+        if out.lease is not None:
+            churn.append(out.lease.id)
+
+    def post(verb: str, body: bytes) -> Any:
+        conn.request("POST", f"/{verb}", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{verb}: HTTP {resp.status}: {data[:200]!r}")
+        return json.loads(data)
+
+    http_ms: list[float] = []
+    filter_ms: list[float] = []
+    prio_ms: list[float] = []
+    passed: list[int] = []
+    try:
+        for i in range(warmup + samples):
+            mutate(i)
+            pod = _pod(rng)
+            t0 = time.perf_counter()
+            out = post("filter", json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode())
+            t1 = time.perf_counter()
+            post(
+                "prioritize", json.dumps({"Pod": pod, "Nodes": None, "NodeNames": out["NodeNames"]}).encode()
+            )
+            t2 = time.perf_counter()
+            if i >= warmup:
+                http_ms.append((t2 - t0) * 1000)
+                filter_ms.append((t1 - t0) * 1000)
+                prio_ms.append((t2 - t1) * 1000)
+                passed.append(len(out["NodeNames"]))
+    finally:
+        conn.close()
+        server.stop()
+    inproc_ms: list[float] = []
+    for i in range(warmup + samples):
+        mutate(warmup + samples + i)
+        pod = _pod(rng)
+        t0 = time.perf_counter()
+        out = ext.filter({"Pod": pod, "Nodes": None, "NodeNames": names})
+        ext.prioritize({"Pod": pod, "Nodes": None, "NodeNames": out["NodeNames"]})
+        if i >= warmup:
+            inproc_ms.append((time.perf_counter() - t0) * 1000)
+    pool.check()
+    granted = sum(st.granted.vram_mib for st in pool.allocator.states())
+    total = nodes * gpus_per_node * H100_MIB
+    return {
+        "benchmark": "extender",
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "samples": samples,
+        "timed_call": "POST /filter + POST /prioritize over loopback HTTP/1.1 keep-alive, JSON both ways, "
+        "NodeNames mode",
+        "filter_prioritize_p50_ms": round(statistics.median(http_ms), 3),
+        "filter_prioritize_p99_ms": round(_pctl(http_ms, 0.99), 3),
+        "filter_p50_ms": round(statistics.median(filter_ms), 3),
+        "prioritize_p50_ms": round(statistics.median(prio_ms), 3),
+        "in_process_p50_ms": round(statistics.median(inproc_ms), 3),
+        "in_process_p99_ms": round(_pctl(inproc_ms, 0.99), 3),
+        "nodes_passing_mean": round(statistics.mean(passed), 1),
+        "pool_vram_granted_pct": round(100 * granted / total, 1),
+    }
