@@ -165,3 +165,20 @@ def test_real_nvml_or_a_clear_error():
         assert len(inventory_from_snapshot(snap)) >= len(snap.gpus)
     finally:
         src.close()
+
+
+def test_unprivileged_parent_memory_under_mig_falls_back_to_mig_devices():
+    fx = _fixture("a100-80gb-mig-3g40-2x1g10.json")
+    fx["devices"][0]["errors"] = {"nvmlDeviceGetMemoryInfo": 4}  # NO_PERMISSION on the parent only
+    (g,) = _read("", fixture=fx).gpus
+    assert g.healthy and g.mig_enabled
+    assert g.memory_total_mib == 81920  # from the catalogue entry matched by name
+    assert g.memory_used_mib == 24600 + 2744 + 2816
+    assert {d.profile for d in g.mig_devices} == {"3g.40gb", "1g.10gb"}
+
+
+def test_mig_device_lost_with_parent():
+    fx = _fixture("a100-80gb-mig-3g40-2x1g10.json")
+    fx["devices"][0]["mig_devices"][1]["errors"] = {"nvmlDeviceGetMemoryInfo": 15}
+    (g,) = _read("", fixture=fx).gpus
+    assert not g.healthy and "GPU is lost" in g.error

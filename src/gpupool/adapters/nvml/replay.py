@@ -3,7 +3,8 @@
 Role: the seam that lets ``NvmlDeviceSource`` run without a GPU. The fixture format is what ``record``
 writes (format ``gpupool-nvml-fixture/1``): NVML's own units (bytes, mW, degC), one entry per physical GPU
 with its MIG devices, processes, pending events, and ``errors``: NVML call name (or ``*``) -> NVML error
-code, raised on every call of that name on that device (15 = GPU is lost).
+code, raised on every call of that name on that device (15 = GPU is lost). A MIG device may carry its
+own ``errors``; the parent's ``*`` applies to its MIG devices too.
 
 Invariants: replay is deterministic; events are delivered once, in fixture order; a null
 ``utilization`` / ``temperature`` / ``power_mw`` raises NOT_SUPPORTED like NVML does.
@@ -84,7 +85,10 @@ class FakeNvml:
         self._devices = [_Handle(d, errors=dict(d.get("errors", {}))) for d in fixture.get("devices", [])]
         self._migs: dict[int, list[_Handle]] = {}
         for i, dev in enumerate(self._devices):
-            self._migs[i] = [_Handle(m, dev, dev.errors) for m in dev.data.get("mig_devices", [])]
+            lost = {"*": dev.errors["*"]} if "*" in dev.errors else {}
+            self._migs[i] = [
+                _Handle(m, dev, {**lost, **m.get("errors", {})}) for m in dev.data.get("mig_devices", [])
+            ]
         self._pending: list[tuple[_Handle, dict[str, Any]]] = []
         self._registered: set[int] = set()
 

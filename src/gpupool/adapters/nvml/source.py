@@ -139,15 +139,16 @@ class NvmlDeviceSource:
         try:
             uuid = str(nv.nvmlDeviceGetUUID(h))
             name = str(nv.nvmlDeviceGetName(h))
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            # with MIG on, the parent's aggregate memory needs privileges: NO_PERMISSION -> from MIG devices
+            mem = self._soft(nv.nvmlDeviceGetMemoryInfo, h)
         except nv.NVMLError as exc:
             lost = "GPU is lost" if _code(exc) == ERR_GPU_IS_LOST else str(exc)
             return GpuReading(
                 index, uuid, name, "", 0, 0, healthy=False, error=f"{type(exc).__name__}: {lost}"
             )
-        total_mib = int(mem.total) // MIB
-        used_mib = int(mem.used) // MIB
-        model = model_from_nvml_name(name, total_mib=total_mib)
+        model = model_from_nvml_name(name, total_mib=int(mem.total) // MIB if mem is not None else 0)
+        total_mib = int(mem.total) // MIB if mem is not None else (model.memory_mib if model else 0)
+        used_mib = int(mem.used) // MIB if mem is not None else 0
         try:
             mig_mode = self._soft(nv.nvmlDeviceGetMigMode, h)
             mig_enabled = bool(mig_mode and int(mig_mode[0]) == 1)
@@ -159,9 +160,30 @@ class NvmlDeviceSource:
         except nv.NVMLError as exc:
             lost = "GPU is lost" if _code(exc) == ERR_GPU_IS_LOST else str(exc)
             return GpuReading(
-                index, uuid, name, model.name if model else "", total_mib, used_mib,
-                healthy=False, error=f"{type(exc).__name__}: {lost}",
-            )  # fmt: skip
+                index,
+                uuid,
+                name,
+                model.name if model else "",
+                total_mib,
+                used_mib,
+                healthy=False,
+                error=f"{type(exc).__name__}: {lost}",
+            )
+        if mem is None:
+            used_mib = sum(d.memory_used_mib for d in migs)
+            if not total_mib:
+                total_mib = sum(d.memory_total_mib for d in migs)
+        if mem is None and not mig_enabled:
+            return GpuReading(
+                index,
+                uuid,
+                name,
+                model.name if model else "",
+                total_mib,
+                0,
+                healthy=False,
+                error="nvmlDeviceGetMemoryInfo not permitted or not supported",
+            )
         return GpuReading(
             index=index,
             uuid=uuid,
