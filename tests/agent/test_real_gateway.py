@@ -135,3 +135,20 @@ def test_relief_revocation_reaches_the_gateway(
     assert lease_state(url, lease_id) in ("released", "revoked")
     assert reporter.pending() == 0
     reporter.stop(final_flush=False)
+
+
+def test_one_simulated_agent_per_node_reports_to_the_gateway(gateway: tuple[str, LeaseController]) -> None:
+    from gpupool.agent.runtime import start_simulated_agents
+
+    url, c = gateway
+    agents = start_simulated_agents(url, token=ADMIN, slices=seed_example_pool(), period_s=0.05)
+    try:
+        assert [rt.agent.config.node for rt in agents] == ["gpu-a", "gpu-b", "gpu-c"]
+        assert wait_for(lambda: all(c.reading(g) is not None for g in ("gpu-a/0", "gpu-b/0", "gpu-c/0")))
+        assert c.reading("gpu-a/0").vram_total_mib == 80 * 1024  # type: ignore[union-attr]
+        assert all(rt.reporter is not None and rt.reporter.last_error == "" for rt in agents)
+        mig = agents[0].gauges().gpus
+        assert [g.mig_profile for g in mig] == ["", "1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+    finally:
+        for rt in agents:
+            rt.stop()

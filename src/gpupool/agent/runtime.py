@@ -26,9 +26,10 @@ from gpupool.agent.devices import open_source
 from gpupool.agent.engines import Engine, EngineScraper
 from gpupool.agent.gateway_client import GatewayReporter
 from gpupool.agent.loop import AgentConfig, AgentEvent, NodeAgent, NodeSnapshot
-from gpupool.agent.source import DeviceSource, GpuSample
+from gpupool.agent.source import DeviceSource, GpuSample, ScriptedSource
 from gpupool.core.clock import FunctionClock
 from gpupool.core.pausers import Workload
+from gpupool.hardware.slices import Slice, SliceKind
 
 
 def _gauge(s: GpuSample, **own: Any) -> GpuGauges:
@@ -176,3 +177,64 @@ def build_runtime(
     for w in workloads:
         agent.register(w)
     return AgentRuntime(agent, src, reporter, scraper)
+
+
+def source_for_slices(node: str, slices: Sequence[Slice]) -> ScriptedSource:
+    """An in-memory node with one GPU per ``gpu_id`` of ``slices`` on ``node`` (total VRAM = the sum
+    of its slices' capacity; MIG instances become `GpuSample.instances`)."""
+    by_gpu: dict[str, list[Slice]] = {}
+    for s in slices:
+        if s.node == node:
+            by_gpu.setdefault(s.gpu_id, []).append(s)
+    samples = []
+    for gpu_id, group in sorted(by_gpu.items(), key=lambda kv: (kv[1][0].gpu_index, kv[0])):
+        first = group[0]
+        instances = tuple(
+            GpuSample(
+                s.id,
+                s.gpu_index,
+                0,
+                s.capacity.vram_mib,
+                uuid=s.uuid,
+                model=s.gpu_model,
+                mig_profile=s.profile,
+                gi_id=i,
+                engine_active_ratio=0.0,
+            )
+            for i, s in enumerate(sorted(group, key=lambda s: s.id))
+            if s.kind is SliceKind.MIG
+        )
+        samples.append(
+            GpuSample(
+                gpu_id,
+                first.gpu_index,
+                0,
+                sum(s.capacity.vram_mib for s in group),
+                uuid=first.uuid or f"GPU-{gpu_id.replace('/', '-')}",
+                model=first.gpu_model,
+                temperature_c=40,
+                util_pct=None if instances else 0,
+                power_mw=60_000,
+                instances=instances,
+            )
+        )
+    return ScriptedSource(samples)
+
+
+def start_simulated_agents(
+    gateway: str, *, token: str, slices: Sequence[Slice], period_s: float = 0.2, metrics: bool = False
+) -> list[AgentRuntime]:
+    """One agent per node of ``slices``, each on an in-memory source, reporting to ``gateway``
+    (what ``make run`` starts inside the demo). Stop them with `AgentRuntime.stop`."""
+    out: list[AgentRuntime] = []
+    for node in sorted({s.node for s in slices}):
+        rt = build_runtime(
+            node=node,
+            gateway=gateway,
+            token=token,
+            config=AgentConfig(node, period_s=period_s),
+            source=source_for_slices(node, slices),
+        )
+        rt.start(metrics_port=0 if metrics else None)
+        out.append(rt)
+    return out
