@@ -182,3 +182,33 @@ def test_mig_device_lost_with_parent():
     fx["devices"][0]["mig_devices"][1]["errors"] = {"nvmlDeviceGetMemoryInfo": 15}
     (g,) = _read("", fixture=fx).gpus
     assert not g.healthy and "GPU is lost" in g.error
+
+
+def test_h100_mig_engine_activity_from_gpm():
+    fake = FakeNvml.from_fixture(FIXTURES / "h100-sxm5-mig-gpm.json")
+    src = NvmlDeviceSource("hopper", nvml=fake)
+    first = src.read().gpus[0]
+    assert first.model == "H100-SXM5-80GB" and first.mig_enabled and first.utilization_pct is None
+    assert {(d.profile, d.start) for d in first.mig_devices} == {
+        ("3g.40gb", 4),
+        ("2g.20gb", 0),
+        ("1g.10gb", 2),
+        ("1g.10gb", 3),
+    }
+    assert all(d.engine_active_pct is None for d in first.mig_devices)  # one sample is not a rate
+    second = {d.start: d.engine_active_pct for d in src.read().gpus[0].mig_devices}
+    assert second == {4: 71, 0: 0, 2: 12, 3: 0}
+    third = {d.start: d.engine_active_pct for d in src.read().gpus[0].mig_devices}
+    assert third == {4: 88, 0: 0, 2: 14, 3: 0}
+    assert fake.gpm_live == 4  # one live sample per GPU instance, earlier ones freed
+    src.close()
+    assert fake.gpm_live == 0
+    inv = {s.id: s for s in inventory_from_snapshot(_read("h100-sxm5-mig-gpm.json", node="hopper"))}
+    assert inv["hopper/0/mig-3g.40gb-4"].capacity.vram_mib == 40448
+
+
+def test_ampere_has_no_gpm():
+    src = NvmlDeviceSource("gpu-a", nvml=FakeNvml.from_fixture(FIXTURES / "a100-80gb-mig-3g40-2x1g10.json"))
+    src.read()
+    assert all(d.engine_active_pct is None for d in src.read().gpus[0].mig_devices)
+    src.close()

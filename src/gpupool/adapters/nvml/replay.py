@@ -4,7 +4,8 @@ Role: the seam that lets ``NvmlDeviceSource`` run without a GPU. The fixture for
 writes (format ``gpupool-nvml-fixture/1``): NVML's own units (bytes, mW, degC), one entry per physical GPU
 with its MIG devices, processes, pending events, and ``errors``: NVML call name (or ``*``) -> NVML error
 code, raised on every call of that name on that device (15 = GPU is lost). A MIG device may carry its
-own ``errors``; the parent's ``*`` applies to its MIG devices too.
+own ``errors``; the parent's ``*`` applies to its MIG devices too. GPM (Hopper+): ``gpm_supported`` on a
+GPU and ``gpm_graphics_util`` (values returned by successive metric reads) on its MIG devices.
 
 Invariants: replay is deterministic; events are delivered once, in fixture order; a null
 ``utilization`` / ``temperature`` / ``power_mw`` raises NOT_SUPPORTED like NVML does.
@@ -91,6 +92,9 @@ class FakeNvml:
             ]
         self._pending: list[tuple[_Handle, dict[str, Any]]] = []
         self._registered: set[int] = set()
+        self._gpm_counts: dict[tuple[int, int], int] = {}
+        self.gpm_live = 0
+        """GPM samples allocated and not yet freed (tests check for leaks)."""
 
     @classmethod
     def from_fixture(cls, source: str | Path | dict[str, Any]) -> FakeNvml:
@@ -229,6 +233,46 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, es: str) -> None:
         self._check("nvmlEventSetFree")
+
+    # --- GPM (Hopper+ MIG engine activity) ---------------------------------------------------------
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_GRAPHICS_UTIL = 1
+
+    class c_nvmlGpmMetricsGet_t:  # noqa: N801 (reason: mirrors the pynvml ctypes struct name)
+        def __init__(self) -> None:
+            self.version = 0
+            self.numMetrics = 0
+            self.sample1: Any = None
+            self.sample2: Any = None
+            self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(8)]
+
+    def nvmlGpmQueryDeviceSupport(self, h: _Handle) -> SimpleNamespace:
+        self._check("nvmlGpmQueryDeviceSupport", h)
+        return SimpleNamespace(version=1, isSupportedDevice=1 if h.data.get("gpm_supported") else 0)
+
+    def nvmlGpmSampleAlloc(self) -> SimpleNamespace:
+        self._check("nvmlGpmSampleAlloc")
+        self.gpm_live += 1
+        return SimpleNamespace(parent=None, gi=-1, n=0)
+
+    def nvmlGpmSampleFree(self, sample: SimpleNamespace) -> None:
+        self._check("nvmlGpmSampleFree")
+        self.gpm_live -= 1
+
+    def nvmlGpmMigSampleGet(self, h: _Handle, gi: int, sample: SimpleNamespace) -> SimpleNamespace:
+        self._check("nvmlGpmMigSampleGet", h)
+        key = (self._devices.index(h), gi)
+        self._gpm_counts[key] = self._gpm_counts.get(key, 0) + 1
+        sample.parent, sample.gi, sample.n = h, gi, self._gpm_counts[key]
+        return sample
+
+    def nvmlGpmMetricsGet(self, mg: Any) -> Any:
+        self._check("nvmlGpmMetricsGet")
+        s2 = mg.sample2
+        mig = self.nvmlDeviceGetGpuInstanceById(s2.parent, s2.gi)
+        values = mig.data.get("gpm_graphics_util") or [0.0]
+        mg.metrics[0].value = float(values[min(max(s2.n - 2, 0), len(values) - 1)])
+        return mg
 
     def inject_event(self, index: int, xid: int) -> None:
         """Test hook: queue an XID event on GPU ``index`` as if the driver had reported it."""

@@ -9,7 +9,8 @@ Invariants:
 - ``NOT_SUPPORTED`` / ``NO_PERMISSION`` on one call leaves that field None and the GPU healthy;
   ``GPU_IS_LOST`` (or any other error on the identity/memory calls) makes the GPU ``healthy=False``
   with the error text; a fatal XID event (``FATAL_XIDS``) does too, until the process restarts.
-- Utilisation on MIG-enabled GPUs is None (NVML does not support it; use DCGM GR_ENGINE_ACTIVE).
+- Utilisation on MIG-enabled GPUs is None (NVML does not support it); each MIG device carries
+  ``engine_active_pct`` from GPM on Hopper and newer (None on Ampere and on the first read).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpupool.adapters.nvml.gpm import GpmSampler
 from gpupool.hardware.catalogue import model_from_nvml_name
 from gpupool.hardware.devices import DeviceSnapshot, GpuReading, MigDeviceReading, ProcessReading, XidEvent
 
@@ -84,6 +86,7 @@ class NvmlDeviceSource:
         self._event_set: Any = None
         self._started = False
         self._xid_lost: dict[str, str] = {}
+        self._gpm_sampler: GpmSampler | None = None
 
     def _lib(self) -> Any:
         if self._nv is None:
@@ -95,6 +98,11 @@ class NvmlDeviceSource:
                 raise NvmlUnavailableError(f"nvmlInit failed: {exc}") from exc
             self._started = True
         return self._nv
+
+    def _gpm(self) -> GpmSampler:
+        if self._gpm_sampler is None:
+            self._gpm_sampler = GpmSampler(self._nv)
+        return self._gpm_sampler
 
     def _soft(self, fn: Callable[..., Any], *args: Any) -> Any:
         nv = self._nv
@@ -156,7 +164,7 @@ class NvmlDeviceSource:
             temp = self._soft(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
             power = self._soft(nv.nvmlDeviceGetPowerUsage, h)
             procs = self._processes(h)
-            migs = self._mig_devices(h, total_mib) if mig_enabled else ()
+            migs = self._mig_devices(h, total_mib, uuid) if mig_enabled else ()
         except nv.NVMLError as exc:
             lost = "GPU is lost" if _code(exc) == ERR_GPU_IS_LOST else str(exc)
             return GpuReading(
@@ -217,7 +225,9 @@ class NvmlDeviceSource:
             )
         return tuple(sorted(out, key=lambda p: p.pid))
 
-    def _mig_devices(self, parent: Any, parent_total_mib: int) -> tuple[MigDeviceReading, ...]:
+    def _mig_devices(
+        self, parent: Any, parent_total_mib: int, parent_uuid: str
+    ) -> tuple[MigDeviceReading, ...]:
         nv = self._nv
         n = int(self._soft(nv.nvmlDeviceGetMaxMigDeviceCount, parent) or 0)
         out: list[MigDeviceReading] = []
@@ -253,6 +263,7 @@ class NvmlDeviceSource:
                     sm_count=sm_count,
                     sm_slices=sm_slices,
                     start=start,
+                    engine_active_pct=self._gpm().engine_active_pct(parent_uuid, parent, gi),
                     processes=self._processes(m),
                 )
             )
@@ -300,6 +311,9 @@ class NvmlDeviceSource:
         nv = self._nv
         if nv is None or not self._started:
             return
+        if self._gpm_sampler is not None:
+            self._gpm_sampler.close()
+            self._gpm_sampler = None
         if self._event_set is not None:
             with contextlib.suppress(nv.NVMLError):
                 nv.nvmlEventSetFree(self._event_set)
