@@ -170,7 +170,9 @@ def _fit(card: _Card, r: _Rep, mode: GpuMode) -> int | None:
             return None  # time-slicing only where the cluster spec forces it (no memory isolation)
         if len(card.shares) >= MPS_MAX_CLIENTS:
             return None
-        if mps_quota_mib(r.need) * 100 > MPS_MAX_SHARE_PCT * card.usable_mps:
+        # a huge replica gets the card whole unless MPS was asked for (by the workload or the cluster)
+        capped = r.w.isolation is not Isolation.MPS and card.spec.mode is None
+        if capped and mps_quota_mib(r.need) * 100 > MPS_MAX_SHARE_PCT * card.usable_mps:
             return None
         free = card.mps_free() - mps_quota_mib(r.need)
         return None if free < 0 else free
