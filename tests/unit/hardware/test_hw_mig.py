@@ -3,7 +3,10 @@
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from gpupool.hardware.catalogue import GPU_MODELS
 from gpupool.hardware.mig import (
     IllegalLayoutError,
     MigInstance,
@@ -185,3 +188,26 @@ def test_profile_memory_from_fact_sheet():
     assert mig_profile("B200-180GB", "1g.23gb").memory_mib == 20992
     assert mig_profile("A30-24GB", "2g.12gb").profile_id == 5
     assert mig_profile("A100-SXM4-40GB", "1g.10gb").profile_id == 15
+
+
+MIG_MODELS = [m.name for m in GPU_MODELS if m.mig_capable]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(MIG_MODELS), st.data())
+def test_placement_search_only_returns_legal_layouts(model, data):
+    names = [p.name for p in mig_profiles(model)]
+    wanted = data.draw(st.lists(st.sampled_from(names), max_size=8))
+    lay = best_layout(model, wanted)
+    first = find_placement(model, wanted)
+    assert (lay is None) == (first is None)
+    if lay is None:
+        return
+    assert sorted(i.profile for i in lay.instances) == sorted(wanted)
+    assert is_legal_layout(model, lay.all), lay
+    # the pool is maximal: no further standard instance fits beside it
+    for extra in mig_profiles(model):
+        if extra.media:
+            continue
+        for start in extra.starts:
+            assert not is_legal_layout(model, [*lay.all, MigInstance(extra.name, start)])
