@@ -45,6 +45,8 @@ DEFAULT_WORKLOADS = REPO_ROOT / "examples" / "workloads-agent-platform.yaml"
 SYSTEM_TENANT = "gpupool-system"
 INSTANCE_TTL_S = 7 * 24 * 3600.0
 BLOCK_TOKENS = 16
+DEFAULT_KV_BYTES_PER_TOKEN = 128 * 1024
+"""Per-token KV of Llama-3.1-8B in bf16: the estimate for models the catalogue does not know."""
 
 
 class KvSizer:
@@ -59,7 +61,11 @@ class KvSizer:
         if per is None:
             from gpupool.hardware.memory import kv_bytes_per_token_of, resolve_model
 
-            per = self._per_tok[model] = kv_bytes_per_token_of(resolve_model(model))
+            try:
+                per = kv_bytes_per_token_of(resolve_model(model))
+            except ValueError:
+                per = DEFAULT_KV_BYTES_PER_TOKEN  # a backend serving a model the catalogue lacks
+            self._per_tok[model] = per
         return per
 
     def request_mib(self, model: str, tokens: int) -> int:

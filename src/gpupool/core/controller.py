@@ -30,7 +30,7 @@ The controller never reads a clock: all time comes from the injected `Clock`.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from gpupool.core.admission import AdmissionConfig, AdmissionQueue, Ticketed, Verdict, competition_keys
@@ -38,6 +38,7 @@ from gpupool.core.allocator import Allocator, LeaseEvent
 from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.ids import LeaseIdFactory, random_lease_id
+from gpupool.core.ledger import SliceState
 from gpupool.core.model import Lease, LeaseState, Request, validate_request
 from gpupool.core.outcome import Outcome, OutcomeCode
 from gpupool.core.ports import Backend, EventSink, GatewayEvent, LeaseStore, StoreWrite
@@ -117,9 +118,10 @@ class LeaseController:
         self._tickets: OrderedDict[str, TicketStatus] = OrderedDict()
         self._ticket_memory = ticket_memory
         self._freed = False
-        self._readings: dict[str, Reading] = {}
-        self._health: dict[str, str] = {}
-        self._drained: set[str] = set()
+        self.readings: dict[str, Reading] = {}
+        """Last reading per GPU; with ``gpu_health`` and ``drained``: read-only outside this class."""
+        self.gpu_health: dict[str, str] = {}
+        self.drained: set[str] = set()
         self.outcomes: Counter[tuple[str, str]] = Counter()
         """(band, outcome code) -> count of admission decisions."""
         self.preemptions = 0
@@ -233,7 +235,7 @@ class LeaseController:
             raise InvalidInput("gpu_id", gpu, "no such GPU in the pool")
         if health not in ("ok", "degraded", "failed"):
             raise InvalidInput("health", health, "must be ok, degraded or failed")
-        self._readings[gpu] = reading
+        self.readings[gpu] = reading
         self._set_health(gpu, health, xids)
         t = self.bank.feed(reading)
         ev = None
@@ -255,7 +257,7 @@ class LeaseController:
 
     def drain_gpu(self, gpu_id: str, *, revoke: bool = False, reason: str = "") -> tuple[Lease, ...]:
         sids = self._gpu_slices(gpu_id)
-        self._drained.add(gpu_id)
+        self.drained.add(gpu_id)
         out: list[Lease] = []
         for sid in sids:
             why = reason or f"GPU {gpu_id} drained"
@@ -265,8 +267,8 @@ class LeaseController:
 
     def undrain_gpu(self, gpu_id: str) -> None:
         sids = self._gpu_slices(gpu_id)
-        self._drained.discard(gpu_id)
-        if self._health.get(gpu_id, "ok") == "ok":
+        self.drained.discard(gpu_id)
+        if self.gpu_health.get(gpu_id, "ok") == "ok":
             for sid in sids:
                 self.allocator.mark_healthy(sid)
         self._freed = True
@@ -336,15 +338,6 @@ class LeaseController:
         return RecoveryReport(restored=restored, expired=expired, revoked=revoked)
 
     # ================================================================== views
-    def reading(self, gpu_id: str) -> Reading | None:
-        return self._readings.get(gpu_id)
-
-    def health(self, gpu_id: str) -> str:
-        return self._health.get(gpu_id, "ok")
-
-    def is_drained(self, gpu_id: str) -> bool:
-        return gpu_id in self._drained
-
     def check_invariants(self) -> None:
         self.allocator.check_invariants()
         self.kv.check_invariants()
@@ -352,15 +345,18 @@ class LeaseController:
     # ================================================================== internals
     def _admit(self, request: Request, *, wait_s: float | None, gpu_id: str, kv: bool) -> Outcome:
         keys = competition_keys(request, kv=kv)
-        possible = self._possible(request, gpu_id, kv=kv)
-        if possible is not None:
-            return self._count(request, possible)
         if not self.queue.must_wait(request.priority, keys):
             out = self._place(request, gpu_id, kv=kv)
             if out.code is not OutcomeCode.NO_CAPACITY:
                 if out.granted:
                     self.queue.record_grant(request.priority)
                 return self._count(request, out)
+            custom = kv or bool(gpu_id) or (request.priority < 0 and bool(self.paused_gpus()))
+            possible = self._possible(request, gpu_id, kv=kv) if custom else None
+        else:
+            possible = self._possible(request, gpu_id, kv=kv)
+        if possible is not None:
+            return self._count(request, possible)
         if request.priority < 0 and not self.config.queue_sheddable:
             why = "no room now and sheddable work does not queue"
             return self._count(request, self._shed(request, why))
@@ -406,8 +402,7 @@ class LeaseController:
         """UNRESOLVABLE when no healthy slice (of that GPU / model) could ever hold it, else None."""
         if request.gpu_count > 1:
             return None  # NOTE: the allocator itself answers UNRESOLVABLE for multi-GPU requests
-        states = self.kv.states() if kv else self.allocator.states()
-        for st in states:
+        for st in self._candidates(gpu_id, kv=kv):
             s = st.slice
             if kv and self.backends[s.id[len(KV_PREFIX) :]].model != request.model:
                 continue
@@ -430,7 +425,7 @@ class LeaseController:
         alloc = self.kv if kv else self.allocator
         best: tuple[int, int, str] | None = None
         held_back = False
-        for st in alloc.states():
+        for st in self._candidates(gpu_id, kv=kv):
             s = st.slice
             if kv and self.backends[s.id[len(KV_PREFIX) :]].model != request.model:
                 continue
@@ -457,6 +452,13 @@ class LeaseController:
         if not kv and not gpu_id and request.priority >= self.config.preempt_min_priority:
             return self.allocator.allocate(request, preempt=True)
         return Outcome(OutcomeCode.NO_CAPACITY, reason="no slice has room now")
+
+    def _candidates(self, gpu_id: str, *, kv: bool) -> Iterator[SliceState]:
+        """Slice states worth looking at: that GPU's slices only, when one is named."""
+        alloc = self.kv if kv else self.allocator
+        ids = alloc.ledger.on_gpu(gpu_id) if gpu_id and not kv else alloc.ledger.slice_ids()
+        for sid in ids:
+            yield alloc.ledger.state(sid)
 
     def _try_queued(self, item: Ticketed) -> Verdict:
         st = self._tickets.get(item.ticket)
@@ -574,13 +576,13 @@ class LeaseController:
         return [out[k] for k in sorted(out)]
 
     def _set_health(self, gpu: str, health: str, xids: tuple[int, ...]) -> None:
-        before = self._health.get(gpu, "ok")
+        before = self.gpu_health.get(gpu, "ok")
         if health == before:
             return
-        self._health[gpu] = health
+        self.gpu_health[gpu] = health
         sids = self.allocator.ledger.on_gpu(gpu)
         if health == "ok":
-            if gpu not in self._drained:
+            if gpu not in self.drained:
                 for sid in sids:
                     self.allocator.mark_healthy(sid)
                 self._freed = True

@@ -26,13 +26,13 @@ def pool_view(c: LeaseController) -> dict[str, object]:
         gpus = nodes.setdefault(s.node, {})
         g = gpus.get(s.gpu_id)
         if g is None:
-            r = c.reading(s.gpu_id)
+            r = c.readings.get(s.gpu_id)
             g = gpus[s.gpu_id] = {
                 "gpu_id": s.gpu_id,
                 "model": s.gpu_model,
                 "paused": c.bank.is_paused(s.gpu_id),
-                "health": c.health(s.gpu_id),
-                "drained": c.is_drained(s.gpu_id),
+                "health": c.gpu_health.get(s.gpu_id, "ok"),
+                "drained": s.gpu_id in c.drained,
                 "reading": None if r is None else _reading_view(r),
                 "slices": [],
             }

@@ -137,8 +137,10 @@ def create_app(
 
 
 # ---------------------------------------------------------------------- auth
-def current_principal(request: Request) -> Principal:
-    """The FastAPI dependency for Bearer auth (reads the app's own `Gateway`, no global state)."""
+async def current_principal(request: Request) -> Principal:
+    """The FastAPI dependency for Bearer auth (reads the app's own `Gateway`, no global state).
+
+    ``async`` on purpose: FastAPI runs a sync dependency in a worker thread, one hop per request."""
     gw: Gateway = request.app.state.gateway
     h = request.headers.get("authorization", "")
     if not h.lower().startswith("bearer "):
@@ -365,7 +367,7 @@ def _routes(app: FastAPI, gw: Gateway) -> None:
         return Response(data, media_type=ctype)
 
     @app.post("/v1/noop", status_code=201)
-    async def noop_acquire(who: Who, body: s.RenewIn | None = None) -> JSONResponse:
+    async def noop_acquire(who: Who, body: s.LeaseIn) -> JSONResponse:
         return JSONResponse({"id": "noop", "tenant": who.tenant}, status_code=201)
 
     @app.delete("/v1/noop/{noop_id}")

@@ -33,8 +33,6 @@ from gpupool.core.priority import P1, parse_priority, to_vllm_priority
 from gpupool.hardware.units import Resources
 
 if TYPE_CHECKING:
-    import httpx
-
     from gpupool.adapters.http.app import Gateway
 
 PRIORITY_HEADERS = ("x-gpupool-priority", "x-gateway-inference-objective")
@@ -72,23 +70,12 @@ def add_proxy_routes(
     from gpupool.adapters.http.app import current_principal as auth
 
     c = gw.controller
-    state: dict[str, httpx.AsyncClient] = {}
+    from gpupool.adapters.http.upstream import UpstreamPool
 
-    def client() -> httpx.AsyncClient:
-        cl = state.get("c")
-        if cl is None:
-            import httpx
-
-            cl = state["c"] = httpx.AsyncClient(
-                timeout=httpx.Timeout(timeout_s, connect=5.0),
-                limits=httpx.Limits(max_connections=512, max_keepalive_connections=256),
-            )
-        return cl
+    pool = UpstreamPool(timeout_s=timeout_s)
 
     async def close() -> None:
-        cl = state.pop("c", None)
-        if cl is not None:
-            await cl.aclose()
+        await pool.aclose()
 
     gw.closers.append(close)
 
@@ -103,7 +90,7 @@ def add_proxy_routes(
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
-        auth(request)
+        await auth(request)
         data = [
             {"id": m, "object": "model", "owned_by": "gpupool", "backends": len(bs)}
             for m, bs in c.models().items()
@@ -111,7 +98,7 @@ def add_proxy_routes(
         return JSONResponse({"object": "list", "data": data})
 
     async def forward(request: Request, path: str) -> Response:
-        who = auth(request)
+        who = await auth(request)
         raw = await request.body()
         try:
             body = json.loads(raw)
@@ -137,7 +124,10 @@ def add_proxy_routes(
         else:
             out_tokens = gw.default_max_tokens
         tokens = estimate_prompt_tokens(body, path) + out_tokens
-        mib = gw.sizer.request_mib(model, tokens) if gw.sizer is not None else max(1, tokens // 8)
+        try:
+            mib = gw.sizer.request_mib(model, tokens) if gw.sizer is not None else max(1, tokens // 8)
+        except ValueError as exc:
+            return err(400, f"cannot size a request for model {model!r}: {exc}", "invalid_request_error")
         req = CoreRequest(
             id=str(uuid.uuid4()),
             tenant=who.tenant,
@@ -185,12 +175,9 @@ def add_proxy_routes(
             "x-gpupool-tenant": who.tenant,
         }
         url = backend.url.rstrip("/") + path
-        cl = client()
         stream = bool(body.get("stream"))
         try:
-            upstream = await cl.send(
-                cl.build_request("POST", url, content=raw, headers=headers), stream=stream
-            )
+            upstream = await pool.request("POST", url, content=raw, headers=headers)
         except Exception as exc:
             release()
             if gw.metrics is not None:
@@ -198,12 +185,19 @@ def add_proxy_routes(
             return err(502, f"backend {backend.id} unreachable: {type(exc).__name__}", "bad_gateway")
         out_headers = {"x-gpupool-lease": lease_id, "x-gpupool-backend": backend.id}
         if not stream:
+            try:
+                content = await upstream.read()
+            except Exception as exc:
+                release()
+                return err(
+                    502, f"backend {backend.id} failed mid-response: {type(exc).__name__}", "bad_gateway"
+                )
             release()
             if gw.metrics is not None:
                 dt = time.perf_counter() - t0
                 gw.metrics.observe_proxy(model, upstream.status_code, dt, dt)
             return Response(
-                upstream.content,
+                content,
                 status_code=upstream.status_code,
                 media_type=upstream.headers.get("content-type", "application/json"),
                 headers=out_headers,
