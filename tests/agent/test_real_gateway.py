@@ -8,6 +8,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -31,13 +32,13 @@ GPU = "gpu-c/0"  # the seed pool's whole H100 on node gpu-c
 
 
 @pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[tuple[str, LeaseController]]:
+def gateway(tmp_path: Path) -> Iterator[str]:
     store = SqliteLeaseStore(tmp_path / "leases.db")
     c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=store)
     c.recover()
     tokens = TokenTable([(ADMIN, "ops", "admin"), (TENANT, "a", "tenant")])
     with running(create_app(c, tokens=tokens, tick_s=0.05)) as url:
-        yield url, c
+        yield url
     store.close()
 
 
@@ -57,6 +58,20 @@ def acquire_p2(url: str, vram_mib: int) -> str:
 def lease_state(url: str, lease_id: str) -> str:
     r = httpx.get(f"{url}/v1/leases/{lease_id}", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
     return str(r.json()["state"])
+
+
+def pool(url: str) -> dict[str, Any]:
+    r = httpx.get(f"{url}/v1/pool", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def gpu_view(url: str, gpu_id: str) -> dict[str, Any]:
+    for n in pool(url)["nodes"]:
+        for g in n["gpus"]:
+            if g["gpu_id"] == gpu_id:
+                return dict(g)
+    raise KeyError(gpu_id)
 
 
 def build(url: str, **cfg: object) -> tuple[NodeAgent, ScriptedSource, GatewayReporter, ManualClock]:
@@ -80,9 +95,9 @@ def tick(agent: NodeAgent, clock: ManualClock) -> None:
 
 
 def test_readings_pause_the_gateway_and_ledger_flows_back(
-    gateway: tuple[str, LeaseController], batch_job: subprocess.Popen[bytes]
+    gateway: str, batch_job: subprocess.Popen[bytes]
 ) -> None:
-    url, c = gateway
+    url = gateway
     lease_id = acquire_p2(url, 8192)
     agent, source, reporter, clock = build(url, revoke_after_s=None)
     agent.register(Workload(lease_id, GPU, "signal", vram_mib=8192, pgid=batch_job.pid))
@@ -91,23 +106,23 @@ def test_readings_pause_the_gateway_and_ledger_flows_back(
     tick(agent, clock)  # picks up the ledger fetched by the flush
     assert agent.ledger_mib == {GPU: 8192}
     assert reporter.flush_once()  # the ledger floors the effective use the gateway is told
-    assert c.reading(GPU) is not None and c.reading(GPU).vram_used_mib == 8192  # type: ignore[union-attr]
+    assert gpu_view(url, GPU)["reading"]["vram_used_mib"] == 8192
     source.set(GPU, vram_used_mib=76000)  # 92.8 %
     tick(agent, clock)
     assert wait_for(lambda: stopped(batch_job.pid))
     assert reporter.flush_once(), reporter.last_error
-    assert c.paused_gpus() == {GPU}
+    assert pool(url)["paused_gpus"] == [GPU]
     assert reporter.events_supported is False  # this gateway has no events route: fallback mode
     source.set(GPU, vram_used_mib=20000)
     tick(agent, clock)
     assert reporter.flush_once()
-    assert c.paused_gpus() == set()
+    assert pool(url)["paused_gpus"] == []
     assert lease_state(url, lease_id) == "active"
     reporter.stop(final_flush=False)
 
 
-def test_xid_marks_the_gpu_failed_and_the_gateway_revokes(gateway: tuple[str, LeaseController]) -> None:
-    url, c = gateway
+def test_xid_marks_the_gpu_failed_and_the_gateway_revokes(gateway: str) -> None:
+    url = gateway
     lease_id = acquire_p2(url, 4096)
     agent, source, reporter, clock = build(url)
     tick(agent, clock)
@@ -115,15 +130,13 @@ def test_xid_marks_the_gpu_failed_and_the_gateway_revokes(gateway: tuple[str, Le
     source.inject_xid(GPU, 79)
     tick(agent, clock)
     assert reporter.flush_once(), reporter.last_error
-    assert c.health(GPU) == "failed"
+    assert gpu_view(url, GPU)["health"] == "failed"
     assert lease_state(url, lease_id) == "revoked"
     reporter.stop(final_flush=False)
 
 
-def test_relief_revocation_reaches_the_gateway(
-    gateway: tuple[str, LeaseController], batch_job: subprocess.Popen[bytes]
-) -> None:
-    url, _ = gateway
+def test_relief_revocation_reaches_the_gateway(gateway: str, batch_job: subprocess.Popen[bytes]) -> None:
+    url = gateway
     lease_id = acquire_p2(url, 8192)
     agent, source, reporter, clock = build(url, revoke_after_s=0.4)
     agent.register(Workload(lease_id, GPU, "signal", vram_mib=8192, pgid=batch_job.pid))
@@ -137,15 +150,16 @@ def test_relief_revocation_reaches_the_gateway(
     reporter.stop(final_flush=False)
 
 
-def test_one_simulated_agent_per_node_reports_to_the_gateway(gateway: tuple[str, LeaseController]) -> None:
+def test_one_simulated_agent_per_node_reports_to_the_gateway(gateway: str) -> None:
     from gpupool.agent.runtime import start_simulated_agents
 
-    url, c = gateway
+    url = gateway
     agents = start_simulated_agents(url, token=ADMIN, slices=seed_example_pool(), period_s=0.05)
     try:
         assert [rt.agent.config.node for rt in agents] == ["gpu-a", "gpu-b", "gpu-c"]
-        assert wait_for(lambda: all(c.reading(g) is not None for g in ("gpu-a/0", "gpu-b/0", "gpu-c/0")))
-        assert c.reading("gpu-a/0").vram_total_mib == 80 * 1024  # type: ignore[union-attr]
+        gpus = ("gpu-a/0", "gpu-b/0", "gpu-c/0")
+        assert wait_for(lambda: all(gpu_view(url, g)["reading"] is not None for g in gpus))
+        assert gpu_view(url, "gpu-a/0")["reading"]["vram_total_mib"] == 80 * 1024
         assert all(rt.reporter is not None and rt.reporter.last_error == "" for rt in agents)
         mig = agents[0].gauges().gpus
         assert [g.mig_profile for g in mig] == ["", "1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]

@@ -105,6 +105,7 @@ def ledger_from(body: Any, *, node: str) -> list[Mapping[str, object]] | None:
                 "slice_id": x.get("slice_id", ""),
                 "priority": x.get("priority", 0),
                 "vram_mib": x.get("vram_mib", 0),
+                "compute_milli": x.get("compute_milli", 0),
                 "labels": x.get("labels") or {},
             }
         )

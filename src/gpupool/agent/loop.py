@@ -68,7 +68,8 @@ class AgentConfig:
 class AgentEvent:
     seq: int
     kind: str
-    """watermark_pause | watermark_resume | paused | resumed | pauser_failure | revoke | unhealthy"""
+    """watermark_pause | watermark_resume | paused | resumed | pauser_failure | revoke | unhealthy |
+    source_error | mps_applied | mps_failure"""
     at_s: float
     gpu_id: str = ""
     lease_id: str = ""
@@ -114,6 +115,12 @@ class EngineSource(Protocol):
     def views(self, gpu_id: str, now_s: float) -> Sequence[EngineView]: ...
 
 
+class MpsSync(Protocol):
+    def sync(self, leases: Sequence[Mapping[str, object]]) -> list[tuple[str, str, str]]:
+        """Apply the ledger to MPS daemons; (kind, gpu_id, detail) per change."""
+        ...
+
+
 class LedgerFeed(Protocol):
     def take_ledger(self) -> Sequence[Mapping[str, object]] | None:
         """The newest lease list for this node since the last call, or None when nothing new."""
@@ -133,6 +140,7 @@ class NodeAgent:
         clock: Clock,
         engines: EngineSource | None = None,
         ledger: LedgerFeed | None = None,
+        mps: MpsSync | None = None,
         inline_pausers: frozenset[str] = INLINE_PAUSERS,
     ) -> None:
         self.config = config
@@ -141,6 +149,7 @@ class NodeAgent:
         self.clock = clock
         self.engines = engines
         self.ledger = ledger
+        self.mps = mps
         self.inline_pausers = inline_pausers
         self.bank = WatermarkBank(config.watermarks)
         self.workloads = WorkloadTable()
@@ -417,6 +426,9 @@ class NodeAgent:
         self.ledger_mib = mib
         for lease_id in self.workloads.ledger_ids() - seen:
             self.workloads.forget(lease_id)
+        if self.mps is not None:
+            for kind, gpu, detail in self.mps.sync(leases):
+                self._emit(kind, now, gpu_id=gpu, reason=detail)
 
     def _emit(self, kind: str, at_s: float, **fields: object) -> None:
         self._seq += 1

@@ -26,6 +26,7 @@ from gpupool.agent.devices import open_source
 from gpupool.agent.engines import Engine, EngineScraper
 from gpupool.agent.gateway_client import GatewayReporter
 from gpupool.agent.loop import AgentConfig, AgentEvent, NodeAgent, NodeSnapshot
+from gpupool.agent.mps import MpsGpu, MpsLimitTable
 from gpupool.agent.source import DeviceSource, GpuSample, ScriptedSource
 from gpupool.core.clock import FunctionClock
 from gpupool.core.pausers import Workload
@@ -161,6 +162,7 @@ def build_runtime(
     engines: Sequence[Engine] = (),
     workloads: Sequence[Workload] = (),
     source: DeviceSource | None = None,
+    mps: Sequence[MpsGpu] = (),
 ) -> AgentRuntime:
     clock = FunctionClock(time.monotonic)
     src = source if source is not None else open_source(devices, node=node, gpus=gpus)
@@ -173,6 +175,7 @@ def build_runtime(
         clock=clock,
         engines=scraper,
         ledger=reporter,
+        mps=MpsLimitTable(mps) if mps else None,
     )
     for w in workloads:
         agent.register(w)

@@ -39,12 +39,18 @@ def agent(
     workload: list[str] = typer.Option(
         [], "--workload", help="Local P2 workload: lease=..,gpu=..,pauser=signal,pgid=.. (repeatable)."
     ),
+    mps: list[str] = typer.Option(
+        [],
+        "--mps",
+        help="MPS-shared GPU: gpu=<id>,pipe=<dir>[,device=<ordinal|UUID>][,socket=..] (repeatable).",
+    ),
     duration_s: float = typer.Option(0.0, "--duration-s", help="Stop after N seconds (0 = until SIGTERM)."),
 ) -> None:
     """Run the node agent: every --period-ms read the GPUs, feed the watermarks, pause/resume P2 work,
     report readings and events to the gateway and serve dcgm-exporter-compatible /metrics."""
     from gpupool.agent.engines import parse_engine_spec
     from gpupool.agent.loop import AgentConfig
+    from gpupool.agent.mps import parse_mps_spec
     from gpupool.agent.runtime import build_runtime
     from gpupool.agent.workloads import parse_workload_spec
     from gpupool.core.watermarks import WatermarkConfig
@@ -72,6 +78,7 @@ def agent(
         config=config,
         engines=[parse_engine_spec(e) for e in engine],
         workloads=[parse_workload_spec(w) for w in workload],
+        mps=[parse_mps_spec(m) for m in mps],
     )
     try:
         runtime.source.read()  # probe once: a missing NVML must be a clear error, not a silent loop
