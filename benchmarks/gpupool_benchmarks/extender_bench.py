@@ -109,7 +109,7 @@ def run(
     gpus_per_node: int = 8,
     samples: int = 300,
     warmup: int = 20,
-    fill_per_card: float = 2.0,
+    fill_per_card: float = 5.0,
     seed: int = 1,
 ) -> dict[str, Any]:
     pool, names = build(nodes, gpus_per_node, fill_per_card, seed)

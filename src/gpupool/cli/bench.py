@@ -52,3 +52,9 @@ app.command("plan", help="Planning time of the example specs (gpupool plan).")(b
 from gpupool.cli.agent import bench_agent  # noqa: E402  (reason: registration kept next to its line)
 
 app.command("agent", help="Node agent: tick cost per GPU and pause reaction time.")(bench_agent)
+
+from gpupool.cli.extender import bench_extender  # noqa: E402  (reason: registration kept next to its line)
+
+app.command("extender", help="Kubernetes extender: filter+prioritize latency over 1,000 nodes x 8 GPUs.")(
+    bench_extender
+)

@@ -16,6 +16,7 @@ lease revision instead of in memory, and adopt from the store instead of from po
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -113,3 +114,31 @@ def extender(
         pass
     finally:
         stop.set()
+
+
+@user_errors
+def bench_extender(
+    *,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    nodes: int = typer.Option(1000, "--nodes", help="Nodes in the pool."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="Whole H100-80GB cards per node."),
+    samples: int = typer.Option(300, "--samples", help="Timed filter+prioritize pairs (one fresh pod each)."),
+    fill: float = typer.Option(5.0, "--fill", help="Pre-filled leases per card on average."),
+    seed: int = typer.Option(1, "--seed", help="Random seed of the fill and the pods."),
+) -> None:
+    """Extender latency: POST /filter + /prioritize for one pod over NODES x GPUS (real HTTP, JSON)."""
+    from gpupool_benchmarks import extender_bench
+
+    if nodes < 1 or gpus_per_node < 1 or samples < 1 or fill < 0:
+        raise UserError("--nodes, --gpus-per-node and --samples must be >= 1 and --fill >= 0")
+    result = extender_bench.run(
+        nodes=nodes, gpus_per_node=gpus_per_node, samples=samples, fill_per_card=fill, seed=seed
+    )
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        typer.echo(
+            f"{nodes} nodes x {gpus_per_node} GPUs: filter+prioritize "
+            f"p50 {result['filter_prioritize_p50_ms']} ms, "
+            f"p99 {result['filter_prioritize_p99_ms']} ms (in process p50 {result['in_process_p50_ms']} ms)"
+        )

@@ -29,8 +29,9 @@ ledger's states (`check` recomputes both).
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gpupool.adapters.k8s.annotations import Placement
@@ -49,6 +50,10 @@ from gpupool.hardware.slices import Slice, SliceKind
 _Row = tuple[int, int, SliceKind, int, int, int, int, int, SliceState]
 """(cap vram, cap compute, kind, free vram, free compute, preemptible vram, preemptible compute,
 num leases, state) of one healthy slice; a node's rows sort by shape, then free VRAM, then free compute."""
+
+_Group = tuple[int, int, SliceKind, int, int, tuple[int, ...]]
+"""(cap vram, cap compute, kind, first row, end row, free VRAM of those rows): one shape of a node.
+Filter bisects the free VRAM to the first row that could hold the demand."""
 
 FIT, BUSY, BUSY_HOPELESS, NEVER = 0, 1, 2, 3
 
@@ -79,8 +84,8 @@ class ExtenderPool:
         self._dirty: set[str] = set()
         self._nodes: dict[str, list[str]] = {}
         self._rows: dict[str, tuple[_Row, ...]] = {}
+        self._groups: dict[str, tuple[_Group, ...]] = {}
         self._sick: dict[str, tuple[tuple[int, int, SliceKind], ...]] = {}
-        self._time_sliced: set[str] = set()
         self._pod_lease: dict[str, str] = {}
         self._pods: OrderedDict[str, PodDemand] = OrderedDict()
         self._costs: OrderedDict[tuple[str, int], dict[str, int]] = OrderedDict()
@@ -146,8 +151,9 @@ class ExtenderPool:
         costs: dict[str, int] = {}
         with self._lock:
             self._refresh()
+            evaluate = self._evaluator(demand)
             for node in nodes:
-                status, value, reason = self._evaluate(demand, node)
+                status, value, reason = evaluate(node)
                 if status == FIT:
                     passed.append(node)
                     costs[node] = value
@@ -169,8 +175,9 @@ class ExtenderPool:
             if cached is None or any(n not in cached for n in nodes):
                 self._refresh()
                 cached = {}
+                evaluate = self._evaluator(demand)
                 for node in nodes:
-                    status, value, _ = self._evaluate(demand, node)
+                    status, value, _ = evaluate(node)
                     if status == FIT:
                         cached[node] = value
         fitting = [cached[n] for n in nodes if n in cached]
@@ -187,36 +194,49 @@ class ExtenderPool:
         return out
 
     def _evaluate(self, demand: PodDemand, node: str) -> tuple[int, int, str]:
-        rows = self._rows.get(node)
-        if rows is None:
-            return NEVER, 0, f"node {node} has no gpupool GPUs"
-        if demand.gpu_count > 1:
-            return self._evaluate_cards(demand, node, rows)
+        return self._evaluator(demand)(node)
+
+    def _evaluator(self, demand: PodDemand) -> Callable[[str], tuple[int, int, str]]:
+        """A per-node verdict function with everything about the demand hoisted out of the node loop."""
+        all_rows, all_groups = self._rows, self._groups
         need_v, need_c, kinds = demand.vram_mib, demand.compute_milli, demand.kinds
-        check_kind = bool(kinds) or node in self._time_sliced
         policy = self.allocator.policy
         cost, monotone, res = policy.cost, getattr(policy, "monotone", False), demand.resources
-        best: int | None = None
-        s_v = s_c = min_c = -1
-        s_k: SliceKind | None = None
-        for cap_v, cap_c, kind, free_v, free_c, _, _, _, st in rows:
-            if need_v > free_v or need_c > free_c:
-                continue
-            if check_kind and ((kind not in kinds) if kinds else (kind is SliceKind.TIME_SLICE)):
-                continue
-            if monotone:  # NOTE: rows of one shape ascend in free VRAM; a row no tighter in compute
-                if cap_v == s_v and cap_c == s_c and kind is s_k:  # than an earlier one cannot cost less
-                    if free_c >= min_c:
+        time_slice = SliceKind.TIME_SLICE
+        multi = demand.gpu_count > 1
+
+        def evaluate(node: str) -> tuple[int, int, str]:
+            rows = all_rows.get(node)
+            if rows is None:
+                return NEVER, 0, f"node {node} has no gpupool GPUs"
+            if multi:
+                return self._evaluate_cards(demand, node, rows)
+            best: int | None = None
+            for cap_v, cap_c, kind, lo, hi, keys in all_groups[node]:
+                if (
+                    need_v > cap_v
+                    or need_c > cap_c
+                    or ((kind not in kinds) if kinds else (kind is time_slice))
+                ):
+                    continue
+                min_c = cap_c + 1
+                for i in range(lo + bisect_left(keys, need_v), hi):
+                    row = rows[i]
+                    free_c = row[4]
+                    if need_c > free_c:
                         continue
-                    min_c = free_c
-                else:
-                    s_v, s_c, s_k, min_c = cap_v, cap_c, kind, free_c
-            c = cost(st, res)
-            if best is None or c < best:
-                best = c
-        if best is not None:
-            return FIT, best, ""
-        return self._why_not(demand, node, rows)
+                    if monotone:  # NOTE: rows of a group ascend in free VRAM, so a row that is not
+                        if free_c >= min_c:  # tighter in compute than an earlier fitting one cannot cost less
+                            continue
+                        min_c = free_c
+                    c = cost(row[8], res)
+                    if best is None or c < best:
+                        best = c
+            if best is not None:
+                return FIT, best, ""
+            return self._why_not(demand, node, rows)
+
+        return evaluate
 
     def _why_not(self, demand: PodDemand, node: str, rows: tuple[_Row, ...]) -> tuple[int, int, str]:
         need_v, need_c, kinds = demand.vram_mib, demand.compute_milli, demand.kinds
@@ -379,12 +399,10 @@ class ExtenderPool:
         led = self.allocator.ledger
         rows = []
         sick = []
-        time_sliced = False
         for sid in self._nodes[node]:
             st = led.state(sid)
             cap = st.slice.capacity
             kind = st.slice.kind
-            time_sliced = time_sliced or kind is SliceKind.TIME_SLICE
             if not st.healthy:
                 sick.append((cap.vram_mib, cap.compute_milli, kind))
                 continue
@@ -402,9 +420,13 @@ class ExtenderPool:
                 )
             )
         rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4], r[8].slice.id))
+        groups: list[_Group] = []
+        lo = 0
+        for i in range(1, len(rows) + 1):
+            if i == len(rows) or rows[i][:3] != rows[lo][:3]:
+                cap_v, cap_c, kind = rows[lo][0], rows[lo][1], rows[lo][2]
+                groups.append((cap_v, cap_c, kind, lo, i, tuple(r[3] for r in rows[lo:i])))
+                lo = i
+        self._groups[node] = tuple(groups)
         self._sick[node] = tuple(sick)
-        if time_sliced:
-            self._time_sliced.add(node)
-        else:
-            self._time_sliced.discard(node)
         return tuple(rows)
