@@ -58,3 +58,26 @@ from gpupool.cli.extender import bench_extender  # noqa: E402  (reason: registra
 app.command("extender", help="Kubernetes extender: filter+prioritize latency over 1,000 nodes x 8 GPUs.")(
     bench_extender
 )
+
+
+@app.command("gateway")
+@user_errors
+def gateway(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    clients: int = typer.Option(32, help="Concurrent keep-alive HTTP clients."),
+    duration_s: float = typer.Option(20.0, help="Seconds per phase (no-op, then lease)."),
+    proxy_clients: int = typer.Option(4, help="Concurrent clients for the proxy-overhead phase."),
+    proxy_duration_s: float = typer.Option(5.0, help="Seconds per proxy phase (direct, then via gateway)."),
+) -> None:
+    """Lease acquire+release round trips over HTTP (SQLite, durable group commit) vs a no-op endpoint
+    of the same app, and the OpenAI proxy's added latency against calling the backend directly."""
+    from gpupool_benchmarks import gateway_bench
+
+    result = gateway_bench.run(
+        clients=clients, duration_s=duration_s, proxy_clients=proxy_clients, proxy_duration_s=proxy_duration_s
+    )
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        for k, v in result.items():
+            typer.echo(f"{k}: {v}")
