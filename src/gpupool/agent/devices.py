@@ -89,9 +89,10 @@ class SnapshotSource:
             close()
 
 
-def open_source(kind: str, *, node: str, gpus: int = 2) -> DeviceSource:
-    """``nvml``: the real GPUs; ``simulated``: the simulated cluster's node when available, else an
-    in-memory node of ``gpus`` H100s; ``scripted``: always the in-memory node."""
+def open_source(kind: str, *, node: str, gpus: int = 2, cluster: Any | None = None) -> DeviceSource:
+    """``nvml``: the real GPUs; ``simulated``: that node of the simulated cluster (``cluster``, by
+    default the embedded seed platform) when it has the node, else an in-memory node of ``gpus``
+    H100s; ``scripted``: always the in-memory node."""
     if kind not in KINDS:
         raise InvalidInput("devices", kind, f"must be one of {list(KINDS)}")
     if type(gpus) is not int or not 1 <= gpus <= 64:
@@ -100,4 +101,11 @@ def open_source(kind: str, *, node: str, gpus: int = 2) -> DeviceSource:
         from gpupool.adapters.nvml import NvmlDeviceSource
 
         return SnapshotSource(NvmlDeviceSource(node), node=node)
+    if kind == "simulated":
+        if cluster is None:
+            from gpupool.adapters.simulated import embedded_default
+
+            cluster = embedded_default()
+        if node in cluster.nodes():
+            return SnapshotSource(cluster.source(node), node=node)
     return ScriptedSource.uniform(node, gpus)

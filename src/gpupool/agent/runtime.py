@@ -225,18 +225,31 @@ def source_for_slices(node: str, slices: Sequence[Slice]) -> ScriptedSource:
 
 
 def start_simulated_agents(
-    gateway: str, *, token: str, slices: Sequence[Slice], period_s: float = 0.2, metrics: bool = False
+    gateway: str,
+    *,
+    token: str,
+    slices: Sequence[Slice] = (),
+    cluster: Any | None = None,
+    period_s: float = 0.2,
+    metrics: bool = False,
 ) -> list[AgentRuntime]:
-    """One agent per node of ``slices``, each on an in-memory source, reporting to ``gateway``
-    (what ``make run`` starts inside the demo). Stop them with `AgentRuntime.stop`."""
+    """One agent per node, reporting to ``gateway`` (what ``make run`` starts inside the demo): the
+    nodes of ``cluster`` (a ``gpupool.adapters.simulated.SimulatedCluster``, read through its device
+    source) or else of ``slices`` (in-memory nodes). Stop them with `AgentRuntime.stop`."""
     out: list[AgentRuntime] = []
-    for node in sorted({s.node for s in slices}):
+    nodes = sorted(cluster.nodes()) if cluster is not None else sorted({s.node for s in slices})
+    for node in nodes:
+        src: DeviceSource = (
+            open_source("simulated", node=node, cluster=cluster)
+            if cluster is not None
+            else source_for_slices(node, slices)
+        )
         rt = build_runtime(
             node=node,
             gateway=gateway,
             token=token,
             config=AgentConfig(node, period_s=period_s),
-            source=source_for_slices(node, slices),
+            source=src,
         )
         rt.start(metrics_port=0 if metrics else None)
         out.append(rt)
