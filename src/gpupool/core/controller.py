@@ -148,19 +148,19 @@ class LeaseController:
         return self._finish(self._count(request, out))
 
     def release(self, lease_id: str, *, tenant: str | None = None, reason: str = "") -> Outcome:
-        alloc = self._owner(lease_id)
-        self._check_tenant(alloc.get(lease_id), tenant)
+        alloc, lease = self._owner(lease_id, tenant)
+        if alloc is None:
+            return Outcome(OutcomeCode.ALREADY_ENDED, lease=lease, reason=f"lease already {lease.state}")
         return self._finish(alloc.release(lease_id, reason=reason or "released by holder"))
 
     def renew(self, lease_id: str, *, ttl_s: float | None = None, tenant: str | None = None) -> Outcome:
-        alloc = self._owner(lease_id)
-        self._check_tenant(alloc.get(lease_id), tenant)
+        alloc, lease = self._owner(lease_id, tenant)
+        if alloc is None:
+            return Outcome(OutcomeCode.ALREADY_ENDED, lease=lease, reason=f"lease already {lease.state}")
         return self._finish(alloc.renew(lease_id, ttl_s))
 
     def get(self, lease_id: str, *, tenant: str | None = None) -> Lease:
-        lease = self._owner(lease_id).get(lease_id)
-        self._check_tenant(lease, tenant)
-        return lease
+        return self._owner(lease_id, tenant)[1]
 
     def leases(self, *, tenant: str | None = None) -> list[Lease]:
         """Active placement and request leases (of one tenant), sorted by id."""
@@ -359,7 +359,7 @@ class LeaseController:
             return self._count(request, possible)
         if request.priority < 0 and not self.config.queue_sheddable:
             why = "no room now and sheddable work does not queue"
-            return self._count(request, self._shed(request, why))
+            return self._count(request, self._shed(why))
         cfg = self.config.admission
         wait = cfg.default_wait_s(request.priority) if wait_s is None else wait_s
         if not 0 < wait <= cfg.max_wait_s:
@@ -375,9 +375,7 @@ class LeaseController:
             gpu_id=gpu_id,
         )
         if not self.queue.push(item):
-            return self._count(
-                request, self._shed(request, f"queue of band {band(request.priority)} is full")
-            )
+            return self._count(request, self._shed(f"queue of band {band(request.priority)} is full"))
         st = TicketStatus(item.ticket, "queued", request, now, item.deadline_at)
         self._remember(st)
         self._events.append(GatewayEvent(kind="queued", at=now, ticket=item.ticket, tenant=request.tenant))
@@ -389,7 +387,7 @@ class LeaseController:
         )
         return self._count(request, queued)
 
-    def _shed(self, request: Request, reason: str) -> Outcome:
+    def _shed(self, reason: str) -> Outcome:
         return Outcome(OutcomeCode.SHED, reason=reason, retry_after_s=self.config.retry_after_s)
 
     def _count(self, request: Request, out: Outcome) -> Outcome:
@@ -544,17 +542,23 @@ class LeaseController:
         prev = self._pending.get(lease.id)
         self._pending[lease.id] = StoreWrite(lease, expected if prev is None else prev.expected_revision)
 
-    def _owner(self, lease_id: str) -> Allocator:
-        if self.allocator.leases.get(lease_id) is not None:
-            return self.allocator
-        if self.kv.leases.get(lease_id) is not None:
-            return self.kv
-        raise UnknownId("lease", lease_id)
+    def _owner(self, lease_id: str, tenant: str | None) -> tuple[Allocator | None, Lease]:
+        """The allocator holding the lease (None: ended and known only to the store) and the lease.
 
-    @staticmethod
-    def _check_tenant(lease: Lease, tenant: str | None) -> None:
-        if tenant is not None and lease.request.tenant != tenant:
-            raise UnknownId("lease", lease.id)
+        Another tenant's lease is unknown (`UnknownId`), so tenants cannot probe ids."""
+        alloc: Allocator | None = None
+        lease = self.allocator.leases.get(lease_id)
+        if lease is not None:
+            alloc = self.allocator
+        elif (lease := self.kv.leases.get(lease_id)) is not None:
+            alloc = self.kv
+        else:
+            lease = self.store.get(lease_id)
+            if lease is not None and not lease.state.ended:
+                lease = None  # NOTE: active in the store but not restored: not ours to serve
+        if lease is None or (tenant is not None and lease.request.tenant != tenant):
+            raise UnknownId("lease", lease_id)
+        return alloc, lease
 
     def _gpu_slices(self, gpu_id: str) -> list[str]:
         sids = self.allocator.ledger.on_gpu(gpu_id)
