@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from gpupool.hardware.catalogue import GpuModel, gpu_model
+from gpupool.hardware.catalogue import GPU_MODELS, GpuModel, gpu_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +197,15 @@ def family_of(model: GpuModel | str) -> MigFamily:
     if not m.mig_family:
         raise IllegalLayoutError(f"{m.name} does not support MIG")
     return MIG_FAMILIES[m.mig_family]
+
+
+@functools.lru_cache(maxsize=64)
+def family_model(family: str) -> GpuModel:
+    """The first catalogue model of a MIG family (placement rules are per family, not per model)."""
+    for m in GPU_MODELS:
+        if m.mig_family == family:
+            return m
+    raise IllegalLayoutError(f"unknown MIG family {family!r}")
 
 
 def mig_profiles(model: GpuModel | str) -> tuple[MigProfile, ...]:

@@ -26,12 +26,13 @@ the total order (P2 last, role rank, -need MiB, workload name, replica index); c
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpupool.hardware.capability import GpuMode
-from gpupool.hardware.mig import MigProfile, best_layout, can_place, family_of
+from gpupool.hardware.mig import MIG_FAMILIES, MigProfile, best_layout, can_place, family_model, family_of
 from gpupool.hardware.planinventory import inventory_from_cluster, inventory_from_plan
 from gpupool.hardware.plantypes import GpuPlan, Placement, Plan, PlanError, PlannedSlice, Unplaced
 from gpupool.hardware.slices import SliceKind
@@ -130,30 +131,36 @@ def _kinds(r: _Rep, embed_mig_first: bool) -> tuple[tuple[GpuMode, ...], bool]:
     return (GpuMode.MPS, GpuMode.MIG, GpuMode.TIME_SLICE, GpuMode.WHOLE), False
 
 
-def _mig_candidates(card: _Card, r: _Rep) -> list[MigProfile]:
-    fam = family_of(card.spec.model)
-    need_sm = 0
-    if r.w.compute_pct is not None:
-        need_sm = math.ceil(r.w.compute_pct * fam.sm_slices / 100)
+@functools.lru_cache(maxsize=65536)
+def _mig_fit(
+    family: str, existing: tuple[str, ...], need_mib: int, compute_pct: int | None, explicit_mig: bool
+) -> MigProfile | None:
+    """Smallest profile (MiB, then SM slices, then name) holding ``need_mib`` that still fits beside
+    ``existing`` (a sorted tuple of profile names). Cached: cards in the same state share the answer."""
+    fam = MIG_FAMILIES[family]
+    need_sm = math.ceil(compute_pct * fam.sm_slices / 100) if compute_pct is not None else 0
     # a full-card MIG instance only when MIG was asked for explicitly; otherwise the card goes whole
-    max_sm = fam.sm_slices if r.w.isolation is Isolation.MIG else fam.sm_slices - 1
-    return sorted(
+    max_sm = fam.sm_slices if explicit_mig else fam.sm_slices - 1
+    candidates = sorted(
         (
             p
             for p in fam.profiles
-            if not p.media and p.memory_mib >= r.need and need_sm <= p.sm_slices <= max_sm
+            if not p.media and p.memory_mib >= need_mib and need_sm <= p.sm_slices <= max_sm
         ),
         key=lambda p: (p.memory_mib, p.sm_slices, p.name),
     )
+    for p in candidates:
+        if can_place(family_model(family), [*existing, p.name]):
+            return p
+    return None
 
 
 def _try_mig(card: _Card, r: _Rep) -> tuple[int, MigProfile] | None:
     """(waste MiB, profile) of the smallest profile that still fits beside the card's instances."""
-    existing = [p.name for p, _ in card.mig]
-    for p in _mig_candidates(card, r):
-        if can_place(card.spec.model, [*existing, p.name]):
-            return p.memory_mib - r.need, p
-    return None
+    existing = tuple(sorted(p.name for p, _ in card.mig))
+    fam = family_of(card.spec.model)
+    p = _mig_fit(fam.name, existing, r.need, r.w.compute_pct, r.w.isolation is Isolation.MIG)
+    return None if p is None else (p.memory_mib - r.need, p)
 
 
 def _fit(card: _Card, r: _Rep, mode: GpuMode) -> int | None:
@@ -217,13 +224,12 @@ def _place_one(cards: list[_Card], r: _Rep, open_order: str, embed_mig_first: bo
         return min(scored, key=lambda t: (t[0], t[1]))[2] if scored else None
 
     def best_new(mode: GpuMode, *, non_mig_only: bool = False) -> _Card | None:
-        fresh = [
-            (c, w)
-            for c in cards
-            if c.mode is None
-            and not (non_mig_only and c.spec.model.mig_capable)
-            and (w := _fit(c, r, mode)) is not None
-        ]
+        # fresh cards of one (model, forced mode) are interchangeable: the lowest-order one stands for all
+        reps: dict[tuple[str, GpuMode | None], _Card] = {}
+        for c in cards:
+            if c.mode is None and not (non_mig_only and c.spec.model.mig_capable):
+                reps.setdefault((c.spec.model.name, c.spec.mode), c)
+        fresh = [(c, w) for c in reps.values() if (w := _fit(c, r, mode)) is not None]
         return min(fresh, key=lambda t: _open_key(open_order, t[0], t[1]))[0] if fresh else None
 
     def new_non_mig(mode: GpuMode) -> _Card | None:
