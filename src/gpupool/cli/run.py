@@ -180,6 +180,9 @@ def run(  # noqa: PLR0917 (typer options)
     cluster: Path = typer.Option(DEFAULT_CLUSTER, "--cluster", help="Cluster spec YAML."),
     workloads: Path = typer.Option(DEFAULT_WORKLOADS, "--workloads", help="Workload spec YAML."),
     traffic: bool = typer.Option(True, help="Run the synthetic P0/P1/P2 agent workload."),
+    tidal_speed: float = typer.Option(
+        144.0, "--tidal-speed", help="Tidal compressed clock (x144: a day in 10 min); 0 turns it off."
+    ),
 ) -> None:
     """Gateway + emulated backends + synthetic agent traffic on the simulated example cluster."""
     from gpupool.cli.serve import serve_forever
@@ -203,6 +206,10 @@ def run(  # noqa: PLR0917 (typer options)
     extra.append(status_printer(bundle))
     if traffic:
         extra.append(synthetic_workload(url, demo, bundle))
+    if tidal_speed > 0:
+        from gpupool.cli.tidal import tidal_live
+
+        extra.append(tidal_live(bundle, speed=tidal_speed))
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_forever(bundle, host=host, port=port, extra=extra))
     typer.echo("gpupool: stopped")

@@ -148,3 +148,10 @@ def test_cli_json_and_report(tmp_path):
         assert (tmp_path / f).stat().st_size > 0
     bad = CliRunner().invoke(app, ["sim", "tidal", "--days", "12"])
     assert bad.exit_code == 2
+
+
+def test_live_demand_signal_follows_the_trace_shape():
+    from gpupool.cli.tidal import live_demand
+
+    assert live_demand(3.5) < 0.05 < 1.0 < live_demand(14.0)
+    assert sum(live_demand(h) for h in range(24)) / 24 == pytest.approx(1.0)

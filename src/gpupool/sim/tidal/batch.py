@@ -116,12 +116,16 @@ def drain(
             if inst.lend == "partition" and "main-a7" in sleeps:
                 seconds -= _windows_to_minutes([(a, r) for a, r, _ in sleeps["main-a7"]], edges)
             servers.append(_Server(inst.name, inst.spec, np.maximum(seconds, 0.0), kinds))
-        elif inst.lend == "engine":
+        if inst.lend == "engine":
             wake = avail.wake_cost_s[inst.name] if avail else 0.0
             run = [(a + in_cost, r - wake) for a, r in windows]
             servers.append(
                 _Server(f"batch-on-{inst.name}", inst.spec, _windows_to_minutes(run, edges), kinds)
             )
+        if avail is not None and inst.name in avail.day_lending:
+            idle = np.maximum(60.0 * awake[inst.name] - busy.get(inst.name, 0.0), 0.0)
+            req_kinds = ("embed",) if inst.role == "embed" else kinds
+            servers.append(_Server(f"p2-in-{inst.name}", inst.spec, idle, req_kinds))
         elif inst.lend == "request":
             idle = np.maximum(night_s * awake[inst.name] - busy.get(inst.name, 0.0), 0.0)
             req_kinds = ("embed",) if inst.role == "embed" else kinds

@@ -135,7 +135,13 @@ def build(strategy: str) -> Platform:
         return dedicated()
     if strategy in ("static-slicing", "tidal"):
         return sliced(strategy)
+    if strategy == WHAT_IF:
+        p = sliced("tidal")
+        return Platform(WHAT_IF, p.instances, p.gpus)
     raise ValueError(f"invalid strategy={strategy!r}: expected dedicated, static-slicing or tidal")
 
 
 STRATEGIES = ("dedicated", "static-slicing", "tidal")
+WHAT_IF = "tidal+day-lending"
+"""Not one of the issue's strategies: tidal plus request-level P2 in idle main/embedding engines by
+DAY too (P0 pays the holdback). It shows what the seed's 72 % would need; see the report."""

@@ -37,9 +37,10 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     strategies = result["strategies"]
+    names = list(strategies)
     paths = []
     fig, ax = plt.subplots(figsize=(11, 4))
-    for name in STRATEGIES:
+    for name in names:
         ys = strategies[name]["gpu_util_by_hour"]
         ax.plot(range(len(ys)), ys, label=f"{name} (mean {strategies[name]['gpu_util']:.3f})", lw=1.2)
     ax.plot(
@@ -77,7 +78,7 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(11, 3.5))
-    for name in STRATEGIES:
+    for name in names:
         ys = [t / 1e9 for t in strategies[name]["batch_tokens_by_hour"]]
         ax.plot(
             range(len(ys)), ys, label=f"{name} ({strategies[name]['batch_tokens_per_day'] / 1e9:.2f} B/day)"
@@ -93,10 +94,11 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
 
 
 def table(result: dict[str, Any]) -> str:
-    rows = ["| metric | " + " | ".join(STRATEGIES) + " |", "|---|" + "---|" * len(STRATEGIES)]
+    names = list(result["strategies"])
+    rows = ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for k in KEYS:
         cells = []
-        for n in STRATEGIES:
+        for n in names:
             v = result["strategies"][n][k]
             cells.append(f"{v:,}" if isinstance(v, int) else f"{v:.4g}" if isinstance(v, float) else str(v))
         rows.append(f"| {k} | " + " | ".join(cells) + " |")

@@ -29,7 +29,7 @@ import numpy as np
 
 from gpupool.core.tidal import Mode, TidalConfig, TidalController
 from gpupool.sim.tidal import batch, perf, traces
-from gpupool.sim.tidal.platform import STRATEGIES, Platform, build
+from gpupool.sim.tidal.platform import STRATEGIES, WHAT_IF, Platform, build
 from gpupool.sim.tidal.serve import PATHS, Availability, Served, coverage, serve
 
 TTFT_SLO_S = 0.8
@@ -49,6 +49,8 @@ class RunConfig:
     main_model: str = "14b"
     backlog_scale: float = 1.0
     peak_p0_per_s: float | None = None
+    what_if: bool = False
+    """Also run `WHAT_IF` (request-level lending by day), reported apart from the three strategies."""
 
     def __post_init__(self) -> None:
         if type(self.days) is not int or not 1 <= self.days <= 9:
@@ -145,7 +147,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         "mode_transitions": mode_log,
         "strategies": {},
     }
-    for strategy in STRATEGIES:
+    for strategy in STRATEGIES + ((WHAT_IF,) if cfg.what_if else ()):
         plat = build(strategy)
         out["strategies"][strategy] = _run_strategy(
             plat, inputs, nights, arrivals=arrivals, cfg=cfg, t_end=t_end, seed=cfg.seed, main=main
@@ -166,7 +168,7 @@ def _run_strategy(
     seed: int,
     main: perf.ModelSpec,
 ) -> dict[str, Any]:
-    tidal = plat.strategy == "tidal"
+    tidal = plat.strategy.startswith("tidal")
     rng = np.random.default_rng(seed + 7)
     lent = {i.name: i.lend for i in plat.instances}
     wake_cost = {}
@@ -177,7 +179,15 @@ def _run_strategy(
         else:  # put the batch engine on the slice to sleep, then wake the online engine
             wake_cost[i.name] = perf.sleep_l1_s(main) + perf.sleep_l1_s(m)
     avail = (
-        Availability(night=nights, lent=lent, wake_cost_s=wake_cost, repartition_s=perf.RECONFIG_S)
+        Availability(
+            night=nights,
+            lent=lent,
+            wake_cost_s=wake_cost,
+            repartition_s=perf.RECONFIG_S,
+            day_lending=frozenset(
+                i.name for i in plat.instances if plat.strategy == WHAT_IF and i.role in ("main", "embed")
+            ),
+        )
         if tidal
         else None
     )

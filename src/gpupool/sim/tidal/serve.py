@@ -38,6 +38,8 @@ class Availability:
     lent: dict[str, str]
     wake_cost_s: dict[str, float]
     repartition_s: float
+    day_lending: frozenset[str] = frozenset()
+    """What-if only: instances that also take P2 work at request level by DAY (holdback on P0)."""
     sleeps: dict[str, list[list[float]]] = field(default_factory=dict)
     """instance -> [[asleep_from, ready_again_at, woken_by_surge(0/1)], ...]."""
 
@@ -146,6 +148,9 @@ def serve(
         if j < 0:
             raise RuntimeError(f"no awake instance for {role_instances[0].role} at t={a:.0f}s")
         s = best_start
+        day_lent = avail is not None and not in_night and names[j] in avail.day_lending
+        if day_lent and not (s > a and free_at[j] > a):
+            s += perf.HOLDBACK_S + float(rng.random()) * float(p2_iter[j])
         if in_night and label < 0:
             if s > a and free_at[j] > a:
                 label = 2
