@@ -175,3 +175,35 @@ def test_nvml_error_marks_unhealthy_and_broken_source_does_not_kill_the_loop() -
     agent.source = Broken()  # type: ignore[assignment]
     step(agent, clock)
     assert kinds(events)[-1] == "source_error"
+
+
+def test_relief_counts_measured_process_memory(batch_job: subprocess.Popen[bytes]) -> None:
+    from gpupool.agent.source import ProcessUsage
+
+    clock = ManualClock()
+    agent, source, events = make_agent(clock, revoke_after_s=0.2)
+    agent.register(Workload("undeclared", GPU, "signal", pgid=batch_job.pid))  # vram_mib unknown (0)
+    source.set(GPU, vram_used_mib=9500, processes=(ProcessUsage(batch_job.pid, 3000),))
+    step(agent, clock)
+    step(agent, clock)
+    revoke = [e for e in events if e.kind == "revoke"]
+    assert len(revoke) == 1 and "frees compute only" in revoke[0].reason
+
+
+def test_refused_pause_is_reported_once_and_not_retried() -> None:
+    from gpupool.adapters.pause import CudaCheckpointPauser
+    from gpupool.adapters.pause.cuda_checkpoint import CheckpointSupport
+
+    clock = ManualClock()
+    agent, source, events = make_agent(clock, revoke_after_s=None)
+    agent.pausers["cuda-checkpoint"] = CudaCheckpointPauser(
+        support=CheckpointSupport(False, "", "", "'cuda-checkpoint' not found on PATH"), clock=clock
+    )
+    agent.register(Workload("ckpt", GPU, "cuda-checkpoint", vram_mib=100, pids=(4242,)))
+    agent.register(Workload("typo", GPU, "sigstop", vram_mib=100, pgid=4243))
+    source.set_used_ratio(GPU, 0.95)
+    for _ in range(20):
+        step(agent, clock)
+    fails = sorted((e.lease_id, e.reason) for e in events if e.kind == "pauser_failure")
+    assert len(fails) == 2
+    assert "not found on PATH" in fails[0][1] and "unknown pauser 'sigstop'" in fails[1][1]

@@ -122,6 +122,9 @@ def test_runtime_pauses_reports_and_serves_dcgm_metrics(batch_job: subprocess.Po
         assert series(text, "gpupool_agent_pause_latency_seconds_count")
         assert any(s.endswith(" 1.0") for s in series(text, "gpupool_agent_watermark_transitions_total"))
         assert series(text, "gpupool_agent_gateway_connected")
+        avail = series(text, "gpupool_agent_pauser_available")
+        assert any('pauser="signal"' in x and x.endswith(" 1.0") for x in avail)
+        assert any('pauser="cuda-checkpoint"' in x for x in avail)  # detected, 0 or 1 by machine
         source.set_used_ratio("n1/0", 0.10)
         assert wait_for(lambda: running(batch_job.pid))
     finally:

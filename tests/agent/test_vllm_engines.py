@@ -206,3 +206,23 @@ def test_sleep_wake_and_metrics_against_the_emulated_backend() -> None:
         assert pauser.pause(wp).ok and pauser.is_paused(wp)
         assert pauser.resume(wp).ok and not pauser.is_paused(wp)
         agent.close()
+
+
+def test_a_failing_vram_pauser_is_not_trusted_and_gets_revoked(engine: StandinEngine) -> None:
+    clock = ManualClock()
+    source = ScriptedSource.uniform("n1", 1, vram_total_mib=10000)
+    pausers = {"vllm-sleep": VllmSleepPauser(control=VllmControl(timeout_s=5), clock=clock)}
+    agent = NodeAgent(AgentConfig("n1", revoke_after_s=1.0), source, pausers, clock=clock)
+    events: list[AgentEvent] = []
+    agent.observers.append(lambda _s, evs: events.extend(evs))
+    agent.register(Workload("e", GPU, "vllm-sleep", vram_mib=4000, endpoint=engine.url))
+    engine.fail_sleep = True
+    source.set_used_ratio(GPU, 0.95)
+    for _ in range(6):
+        clock.advance(0.2)
+        agent.tick()
+        agent.drain()
+    revoke = [e for e in events if e.kind == "revoke"]
+    assert len(revoke) == 1 and "last pause failed" in revoke[0].reason
+    assert "gateway stops routing" in revoke[0].reason  # an engine is not killed by the agent
+    agent.close()

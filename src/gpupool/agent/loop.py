@@ -158,6 +158,8 @@ class NodeAgent:
         self.ledger_mib: dict[str, int] = {}
         self._pressure_since: dict[str, float] = {}
         self._retry_at: dict[str, float] = {}
+        self._failed: dict[str, str] = {}
+        """lease id -> why its last pause failed (then relief no longer trusts its pauser)."""
         self._events: list[AgentEvent] = []
         self._seq = 0
         self._tick = 0
@@ -252,12 +254,13 @@ class NodeAgent:
                 self._pressure_since.pop(gpu, None)
                 self._emit("watermark_resume", now, gpu_id=gpu, reason=t.reason)
         if self.bank.is_paused(gpu):
-            self._enforce(gpu, reading, now)
+            self._enforce(s, reading, now)
         else:
             self._resume_gpu(gpu, now)
         return GpuStatus(s, reading, self.bank.is_paused(gpu), True)
 
-    def _enforce(self, gpu: str, reading: Reading, now: float) -> None:
+    def _enforce(self, sample: GpuSample, reading: Reading, now: float) -> None:
+        gpu = sample.gpu_id
         entries = self.workloads.on_gpu(gpu)
         if not entries:
             return
@@ -268,8 +271,10 @@ class NodeAgent:
                 reading.vram_used_mib, reading.vram_total_mib, target_ratio=self._target
             )
             if deficit > 0:
-                budget = max(0.0, revoke_after - (now - since))
-                for d in plan_relief(self._candidates(entries), deficit_mib=deficit, budget_s=budget):
+                # Budget = the whole window since the crossing: a pauser declared to free VRAM within
+                # it is trusted while it works (a failed one is not, see _candidates).
+                cands = self._candidates(entries, sample)
+                for d in plan_relief(cands, deficit_mib=deficit, budget_s=revoke_after):
                     if d.step is ReliefStep.REVOKE:
                         e = self.workloads.get(d.lease_id)
                         if e is not None:
@@ -278,25 +283,29 @@ class NodeAgent:
             if e.state is RunState.RUNNING and self._retry_at.get(e.workload.lease_id, -math.inf) <= now:
                 self._start(e, PauseAction.PAUSE, now)
 
-    def _candidates(self, entries: Sequence[Entry]) -> list[Candidate]:
+    def _candidates(self, entries: Sequence[Entry], sample: GpuSample) -> list[Candidate]:
+        used_by_pid = {p.pid: p.used_mib for p in sample.processes}
         out = []
         for e in entries:
             w = e.workload
+            pids = w.pids or ((w.pgid,) if w.pgid is not None else ())
+            measured = sum(used_by_pid.get(pid, 0) for pid in pids)
             p = self.pausers.get(w.pauser)
             if p is None:
                 out.append(
                     Candidate(
                         w.lease_id,
                         w.priority,
-                        w.vram_mib,
+                        max(w.vram_mib, measured),
                         Frees.COMPUTE,
                         math.inf,
                         f"unknown pauser {w.pauser!r}",
                     )
                 )
                 continue
-            vram = 0 if e.vram_freed else w.vram_mib
-            out.append(Candidate(w.lease_id, w.priority, vram, p.frees, p.vram_free_estimate_s, p.check(w)))
+            vram = 0 if e.vram_freed else max(w.vram_mib, measured)
+            refusal = p.check(w) or self._failed.get(w.lease_id)
+            out.append(Candidate(w.lease_id, w.priority, vram, p.frees, p.vram_free_estimate_s, refusal))
         return out
 
     def _resume_gpu(self, gpu: str, now: float) -> None:
@@ -317,7 +326,7 @@ class NodeAgent:
         w = e.workload
         pauser = self.pausers.get(w.pauser)
         if pauser is None:
-            self._retry_at[w.lease_id] = now + self.config.retry_s
+            self._retry_at[w.lease_id] = math.inf  # reported once; relief may still revoke it
             self._emit(
                 "pauser_failure",
                 now,
@@ -362,7 +371,10 @@ class NodeAgent:
         if not r.ok:
             back = RunState.RUNNING if r.action is PauseAction.PAUSE else RunState.PAUSED
             self.workloads.set_state(r.lease_id, back, at_s=now, vram_freed=e.vram_freed)
-            self._retry_at[r.lease_id] = now + self.config.retry_s
+            # A refusal does not change by retrying (MIG, NCCL, missing binary): do not retry it.
+            self._retry_at[r.lease_id] = math.inf if r.refused else now + self.config.retry_s
+            if r.action is PauseAction.PAUSE:
+                self._failed[r.lease_id] = f"last pause failed: {r.reason}"
             self._emit(
                 "pauser_failure",
                 now,
@@ -375,6 +387,7 @@ class NodeAgent:
             )
             return
         self._retry_at.pop(r.lease_id, None)
+        self._failed.pop(r.lease_id, None)
         if r.action is PauseAction.PAUSE:
             self.workloads.set_state(r.lease_id, RunState.PAUSED, at_s=now, vram_freed=r.frees.frees_vram)
         else:

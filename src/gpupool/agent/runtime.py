@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.adapters.metrics.dcgm import AgentGauges, AgentMetrics, GpuGauges
-from gpupool.adapters.pause import default_pausers
+from gpupool.adapters.pause import availability, default_pausers
 from gpupool.agent.devices import open_source
 from gpupool.agent.engines import Engine, EngineScraper
 from gpupool.agent.gateway_client import GatewayReporter
@@ -90,11 +90,13 @@ class AgentRuntime:
     _thread: threading.Thread | None = None
     _last_xid: dict[str, int] = field(default_factory=dict)
     _stopped: bool = False
+    pauser_status: dict[str, str] = field(default_factory=dict)
+    """Pauser name -> '' when usable here, else the detected reason (cuda-checkpoint, cgroup)."""
 
     def _observe(self, snap: NodeSnapshot, events: Sequence[AgentEvent]) -> None:
         for g in snap.gpus:
-            if g.sample.xids:
-                self._last_xid[g.sample.gpu_id] = g.sample.xids[-1]
+            if g.sample.xids:  # copy-on-write: the metrics thread reads this dict
+                self._last_xid = {**self._last_xid, g.sample.gpu_id: g.sample.xids[-1]}
         if self.metrics is not None:
             for e in events:
                 self.metrics.observe(e.kind, pauser=e.pauser, latency_ms=e.latency_ms, reason=e.reason)
@@ -107,6 +109,7 @@ class AgentRuntime:
             view.gateway_connected,
             view.outbox_events,
             tick_seconds=self.agent.last_tick_s,
+            pausers=tuple((name, not why) for name, why in self.pauser_status.items()),
         )
 
     def start(self, *, metrics_host: str = "127.0.0.1", metrics_port: int | None = 9400) -> None:
@@ -168,10 +171,11 @@ def build_runtime(
     src = source if source is not None else open_source(devices, node=node, gpus=gpus)
     reporter = GatewayReporter(gateway, node=node, token=token) if gateway else None
     scraper = EngineScraper(engines, clock=clock) if engines else None
+    pausers = default_pausers(clock=clock)
     agent = NodeAgent(
         config or AgentConfig(node),
         src,
-        default_pausers(clock=clock),
+        pausers,
         clock=clock,
         engines=scraper,
         ledger=reporter,
@@ -179,7 +183,7 @@ def build_runtime(
     )
     for w in workloads:
         agent.register(w)
-    return AgentRuntime(agent, src, reporter, scraper)
+    return AgentRuntime(agent, src, reporter, scraper, pauser_status=availability(pausers))
 
 
 def source_for_slices(node: str, slices: Sequence[Slice]) -> ScriptedSource:

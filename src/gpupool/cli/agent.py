@@ -93,6 +93,8 @@ def agent(
         f"gateway {gateway or '(none)'}{where}, pid {os.getpid()}",
         err=True,
     )
+    for name, why in runtime.pauser_status.items():
+        typer.echo(f"  pauser {name}: {'available' if not why else 'unavailable (' + why + ')'}", err=True)
     try:
         done.wait(duration_s if duration_s > 0 else None)
     except KeyboardInterrupt:

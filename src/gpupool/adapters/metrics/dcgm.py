@@ -72,6 +72,8 @@ class AgentGauges:
     gateway_connected: bool | None = None
     outbox_events: int = 0
     tick_seconds: float | None = None
+    pausers: tuple[tuple[str, bool], ...] = ()
+    """(pauser name, usable on this machine)."""
 
 
 def _labels(g: GpuGauges, hostname: str) -> dict[str, str]:
@@ -167,6 +169,15 @@ class _NodeCollector:
             m.add_sample(
                 "gpupool_agent_outbox_events", {"hostname": self.hostname}, float(view.outbox_events)
             )
+            yield m
+        if view.pausers:
+            m = Metric("gpupool_agent_pauser_available", "1 when the pauser is usable on this node.", "gauge")
+            for name, ok in view.pausers:
+                m.add_sample(
+                    "gpupool_agent_pauser_available",
+                    {"pauser": name, "hostname": self.hostname},
+                    1.0 if ok else 0.0,
+                )
             yield m
         if view.tick_seconds is not None:
             m = Metric("gpupool_agent_last_tick_seconds", "Wall time of the last control-loop tick.", "gauge")

@@ -14,6 +14,21 @@ from gpupool.core.clock import Clock
 from gpupool.core.pausers import Pauser
 
 
+def availability(pausers: dict[str, Pauser]) -> dict[str, str]:
+    """Pauser name -> '' when usable on this machine, else why not (detected, never assumed)."""
+    from gpupool.adapters.pause.cgroup import cgroup_v2_root
+
+    out: dict[str, str] = {}
+    for name, p in sorted(pausers.items()):
+        if isinstance(p, CudaCheckpointPauser):
+            out[name] = "" if p.support.available else p.support.reason
+        elif isinstance(p, CgroupFreezerPauser):
+            out[name] = "" if cgroup_v2_root() is not None else "no cgroup v2 hierarchy mounted"
+        else:
+            out[name] = ""
+    return out
+
+
 def default_pausers(
     *, clock: Clock | None = None, checkpoint: CheckpointSupport | None = None
 ) -> dict[str, Pauser]:
@@ -36,6 +51,7 @@ __all__ = [
     "VllmControl",
     "VllmPausePauser",
     "VllmSleepPauser",
+    "availability",
     "default_pausers",
     "detect",
 ]
