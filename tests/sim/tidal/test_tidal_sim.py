@@ -155,3 +155,14 @@ def test_live_demand_signal_follows_the_trace_shape():
 
     assert live_demand(3.5) < 0.05 < 1.0 < live_demand(14.0)
     assert sum(live_demand(h) for h in range(24)) / 24 == pytest.approx(1.0)
+
+
+@needs_data
+def test_without_batch_work_nothing_is_held_back_and_the_what_if_runs():
+    r = run(RunConfig(days=1, scale=0.1, seed=5, backlog_scale=0.0, what_if=True))
+    st = r["strategies"]
+    assert set(st) == {"dedicated", "static-slicing", "tidal", "tidal+day-lending"}
+    for name in ("tidal", "tidal+day-lending"):
+        assert st[name]["p2_request_holdbacks"] == 0  # P0 waits for P2 only where P2 really ran
+        assert st[name]["batch_tokens_per_day"] == 0 and st[name]["batch_gpu_util"] == 0.0
+    assert st["tidal+day-lending"]["capacity_bound_gpu_util"] > st["tidal"]["capacity_bound_gpu_util"]

@@ -65,6 +65,8 @@ class BatchResult:
     preemptions: int
     online_awake: dict[str, F]
     allocator: dict[str, Any] = field(default_factory=dict)
+    p2_used_s: dict[str, F] = field(default_factory=dict)
+    """Request-lent online instance -> seconds per minute it actually ran P2 work."""
 
 
 @dataclass(slots=True)
@@ -151,6 +153,7 @@ def drain(
     cap_gpu = np.zeros(minutes)
     vram = np.zeros(minutes)
     tokens_by_min = np.zeros(minutes)
+    p2_used: dict[str, F] = {}
     # the week starts with the previous evening's backlog (minute 0), then one injection per day at 19:00
     inject = {0} | {
         int((86400.0 * d + INJECT_HOUR * 3600.0 - edges[0]) // 60) for d in range(1, minutes // 1440 + 2)
@@ -177,6 +180,8 @@ def drain(
                 model = main if kind == "eval" else perf.BGE_M3
                 vram[m] += use * min(s.spec.vram_mib * 1024 * 1024 * 0.9, model.weight_bytes * 10)
             busy_gpu[m] += used * s.spec.sm_fraction
+            if s.name.startswith("p2-in-"):
+                p2_used.setdefault(s.name[len("p2-in-") :], np.zeros(minutes))[m] = used
     hours = minutes // 60
     preemptions, summary = _replay(plat, sleeps, avail, edges=edges)
     return BatchResult(
@@ -190,6 +195,7 @@ def drain(
         preemptions=preemptions,
         online_awake=awake,
         allocator=summary,
+        p2_used_s=p2_used,
     )
 
 

@@ -169,7 +169,6 @@ def _run_strategy(
     main: perf.ModelSpec,
 ) -> dict[str, Any]:
     tidal = plat.strategy.startswith("tidal")
-    rng = np.random.default_rng(seed + 7)
     lent = {i.name: i.lend for i in plat.instances}
     wake_cost = {}
     for i in plat.instances:
@@ -178,8 +177,11 @@ def _run_strategy(
             wake_cost[i.name] = perf.cold_load_s(m) + perf.sleep_l1_s(main)
         else:  # put the batch engine on the slice to sleep, then wake the online engine
             wake_cost[i.name] = perf.sleep_l1_s(main) + perf.sleep_l1_s(m)
-    avail = (
-        Availability(
+
+    def make_avail(p2_active: dict[str, np.ndarray] | None) -> Availability | None:
+        if not tidal:
+            return None
+        return Availability(
             night=nights,
             lent=lent,
             wake_cost_s=wake_cost,
@@ -187,30 +189,40 @@ def _run_strategy(
             day_lending=frozenset(
                 i.name for i in plat.instances if plat.strategy == WHAT_IF and i.role in ("main", "embed")
             ),
+            p2_active=p2_active,
         )
-        if tidal
-        else None
-    )
+
     edges = np.arange(86400.0, t_end + 1.0, 60.0)
-    served: dict[str, Served] = {}
-    busy: dict[str, np.ndarray] = {}
-    kv_s: dict[str, np.ndarray] = {}
-    for role, (model, prompt, output) in inputs.items():
-        insts = plat.by_role(role)
-        s = serve(insts, model, arrivals, prompt, output, avail=avail, rng=rng,
-                  allow_surge=tidal and role == "main")  # fmt: skip
-        served[role] = s
-        for j, inst in enumerate(insts):
-            sel = s.instance == j
-            busy[inst.name] = coverage(s.start[sel], s.end[sel], edges)
-            kv_s[inst.name] = np.bincount(
-                np.clip(((s.start[sel] - 86400) // 60).astype(np.int64), 0, len(edges) - 2),
-                weights=s.kv_bytes[sel] * (s.end[sel] - s.start[sel]),
-                minlength=len(edges) - 1,
-            )
-    res = batch.drain(
-        plat, nights, avail, busy, edges=edges, main=main, backlog_scale=cfg.backlog_scale * cfg.scale
-    )
+
+    def one_pass(
+        avail: Availability | None,
+    ) -> tuple[dict[str, Served], dict[str, np.ndarray], dict[str, np.ndarray], batch.BatchResult]:
+        rng = np.random.default_rng(seed + 7)
+        served: dict[str, Served] = {}
+        busy: dict[str, np.ndarray] = {}
+        kv_s: dict[str, np.ndarray] = {}
+        for role, (model, prompt, output) in inputs.items():
+            insts = plat.by_role(role)
+            s = serve(insts, model, arrivals, prompt, output, avail=avail, rng=rng,
+                      allow_surge=tidal and role == "main")  # fmt: skip
+            served[role] = s
+            for j, inst in enumerate(insts):
+                sel = s.instance == j
+                busy[inst.name] = coverage(s.start[sel], s.end[sel], edges)
+                kv_s[inst.name] = np.bincount(
+                    np.clip(((s.start[sel] - 86400) // 60).astype(np.int64), 0, len(edges) - 2),
+                    weights=s.kv_bytes[sel] * (s.end[sel] - s.start[sel]),
+                    minlength=len(edges) - 1,
+                )
+        res = batch.drain(
+            plat, nights, avail, busy, edges=edges, main=main, backlog_scale=cfg.backlog_scale * cfg.scale
+        )
+        return served, busy, kv_s, res
+
+    # pass 1 assumes lent P2 work is always present; pass 2 holds P0 back only where the drain ran P2
+    served, busy, kv_s, res = one_pass(make_avail(None))
+    if tidal:
+        served, busy, kv_s, res = one_pass(make_avail({k: v > 0 for k, v in res.p2_used_s.items()}))
     return _metrics(plat, served, busy, kv_s, res, nights, edges=edges, main=main)
 
 

@@ -40,6 +40,18 @@ class Availability:
     repartition_s: float
     day_lending: frozenset[str] = frozenset()
     """What-if only: instances that also take P2 work at request level by DAY (holdback on P0)."""
+    p2_active: dict[str, npt.NDArray[np.bool_]] | None = None
+    """Per request-lent instance and minute (from ``t0_s``): was lent P2 work running? None: assume
+    yes (first pass); the second pass uses what the batch drain actually ran."""
+    t0_s: float = 86400.0
+
+    def p2_on(self, name: str, t: float) -> bool:
+        if self.p2_active is None:
+            return True
+        arr = self.p2_active.get(name)
+        m = int((t - self.t0_s) // 60)
+        return arr is not None and 0 <= m < len(arr) and bool(arr[m])
+
     sleeps: dict[str, list[list[float]]] = field(default_factory=dict)
     """instance -> [[asleep_from, ready_again_at, woken_by_surge(0/1)], ...]."""
 
@@ -148,13 +160,14 @@ def serve(
         if j < 0:
             raise RuntimeError(f"no awake instance for {role_instances[0].role} at t={a:.0f}s")
         s = best_start
-        day_lent = avail is not None and not in_night and names[j] in avail.day_lending
+        p2_here = avail is not None and avail.p2_on(names[j], a)
+        day_lent = avail is not None and not in_night and names[j] in avail.day_lending and p2_here
         if day_lent and not (s > a and free_at[j] > a):
             s += perf.HOLDBACK_S + float(rng.random()) * float(p2_iter[j])
         if in_night and label < 0:
             if s > a and free_at[j] > a:
                 label = 2
-            elif lent[j] == "request":
+            elif lent[j] == "request" and p2_here:
                 s += perf.HOLDBACK_S + float(rng.random()) * float(p2_iter[j])
                 label = 1
             else:
