@@ -61,3 +61,24 @@ def test_fgd_scores_sharing_pod_by_hand() -> None:
     rows, _, after = candidates(ctx, pod(1000, 1000, 1), np.array([1]))
     assert after.tolist() == [1000.0]
     assert fgd_scores(ctx, rows, after).tolist() == [float(int(100 / (1 + np.exp(-0.25))))]  # 56
+
+
+def test_capacity_measure_by_hand() -> None:
+    from gpupool.sim.capfrag import CapacityFragTable
+
+    tw = target((1000, 470, 1, 1), (3000, 1000, 1, 1))
+    ctx = context([node("a", 2, cpu=4000)], tw, gpu_free=[[1000, 1000]])
+    cap = CapacityFragTable(tw, ctx.mirror)
+    # 470-shape: 2 per card -> 4 slots, CPU for 4 -> uses 1880 of 2000 -> 120 fragment
+    # whole-card shape: 2 cards but CPU for one 3-core pod -> uses 1000 -> 1000 fragment
+    assert cap.node_frag.tolist() == [1120.0]
+    # FGD's measure calls this node fragment-free: one pod of each shape fits
+    assert ctx.frag.node_frag.tolist() == [0.0]
+    # a 470 share on GPU0 (1000 free): slots 4 -> 3, CPU 3000 -> 3 and 1 -> 470: 1410 of 1530 (120);
+    # whole shape: 1 card, CPU for 1 -> 1000 of 1530 -> 530 -> total 650
+    assert cap.after_shared(np.array([0]), np.array([1000]), 470, 1000).tolist() == [650.0]
+    # a whole card (1 core): 470 slots 2, CPU 3 -> 940 of 1000 (60); whole: 1 card, CPU 1 -> 0 -> 60
+    assert cap.after_whole(np.array([0]), 1, 1000).tolist() == [60.0]
+    ctx.mirror.apply(0, (0,), gpu_milli=1000, cpu_milli=1000, memory_mib=0)
+    cap.refresh(0)
+    assert cap.node_frag.tolist() == [60.0]

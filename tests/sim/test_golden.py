@@ -14,9 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from gpupool.cli.main import app
+from gpupool.sim.policies import SIM_POLICIES
 
 GOLDEN = Path(__file__).parent / "golden"
-POLICIES = ["fgd", "bestfit", "seed-bestfit", "frag-bestfit", "random", "dotprod", "clustering", "packing"]
+POLICIES = list(SIM_POLICIES)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -114,3 +114,13 @@ def test_frag_bestfit_breaks_equal_gain_by_least_gpu_left() -> None:
     # [1000, 0]: before 1000, after 0) -> gains 1000 and 1000; best fit (less GPU left) -> n1
     ctx = context([node("n0", 2), node("n1", 2)], TW, gpu_free=[[1000, 1000], [1000, 0]])
     assert get_sim_policy("frag-bestfit").choose(ctx, pod(1000, 1000, 1), all_rows(ctx)) == (1, (0,))
+
+
+def test_fgd_capacity_breaks_fgd_ties_by_capacity_gain() -> None:
+    tw = target((1000, 470, 1, 1), (3000, 1000, 1, 1))
+    # b (row 0): 96 cores; a (row 1): 4 cores. A 1-core whole-card pod leaves FGD's measure at 0 on
+    # both (one pod of each shape still fits) -> both score 50 -> FGD takes row 0.
+    # Capacity measure: a goes 1120 -> 60 (gain 1060, see test_frag), b goes 120 -> 60 (gain 60) -> a.
+    ctx = context([node("b", 2, cpu=96_000), node("a", 2, cpu=4000)], tw, gpu_free=[[1000, 1000]] * 2)
+    assert get_sim_policy("fgd").choose(ctx, pod(1000, 1000, 1), all_rows(ctx)) == (0, (0,))
+    assert get_sim_policy("fgd-capacity").choose(ctx, pod(1000, 1000, 1), all_rows(ctx)) == (1, (0,))

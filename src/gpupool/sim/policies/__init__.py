@@ -18,7 +18,7 @@ from gpupool.sim.policies.baselines import (
     SeedBestFitPolicy,
 )
 from gpupool.sim.policies.fgd import FGDPolicy
-from gpupool.sim.policies.ours import FragBestFitPolicy, OnlineFragBestFitPolicy
+from gpupool.sim.policies.ours import FGDCapacityPolicy, FragBestFitPolicy
 
 SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     RandomPolicy.name: RandomPolicy,
@@ -28,8 +28,8 @@ SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     BestFitPolicy.name: BestFitPolicy,
     FGDPolicy.name: FGDPolicy,
     SeedBestFitPolicy.name: SeedBestFitPolicy,
+    FGDCapacityPolicy.name: FGDCapacityPolicy,
     FragBestFitPolicy.name: FragBestFitPolicy,
-    OnlineFragBestFitPolicy.name: OnlineFragBestFitPolicy,
 }
 
 

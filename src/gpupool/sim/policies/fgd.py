@@ -9,30 +9,43 @@ expected milli-GPU (see `gpupool.sim.frag`); the highest score wins, ties by nod
   takes the fitting cards with least free share first, i.e. free cards in index order: the same);
 - CPU-only pod: only the CPU decrement changes fragmentation.
 
-`candidates` enumerates (node row, GPU, after-numerator) for every distinct hypothetical placement,
-ordered by (node row, GPU index); other fragmentation-aware policies (ours) reuse it.
+`placements` enumerates the distinct hypothetical placements and `after` evaluates them under any
+fragmentation table; other fragmentation-aware policies (ours) reuse both.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
 from gpupool.sim.policies.base import MAX_SCORE, Choice, PodView, SimContext, StatelessPolicy, exclusive_gpus
 
 
-def candidates(
+class FragLike(Protocol):
+    """What `after` needs from a fragmentation table (`FragTable`, `CapacityFragTable`)."""
+
+    node_frag: np.ndarray
+
+    def after_shared(
+        self, nodes: np.ndarray, values: np.ndarray, gpu_milli: int, cpu_milli: int
+    ) -> np.ndarray: ...
+
+    def after_whole(self, nodes: np.ndarray, num_gpu: int, cpu_milli: int) -> np.ndarray: ...
+
+
+def placements(
     ctx: SimContext, pod: PodView, feasible: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(rows, gpus, after)``: distinct placements and the node fragmentation numerator after each.
+    """``(rows, gpus, values)``: distinct hypothetical placements, ordered by (node row, GPU index).
 
-    ``gpus`` is -1 for non-sharing pods (their cards are the lowest-index free ones).
+    A sharing pod: one entry per (node, distinct free value of a fitting GPU), the lowest GPU index of
+    that value, ``values`` its free share. Otherwise one entry per node, ``gpus`` = -1 (the cards are
+    the lowest-index free ones) and ``values`` = 0.
     """
-    frag = ctx.frag
     if not pod.is_sharing:
-        after = frag.after_whole(feasible, pod.num_gpu, pod.cpu_milli)
-        return feasible, np.full(len(feasible), -1, dtype=np.int64), after
+        zeros = np.zeros(len(feasible), dtype=np.int64)
+        return feasible, zeros - 1, zeros
     free = ctx.mirror.gpu_free[feasible]
     width = free.shape[1]
     fits = free >= pod.gpu_milli
@@ -41,9 +54,22 @@ def candidates(
         dup = ((free[:, :, None] == free[:, None, :]) & earlier[None, :, :]).any(axis=1)
         fits &= ~dup
     r, g = np.nonzero(fits)
-    rows = feasible[r]
-    after = frag.after_shared(rows, free[r, g], pod.gpu_milli, pod.cpu_milli)
-    return rows, g.astype(np.int64), after
+    return feasible[r], g.astype(np.int64), free[r, g]
+
+
+def after(table: FragLike, pod: PodView, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The node fragmentation numerator of each placement from `placements`, under ``table``."""
+    if pod.is_sharing:
+        return table.after_shared(rows, values, pod.gpu_milli, pod.cpu_milli)
+    return table.after_whole(rows, pod.num_gpu, pod.cpu_milli)
+
+
+def candidates(
+    ctx: SimContext, pod: PodView, feasible: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rows, gpus, after)`` under FGD's measure (``ctx.frag``)."""
+    rows, gpus, values = placements(ctx, pod, feasible)
+    return rows, gpus, after(ctx.frag, pod, rows, values)
 
 
 def fgd_scores(ctx: SimContext, rows: np.ndarray, after: np.ndarray) -> np.ndarray:
