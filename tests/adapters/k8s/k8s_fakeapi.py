@@ -15,6 +15,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # many parallel clients; the default listen backlog is 5
+
+
 def make_pod(
     name: str,
     *,
@@ -91,7 +95,7 @@ class FakeApiServer:
         self.requests: list[tuple[str, str]] = []
         self.expire_watch_before = 0
         self._stopping = False
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        server = _Server(("127.0.0.1", 0), _make_handler(self))
         server.daemon_threads = True
         self.server = server
         self.thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)

@@ -227,3 +227,27 @@ def test_bind_to_a_node_outside_the_pool_is_an_error(extender: Any, fake_api: Fa
     )
     assert "no gpupool GPUs" in out["Error"]
     assert json.dumps(ext.pool.pod_uids()) == "[]"
+
+
+def test_memoised_verdicts_follow_every_change() -> None:
+    from gpupool.adapters.k8s.resources import PodDemand
+
+    pool = make_pool(TEN_NODES)
+    rng = random.Random(5)
+    nodes = pool.nodes()
+    shapes = [(v, c) for v in (2048, 20000, 40000, 81920) for c in (0, 300, 1000)]
+    held: list[str] = []
+    for step in range(300):
+        v, c = rng.choice(shapes)
+        demand = PodDemand(f"u{step}", "default", f"p{step}", rng.choice([100, -1]), v, c)
+        before = pool.filter(demand, nodes)
+        if rng.random() < 0.5 or not held:
+            node = rng.choice(before.passed) if before.passed else rng.choice(nodes)
+            if pool.reserve(demand, node).granted:
+                held.append(demand.uid)
+        else:
+            pool.release_pod(held.pop(rng.randrange(len(held))), reason="test")
+        if step % 10 == 0:
+            pool.set_healthy(f"{rng.choice(nodes)}/{rng.randrange(2)}/whole", rng.random() < 0.7)
+        pool.filter(demand, nodes)
+        pool.check()

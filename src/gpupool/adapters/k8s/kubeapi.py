@@ -16,6 +16,9 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+POOL_CONNECTIONS = 32
+"""Kept-alive connections to the API server (parallel binds each hold one while they run)."""
+
 
 class KubeApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
@@ -46,6 +49,7 @@ class KubeApi:
 
         conf = client.Configuration()
         conf.host = host.rstrip("/")
+        conf.connection_pool_maxsize = POOL_CONNECTIONS
         if token:
             conf.api_key = {"authorization": token}
             conf.api_key_prefix = {"authorization": "Bearer"}
@@ -64,17 +68,20 @@ class KubeApi:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config(config_file=kubeconfig)
-        return cls(client.ApiClient())
+        conf = client.Configuration.get_default_copy()
+        conf.connection_pool_maxsize = POOL_CONNECTIONS
+        return cls(client.ApiClient(conf))
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
         try:
             return fn(*args, _preload_content=False, **kwargs)
         except ApiException as exc:
             body = exc.body.decode() if isinstance(exc.body, bytes) else str(exc.body or exc.reason)
             raise KubeApiError(int(exc.status or 0), body[:300]) from None
-        except OSError as exc:  # NOTE: urllib3 connection errors derive from OSError
+        except (OSError, HTTPError) as exc:  # NOTE: connection refused / reset, protocol errors
             raise KubeApiError(0, str(exc)) from None
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any]:

@@ -21,6 +21,11 @@ left after placement, fewer is better), mapped onto 1..10 by min-max over the fi
 best node gets 10, all equal -> 10); nodes that do not fit score 0. Filter caches the costs it
 computed per (pod UID, pool generation), so prioritize for the same pod and state is a lookup.
 
+Shape memo: verdicts are also kept per demand shape (VRAM, compute, cards, kinds, may-preempt) and
+node, for the last `MEMO_SHAPES` shapes; rebuilding a node's rows drops its entries, so a verdict is
+always the one a fresh evaluation would give. Replicas of one Deployment share a shape, so a burst of
+them costs one full pass, then lookups for the nodes that did not change.
+
 Thread-safety: one re-entrant lock around the allocator and the index (the core is single-threaded).
 Invariants: a pod UID maps to at most one active lease; the index of a clean node equals the
 ledger's states (`check` recomputes both).
@@ -56,6 +61,8 @@ _Group = tuple[int, int, SliceKind, int, int, tuple[int, ...]]
 Filter bisects the free VRAM to the first row that could hold the demand."""
 
 FIT, BUSY, BUSY_HOPELESS, NEVER = 0, 1, 2, 3
+MEMO_SHAPES = 64
+"""Demand shapes (VRAM, compute, cards, kinds, may-preempt) whose per-node verdicts are kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +92,10 @@ class ExtenderPool:
         self._nodes: dict[str, list[str]] = {}
         self._rows: dict[str, tuple[_Row, ...]] = {}
         self._groups: dict[str, tuple[_Group, ...]] = {}
+        self._memo: OrderedDict[
+            tuple[int, int, int, frozenset[SliceKind], bool], dict[str, tuple[int, int, str]]
+        ]
+        self._memo = OrderedDict()
         self._sick: dict[str, tuple[tuple[int, int, SliceKind], ...]] = {}
         self._pod_lease: dict[str, str] = {}
         self._pods: OrderedDict[str, PodDemand] = OrderedDict()
@@ -152,8 +163,12 @@ class ExtenderPool:
         with self._lock:
             self._refresh()
             evaluate = self._evaluator(demand)
+            memo = self._memo_of(demand)
             for node in nodes:
-                status, value, reason = evaluate(node)
+                verdict = memo.get(node)
+                if verdict is None:
+                    verdict = memo[node] = evaluate(node)
+                status, value, reason = verdict
                 if status == FIT:
                     passed.append(node)
                     costs[node] = value
@@ -378,8 +393,28 @@ class ExtenderPool:
             for node in self._rows:
                 if node not in self._dirty and self._rows[node] != self._build(node):
                     raise InvariantViolation(f"extender index of node {node} is stale")
+            for (vram, compute, cards, kinds, may_preempt), memo in self._memo.items():
+                probe = PodDemand(
+                    "check", "check", "check", 0 if may_preempt else -1, vram, compute, cards, kinds
+                )
+                evaluate = self._evaluator(probe)
+                for node, verdict in memo.items():
+                    if node not in self._dirty and evaluate(node) != verdict:
+                        raise InvariantViolation(f"memoised verdict for {node} is stale: {verdict}")
 
     # ------------------------------------------------------------------ internals
+    def _memo_of(self, demand: PodDemand) -> dict[str, tuple[int, int, str]]:
+        """Verdicts per node for this demand's shape; a node's entries go when its rows are rebuilt."""
+        key = (demand.vram_mib, demand.compute_milli, demand.gpu_count, demand.kinds, demand.priority >= 0)
+        memo = self._memo.get(key)
+        if memo is None:
+            memo = self._memo[key] = {}
+            while len(self._memo) > MEMO_SHAPES:
+                self._memo.popitem(last=False)
+        else:
+            self._memo.move_to_end(key)
+        return memo
+
     def _on_event(self, event: LeaseEvent) -> None:
         self._touch(event.lease.node)
         if event.lease.state.ended and self._pod_lease.get(event.lease.request.id) == event.lease.id:
@@ -391,6 +426,10 @@ class ExtenderPool:
 
     def _refresh(self) -> None:
         self.allocator.expire_due()
+        if self._dirty:
+            for memo in self._memo.values():
+                for node in self._dirty:
+                    memo.pop(node, None)
         for node in self._dirty:
             self._rows[node] = self._build(node)
         self._dirty.clear()
