@@ -8,10 +8,15 @@ Method:
    kube-scheduler posts with ``nodeCacheCapable: true``: ``/filter`` with the pod JSON and all node
    names, then ``/prioritize`` with the nodes that passed. One timed sample = both round trips,
    including JSON encode / decode on both sides and the HTTP stack.
-3. Every sample is a fresh pod (new UID, so nothing is reused from the previous pod), and between
-   samples one lease is granted and one released on random cards (untimed), so each timed filter
-   also rebuilds the index rows of the nodes that changed.
-4. The same samples are timed in process (``Extender.filter`` + ``Extender.prioritize`` on dicts:
+3. Every sample is a fresh pod (new UID) of a new shape (random VRAM MiB and compute %), so the
+   extender's per-shape verdict memo never helps: the headline ``filter_prioritize_*`` figures are
+   the cold path. Between samples one lease is granted and one released on random cards (untimed),
+   so each timed filter also rebuilds the index rows of the nodes that changed.
+4. ``repeated_shapes_*``: the same, with pods drawn from 16 shapes (replicas of a few Deployments):
+   the memo answers every node that did not change since the last pod of that shape.
+5. ``filter_prioritize_cpu_p50_ms``: CPU time of this process (client and server threads) per cold
+   sample, which contention from other jobs on the machine does not inflate the way it does wall time.
+6. The cold samples are also timed in process (``Extender.filter`` + ``Extender.prioritize`` on dicts:
    no HTTP, no JSON) to show what the protocol stack costs.
 """
 
@@ -33,9 +38,11 @@ from gpupool.core.ids import seeded_lease_ids
 H100_MIB = 81559
 
 
-def _pod(rng: random.Random) -> dict[str, Any]:
-    vram = rng.choice([4096, 8192, 20480, 32768])
-    pct = rng.choice([10, 25, 30, 50])
+def _pod(rng: random.Random, *, distinct: bool = True) -> dict[str, Any]:
+    if distinct:  # NOTE: a new shape nearly every time: the extender's per-shape memo cannot help
+        vram, pct = rng.randrange(1024, 32768), rng.randrange(1, 60)
+    else:
+        vram, pct = rng.choice([4096, 8192, 20480, 32768]), rng.choice([10, 25, 30, 50])
     limits = {
         "cpu": "8",
         "memory": "32Gi",
@@ -136,14 +143,14 @@ def run(
             raise RuntimeError(f"{verb}: HTTP {resp.status}: {data[:200]!r}")
         return json.loads(data)
 
-    http_ms: list[float] = []
-    filter_ms: list[float] = []
-    prio_ms: list[float] = []
-    passed: list[int] = []
-    try:
+    cpu_ms: list[float] = []
+
+    def timed(distinct: bool, offset: int) -> tuple[list[float], list[float], list[float], list[int]]:
+        total, filt, prio, passed = [], [], [], []
         for i in range(warmup + samples):
-            mutate(i)
-            pod = _pod(rng)
+            mutate(offset + i)
+            pod = _pod(rng, distinct=distinct)
+            c0 = time.process_time()
             t0 = time.perf_counter()
             out = post("filter", json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode())
             t1 = time.perf_counter()
@@ -152,16 +159,23 @@ def run(
             )
             t2 = time.perf_counter()
             if i >= warmup:
-                http_ms.append((t2 - t0) * 1000)
-                filter_ms.append((t1 - t0) * 1000)
-                prio_ms.append((t2 - t1) * 1000)
+                if distinct:
+                    cpu_ms.append((time.process_time() - c0) * 1000)
+                total.append((t2 - t0) * 1000)
+                filt.append((t1 - t0) * 1000)
+                prio.append((t2 - t1) * 1000)
                 passed.append(len(out["NodeNames"]))
+        return total, filt, prio, passed
+
+    try:
+        http_ms, filter_ms, prio_ms, passed = timed(True, 0)
+        repeated_ms, _, _, _ = timed(False, warmup + samples)
     finally:
         conn.close()
         server.stop()
     inproc_ms: list[float] = []
     for i in range(warmup + samples):
-        mutate(warmup + samples + i)
+        mutate(2 * (warmup + samples) + i)
         pod = _pod(rng)
         t0 = time.perf_counter()
         out = ext.filter({"Pod": pod, "Nodes": None, "NodeNames": names})
@@ -180,8 +194,11 @@ def run(
         "NodeNames mode",
         "filter_prioritize_p50_ms": round(statistics.median(http_ms), 3),
         "filter_prioritize_p99_ms": round(_pctl(http_ms, 0.99), 3),
+        "filter_prioritize_cpu_p50_ms": round(statistics.median(cpu_ms), 3),
         "filter_p50_ms": round(statistics.median(filter_ms), 3),
         "prioritize_p50_ms": round(statistics.median(prio_ms), 3),
+        "repeated_shapes_p50_ms": round(statistics.median(repeated_ms), 3),
+        "repeated_shapes_p99_ms": round(_pctl(repeated_ms, 0.99), 3),
         "in_process_p50_ms": round(statistics.median(inproc_ms), 3),
         "in_process_p99_ms": round(_pctl(inproc_ms, 0.99), 3),
         "nodes_passing_mean": round(statistics.mean(passed), 1),
