@@ -77,7 +77,7 @@ def gpu_view(url: str, gpu_id: str) -> dict[str, Any]:
 def build(url: str, **cfg: object) -> tuple[NodeAgent, ScriptedSource, GatewayReporter, ManualClock]:
     clock = ManualClock()
     source = ScriptedSource([GpuSample(GPU, 0, 0, 81920, uuid="GPU-c0", temperature_c=45, util_pct=10)])
-    reporter = GatewayReporter(url, node="gpu-c", token=ADMIN, ledger_every_s=0.0)
+    reporter = GatewayReporter(url, node="gpu-c", token=ADMIN, ledger_every_s=0.0, config_every_s=0.0)
     agent = NodeAgent(
         AgentConfig("gpu-c", **cfg),  # type: ignore[arg-type]
         source,
@@ -166,3 +166,25 @@ def test_one_simulated_agent_per_node_reports_to_the_gateway(gateway: str) -> No
     finally:
         for rt in agents:
             rt.stop()
+
+
+def test_watermarks_set_at_the_gateway_are_enforced_by_the_agent(
+    gateway: str, batch_job: subprocess.Popen[bytes]
+) -> None:
+    url = gateway
+    agent, source, reporter, clock = build(url, revoke_after_s=None)
+    agent.register(Workload("p2", GPU, "signal", vram_mib=10, pgid=batch_job.pid))
+    r = httpx.put(
+        f"{url}/v1/admin/watermarks",
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        json={"vram_high": 0.5, "vram_low": 0.3, "temp_high_c": 80, "temp_low_c": 75, "early_warning": 0.45},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    tick(agent, clock)
+    assert reporter.flush_once()
+    source.set(GPU, vram_used_mib=45000)  # 55 %: under the default 88 %, over the gateway's 50 %
+    tick(agent, clock)
+    assert agent.bank.config.vram_high == 0.5
+    assert wait_for(lambda: stopped(batch_job.pid))
+    reporter.stop(final_flush=False)

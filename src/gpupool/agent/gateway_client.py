@@ -21,7 +21,10 @@ Wire protocol (JSON over HTTP, ``Authorization: Bearer <token>``; the token need
    revoke, unhealthy, source_error). A gateway without this route (404/405) is remembered; then
    only ``revoke`` events are delivered, as ``DELETE /v1/leases/{lease_id}`` (the capacity returns
    to the pool; the job's owner requeues it), and the other events are counted in ``unsent_events``.
-3. Every ``ledger_every_s``: ``GET {gateway}/v1/leases`` -> ``{"leases": [{"id", "node", "gpu_id",
+3. Every ``config_every_s``: ``GET {gateway}/v1/pool`` -> ``watermarks`` (``vram_high``, ``vram_low``,
+   ``temp_high_c``, ``temp_low_c``, ``early_warning``): the thresholds the loop enforces, kept (and
+   enforced locally) while the gateway is unreachable.
+4. Every ``ledger_every_s``: ``GET {gateway}/v1/leases`` -> ``{"leases": [{"id", "node", "gpu_id",
    "priority", "vram_mib", "state", "labels"?}]}``, filtered to this node's active leases; the loop
    takes it with `take_ledger` (lease labels name the pauser, see `gpupool.agent.workloads`).
 
@@ -121,6 +124,7 @@ class GatewayReporter:
         token: str,
         send_every_s: float = 0.2,
         ledger_every_s: float = 1.0,
+        config_every_s: float = 5.0,
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 10.0,
         outbox_limit: int = 10_000,
@@ -137,6 +141,7 @@ class GatewayReporter:
         self._headers = {"Authorization": f"Bearer {token}"}
         self.send_every_s = send_every_s
         self.ledger_every_s = ledger_every_s
+        self.config_every_s = config_every_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.batch = batch
@@ -160,6 +165,8 @@ class GatewayReporter:
         self._resync = True
         self._next_try = 0.0
         self._next_ledger = 0.0
+        self._next_config = 0.0
+        self._watermarks: dict[str, Any] | None = None
 
     # ----------------------------------------------------------------- loop side (never blocks)
     def __call__(self, snap: NodeSnapshot, events: Sequence[AgentEvent]) -> None:
@@ -175,6 +182,12 @@ class GatewayReporter:
         with self._lock:
             ledger, self._ledger = self._ledger, None
             return ledger
+
+    def take_watermarks(self) -> dict[str, Any] | None:
+        """The gateway's watermark thresholds (``GET /v1/pool`` -> ``watermarks``) when newly fetched."""
+        with self._lock:
+            wm, self._watermarks = self._watermarks, None
+            return wm
 
     @property
     def connected(self) -> bool:
@@ -222,6 +235,17 @@ class GatewayReporter:
                     with self._lock:
                         self._ledger = ledger
                 self._next_ledger = now + self.ledger_every_s
+        if now >= self._next_config:
+            resp = self._request("GET", f"{self.base}/v1/pool")
+            if not isinstance(resp, str) and resp.status_code < 300:
+                try:
+                    wm = resp.json().get("watermarks")
+                except (ValueError, AttributeError):
+                    wm = None
+                if isinstance(wm, dict):
+                    with self._lock:
+                        self._watermarks = dict(wm)
+                self._next_config = now + self.config_every_s
         with self._lock:
             self._resync = False
             self.failures = 0

@@ -69,7 +69,7 @@ class AgentEvent:
     seq: int
     kind: str
     """watermark_pause | watermark_resume | paused | resumed | pauser_failure | revoke | unhealthy |
-    source_error | mps_applied | mps_failure"""
+    source_error | mps_applied | mps_failure | watermarks | config_error"""
     at_s: float
     gpu_id: str = ""
     lease_id: str = ""
@@ -418,6 +418,10 @@ class NodeAgent:
     def _sync_ledger(self, now: float) -> None:
         if self.ledger is None:
             return
+        take_wm = getattr(self.ledger, "take_watermarks", None)
+        wm = take_wm() if callable(take_wm) else None
+        if wm is not None:
+            self._apply_watermarks(wm, now)
         leases = self.ledger.take_ledger()
         if leases is None:
             return
@@ -442,6 +446,20 @@ class NodeAgent:
         if self.mps is not None:
             for kind, gpu, detail in self.mps.sync(leases):
                 self._emit(kind, now, gpu_id=gpu, reason=detail)
+
+    def _apply_watermarks(self, raw: Mapping[str, object], now: float) -> None:
+        """New thresholds from the gateway apply from this tick; states are kept (no flapping)."""
+        fields = ("vram_high", "vram_low", "temp_high_c", "temp_low_c", "early_warning")
+        try:
+            cfg = WatermarkConfig(**{k: raw[k] for k in fields if k in raw})  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            self._emit("config_error", now, reason=f"gateway watermarks {dict(raw)!r}: {exc}")
+            return
+        if cfg != self.bank.config:
+            self.bank.reconfigure(cfg)
+            if self.config.relief_target is None:
+                self._target = cfg.vram_high
+            self._emit("watermarks", now, reason=f"high {cfg.vram_high:.0%} low {cfg.vram_low:.0%}")
 
     def _emit(self, kind: str, at_s: float, **fields: object) -> None:
         self._seq += 1
