@@ -207,3 +207,19 @@ def test_refused_pause_is_reported_once_and_not_retried() -> None:
     fails = sorted((e.lease_id, e.reason) for e in events if e.kind == "pauser_failure")
     assert len(fails) == 2
     assert "not found on PATH" in fails[0][1] and "unknown pauser 'sigstop'" in fails[1][1]
+
+
+def test_restarted_agent_adopts_a_job_left_stopped_and_resumes_it(batch_job: subprocess.Popen[bytes]) -> None:
+    import os
+    import signal
+
+    os.killpg(batch_job.pid, signal.SIGSTOP)  # a previous agent paused it and went away
+    assert wait_for(lambda: stopped(batch_job.pid))
+    clock = ManualClock()
+    agent, source, events = make_agent(clock)
+    entry = agent.register(Workload("left-over", GPU, "signal", vram_mib=10, pgid=batch_job.pid))
+    assert entry.state is RunState.PAUSED  # probed, not assumed running
+    source.set_used_ratio(GPU, 0.20)
+    step(agent, clock)
+    assert kinds(events) == ["resumed"]
+    assert wait_for(lambda: running(batch_job.pid))

@@ -111,6 +111,12 @@ class NodeSnapshot:
     """(lease_id, gpu_id, state) for every known workload."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    lease_id: str
+    paused: bool
+
+
 class EngineSource(Protocol):
     def views(self, gpu_id: str, now_s: float) -> Sequence[EngineView]: ...
 
@@ -165,15 +171,43 @@ class NodeAgent:
         self._tick = 0
         self.last_tick_s: float | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._inflight: list[Future[PauseResult]] = []
+        self._inflight: list[Future[PauseResult | _Probe]] = []
         self._last: NodeSnapshot = NodeSnapshot(config.node, clock.now(), 0, (), ())
         target = config.relief_target if config.relief_target is not None else config.watermarks.vram_high
         self._target = target
 
     # ------------------------------------------------------------------ public
     def register(self, workload: Workload) -> Entry:
-        """Add a P2 workload; if its GPU is paused it is paused on the next tick."""
-        return self.workloads.register(workload, at_s=self.clock.now())
+        """Add a P2 workload; if its GPU is paused it is paused on the next tick. A new workload's
+        real state is probed (`Pauser.is_paused`), so a restarted agent adopts jobs it had paused
+        and resumes them once their GPU is calm."""
+        return self._register(workload, source="local", now=self.clock.now())
+
+    def _register(self, workload: Workload, *, source: str, now: float) -> Entry:
+        new = self.workloads.get(workload.lease_id) is None
+        e = self.workloads.register(workload, source=source, at_s=now)
+        if new:
+            self._probe(e)
+        return e
+
+    def _probe(self, e: Entry) -> None:
+        w = e.workload
+        pauser = self.pausers.get(w.pauser)
+        if pauser is None or pauser.check(w) is not None:
+            return
+        if w.pauser in self.inline_pausers:
+            self._adopt(_Probe(w.lease_id, pauser.is_paused(w)))
+            return
+
+        def probe() -> _Probe:
+            return _Probe(w.lease_id, pauser.is_paused(w))
+
+        self._submit(probe)
+
+    def _adopt(self, p: _Probe) -> None:
+        e = self.workloads.get(p.lease_id)
+        if p.paused and e is not None and e.state is RunState.RUNNING:
+            self.workloads.set_state(p.lease_id, RunState.PAUSED, at_s=self.clock.now())
 
     def snapshot(self) -> NodeSnapshot:
         return self._last
@@ -343,11 +377,14 @@ class NodeAgent:
         if w.pauser in self.inline_pausers:
             self._apply(fn(w))
             return
+        self._submit(lambda: fn(w))
+
+    def _submit(self, fn: Callable[[], PauseResult | _Probe]) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 max_workers=self.config.workers, thread_name_prefix="gpupool-pauser"
             )
-        self._inflight.append(self._pool.submit(fn, w))
+        self._inflight.append(self._pool.submit(fn))
 
     def _harvest(self) -> None:
         if not self._inflight:
@@ -359,7 +396,11 @@ class NodeAgent:
             if exc is not None:  # a pauser broke its contract; record it, do not crash the loop
                 self._emit("pauser_failure", self.clock.now(), reason=f"{type(exc).__name__}: {exc}")
                 continue
-            self._apply(f.result())
+            res = f.result()
+            if isinstance(res, _Probe):
+                self._adopt(res)
+            else:
+                self._apply(res)
 
     def _apply(self, r: PauseResult) -> None:
         now = self.clock.now()
@@ -439,7 +480,7 @@ class NodeAgent:
                 continue
             if w is not None and w.priority < 0:
                 seen.add(w.lease_id)
-                self.workloads.register(w, source="ledger", at_s=now)
+                self._register(w, source="ledger", now=now)
         self.ledger_mib = mib
         for lease_id in self.workloads.ledger_ids() - seen:
             self.workloads.forget(lease_id)
