@@ -217,7 +217,15 @@ def _errors(app: FastAPI) -> None:
 
 
 def _jsonable(errs: Any) -> Any:
-    return json.loads(json.dumps(errs, default=str))
+    """Validation errors without the offending input (it may be NaN, huge or binary): loc, msg, type."""
+    return [
+        {
+            "loc": [str(x) for x in e.get("loc", ())],
+            "msg": str(e.get("msg", "")),
+            "type": str(e.get("type", "")),
+        }
+        for e in errs
+    ]
 
 
 # ---------------------------------------------------------------------- views
