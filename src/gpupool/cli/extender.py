@@ -103,6 +103,8 @@ def extender(
     stop = threading.Event()
     if api is not None and reconcile:
         rec = PodReconciler(pool, names=names)
+        listed_at = pool.allocator.clock.now()
+        rec.resync(api.list_pods()[0], listed_at=listed_at)  # NOTE: adopt bound pods before serving
         threading.Thread(target=rec.run, args=(api, stop), name="gpupool-reconciler", daemon=True).start()
     typer.echo(
         f"gpupool extender listening on {server.url} ({len(pool.nodes())} nodes, {len(slices)} slices from "

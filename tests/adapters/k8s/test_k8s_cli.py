@@ -175,3 +175,34 @@ def test_device_plugin_command_registers_with_kubelet(tmp_path: Path) -> None:
         env={**os.environ, "NODE_NAME": ""},
     )
     assert bad.returncode == 2 and "--node" in bad.stderr
+
+
+def test_extender_adopts_bound_pods_before_serving() -> None:
+    from gpupool.adapters.k8s.annotations import PlacedGrant, Placement, encode_placement
+
+    api = FakeApiServer().start()
+    try:
+        slices = [Slice("n1/0/mps0", "n1", "n1/0", SliceKind.MPS, Resources(12288, 250), gpu_index=0)]
+        api.add_node(make_node("n1", {"gpupool.io/slices": encode_slices(slices)}))
+        grant = PlacedGrant("n1/0/mps0", "n1/0", "", SliceKind.MPS, 0, "", 12288, 250, False)
+        placement = Placement(
+            "lease-1", "uid-1", "default", "old", "main", "n1", 100, False, 12288, 250, 1, (), (grant,), 1.0
+        )
+        api.add_pod(
+            make_pod(
+                "old",
+                uid="uid-1",
+                node="n1",
+                phase="Running",
+                annotations={"gpupool.io/placement": encode_placement(placement)},
+            )
+        )
+        with run_extender("--kube-api", api.url) as line:
+            url = url_of(line)
+            with urllib.request.urlopen(f"{url}/state", timeout=10) as resp:
+                assert json.loads(resp.read())["pods"] == ["uid-1"]
+            pod = make_pod("new", vram_mib=1024)
+            out = post(f"{url}/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]})
+            assert out["NodeNames"] == [] and "n1" in out["FailedAndUnresolvableNodes"]
+    finally:
+        api.stop()

@@ -9,9 +9,10 @@ Events (from a list + watch of all pods):
   inventory, a lease id or node that differs from the pool's, a bound pod that asks for gpupool
   resources but carries no placement (bound by another scheduler).
 
-Resync (start, and after every expired watch): adopt from the full list, renew the leases of live
-pods, and release leases whose pod is gone, except leases granted after the list started (a bind
-that raced the list). Invariant after a resync: every pool lease belongs to a live, unfinished pod
+Resync (at start and whenever a watch ends: its timeout is the resync period): adopt from the full
+list, renew the leases of live pods (so placement leases never expire under running pods), and
+release leases whose pod is gone, except leases granted after the list started (a bind that raced
+the list). Invariant after a resync: every pool lease belongs to a live, unfinished pod
 of the list or was granted after it.
 """
 
@@ -125,19 +126,18 @@ class PodReconciler:
     def run(
         self, api: KubeApi, stop: threading.Event, *, watch_timeout_s: int = 300, backoff_s: float = 2.0
     ) -> None:
-        """List, resync, watch; relist on an expired watch; back off on API errors. Until ``stop``."""
+        """Until ``stop``: list and resync, then watch until the watch times out (``watch_timeout_s``,
+        which is therefore also the resync and lease-renewal period), expires (410) or fails."""
         while not stop.is_set():
             try:
                 listed_at = self.pool.allocator.clock.now()
                 pods, rv = api.list_pods()
                 self.resync(pods, listed_at=listed_at)
-                while not stop.is_set():
-                    for kind, obj in api.watch_pods(rv, timeout_s=watch_timeout_s):
-                        rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                        if kind != "BOOKMARK":
-                            self.apply(kind, obj)
-                        if stop.is_set():
-                            return
+                for kind, obj in api.watch_pods(rv, timeout_s=watch_timeout_s):
+                    if kind != "BOOKMARK":
+                        self.apply(kind, obj)
+                    if stop.is_set():
+                        return
             except WatchExpiredError:
                 log.info("pod watch expired; listing again")
             except KubeApiError as exc:
