@@ -87,3 +87,14 @@ def test_workload_validation_names_the_field() -> None:
         Workload("l", "g", "vllm-sleep", sleep_level=3)
     with pytest.raises(InvalidInput, match=r"workload\.vram_mib"):
         Workload("l", "g", "signal", vram_mib=-1)
+
+
+def test_agent_config_validation_names_the_field() -> None:
+    from gpupool.agent.loop import AgentConfig
+
+    with pytest.raises(InvalidInput, match=r"agent\.period_s"):
+        AgentConfig("n1", period_s=0)
+    with pytest.raises(InvalidInput, match=r"agent\.revoke_after_s"):
+        AgentConfig("n1", revoke_after_s=-1.0)
+    with pytest.raises(InvalidInput, match=r"agent\.node"):
+        AgentConfig("")

@@ -26,11 +26,20 @@ import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
-from gpupool.agent.pressure import EngineView, PressureConfig, health_problem, to_reading
+from gpupool.agent.pressure import health_problem, to_reading
 from gpupool.agent.source import DeviceSource, GpuSample
+from gpupool.agent.values import (
+    AgentConfig,
+    AgentEvent,
+    EngineSource,
+    GpuStatus,
+    LedgerFeed,
+    MpsSync,
+    NodeSnapshot,
+    Observer,
+)
 from gpupool.agent.workloads import Entry, RunState, WorkloadTable, workload_from_lease
 from gpupool.core.clock import Clock
 from gpupool.core.pausers import (
@@ -46,94 +55,15 @@ from gpupool.core.pausers import (
 )
 from gpupool.core.watermarks import Reading, Signal, WatermarkBank, WatermarkConfig
 
+__all__ = ["AgentConfig", "AgentEvent", "GpuStatus", "NodeAgent", "NodeSnapshot", "Observer"]
+
 INLINE_PAUSERS = frozenset({"signal", "cgroup"})
-
-
-@dataclass(frozen=True, slots=True)
-class AgentConfig:
-    node: str
-    period_s: float = 0.2
-    watermarks: WatermarkConfig = field(default_factory=WatermarkConfig)
-    pressure: PressureConfig = field(default_factory=PressureConfig)
-    revoke_after_s: float | None = 5.0
-    """How long VRAM may stay over the relief target after PAUSE before leases are revoked (None: never)."""
-    relief_target: float | None = None
-    """VRAM ratio the relief plan aims below; None = the high watermark."""
-    retry_s: float = 1.0
-    """Wait before retrying a failed or refused pause/resume of one workload."""
-    workers: int = 4
-
-
-@dataclass(frozen=True, slots=True)
-class AgentEvent:
-    seq: int
-    kind: str
-    """watermark_pause | watermark_resume | paused | resumed | pauser_failure | revoke | unhealthy |
-    source_error | mps_applied | mps_failure | watermarks | config_error"""
-    at_s: float
-    gpu_id: str = ""
-    lease_id: str = ""
-    reason: str = ""
-    pauser: str = ""
-    frees: str = ""
-    latency_ms: float = 0.0
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "seq": self.seq,
-            "kind": self.kind,
-            "at_s": self.at_s,
-            "gpu_id": self.gpu_id,
-            "lease_id": self.lease_id,
-            "reason": self.reason,
-            "pauser": self.pauser,
-            "frees": self.frees,
-            "latency_ms": round(self.latency_ms, 3),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class GpuStatus:
-    sample: GpuSample
-    reading: Reading | None
-    paused: bool
-    healthy: bool
-    problem: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSnapshot:
-    node: str
-    at_s: float
-    tick: int
-    gpus: tuple[GpuStatus, ...]
-    workloads: tuple[tuple[str, str, str], ...]
-    """(lease_id, gpu_id, state) for every known workload."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Probe:
     lease_id: str
     paused: bool
-
-
-class EngineSource(Protocol):
-    def views(self, gpu_id: str, now_s: float) -> Sequence[EngineView]: ...
-
-
-class MpsSync(Protocol):
-    def sync(self, leases: Sequence[Mapping[str, object]]) -> list[tuple[str, str, str]]:
-        """Apply the ledger to MPS daemons; (kind, gpu_id, detail) per change."""
-        ...
-
-
-class LedgerFeed(Protocol):
-    def take_ledger(self) -> Sequence[Mapping[str, object]] | None:
-        """The newest lease list for this node since the last call, or None when nothing new."""
-        ...
-
-
-Observer = Callable[[NodeSnapshot, Sequence[AgentEvent]], None]
 
 
 class NodeAgent:
