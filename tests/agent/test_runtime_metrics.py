@@ -157,7 +157,7 @@ def test_cli_agent_subprocess_reports_to_the_gateway() -> None:
                 "--period-ms",
                 "50",
                 "--duration-s",
-                "1.5",
+                "2.5",
             ],
             capture_output=True,
             text=True,
