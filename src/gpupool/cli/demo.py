@@ -13,14 +13,15 @@ from gpupool.hardware.units import compute_milli_from_pct
 
 
 def seed_example_pool() -> list[Slice]:
-    """The seed's platform in miniature: an A100-80GB cut 3g.40gb + 2 x 1g.10gb (+ 2g.20gb pool),
-    and an L40S-48GB shared by MPS (a 4 GB guardrail share and a 44 GB batch pool)."""
+    """The seed's platform in miniature: an A100-80GB cut 3g.40gb@0 + 1g.10gb@4 + 1g.10gb@5 (+ a
+    1g.10gb@6 pool slice: a legal layout, checked in tests against the hardware validator), an L40S-48GB
+    shared by MPS (a 4 GB guardrail share and a 44 GB batch pool) and a whole H100."""
     a100 = "gpu-a/0"
     l40s = "gpu-b/0"
 
-    def mig(name: str, profile: str, vram_gib: int, sm_sevenths: int) -> Slice:
+    def mig(profile: str, start: int, vram_gib: int, sm_sevenths: int) -> Slice:
         return Slice(
-            id=f"gpu-a/0/{name}",
+            id=f"gpu-a/0/mig-{profile}-{start}",
             node="gpu-a",
             gpu_id=a100,
             kind=SliceKind.MIG,
@@ -41,10 +42,10 @@ def seed_example_pool() -> list[Slice]:
         )
 
     return [
-        mig("mig-3g.40gb-0", "3g.40gb", 40, 3),
-        mig("mig-1g.10gb-4", "1g.10gb", 10, 1),
-        mig("mig-1g.10gb-5", "1g.10gb", 10, 1),
-        mig("mig-2g.20gb-6", "2g.20gb", 20, 2),
+        mig("3g.40gb", 0, 40, 3),
+        mig("1g.10gb", 4, 10, 1),
+        mig("1g.10gb", 5, 10, 1),
+        mig("1g.10gb", 6, 10, 1),
         mps("mps-guardrail", 4, 20),
         mps("mps-pool", 44, 80),
         Slice(

@@ -45,3 +45,12 @@ def test_bad_input_exits_2_with_one_line() -> None:
     assert out.returncode == 2
     assert out.stderr.startswith("gpupool: error:") and "sizes" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_demo_pool_is_a_legal_mig_layout() -> None:
+    from gpupool.cli.demo import seed_example_pool
+    from gpupool.hardware.mig import MigInstance, validate_layout
+
+    mig = [s for s in seed_example_pool() if s.kind.value == "mig"]
+    starts = [MigInstance(s.profile, int(s.id.rsplit("-", 1)[1])) for s in mig]
+    validate_layout("A100-SXM4-80GB", starts)
