@@ -186,9 +186,19 @@ def build_runtime(
     return AgentRuntime(agent, src, reporter, scraper, pauser_status=availability(pausers))
 
 
+def _card_mib(model: str) -> int:
+    """The catalogue's full-card memory (MIG layouts may leave some of it unsliced); 0 if unknown."""
+    from gpupool.hardware.catalogue import gpu_model
+
+    try:
+        return gpu_model(model).memory_mib if model else 0
+    except ValueError:  # UnknownGpuModelError
+        return 0
+
+
 def source_for_slices(node: str, slices: Sequence[Slice]) -> ScriptedSource:
-    """An in-memory node with one GPU per ``gpu_id`` of ``slices`` on ``node`` (total VRAM = the sum
-    of its slices' capacity; MIG instances become `GpuSample.instances`)."""
+    """An in-memory node with one GPU per ``gpu_id`` of ``slices`` on ``node`` (total VRAM = the card's
+    catalogue memory, or the sum of its slices if larger; MIG instances become `GpuSample.instances`)."""
     by_gpu: dict[str, list[Slice]] = {}
     for s in slices:
         if s.node == node:
@@ -216,7 +226,7 @@ def source_for_slices(node: str, slices: Sequence[Slice]) -> ScriptedSource:
                 gpu_id,
                 first.gpu_index,
                 0,
-                sum(s.capacity.vram_mib for s in group),
+                max(sum(s.capacity.vram_mib for s in group), _card_mib(first.gpu_model)),
                 uuid=first.uuid or f"GPU-{gpu_id.replace('/', '-')}",
                 model=first.gpu_model,
                 temperature_c=40,
