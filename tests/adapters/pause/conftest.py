@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.adapters.pause.pause_helpers import wait_for
 
 from gpupool.adapters.pause.cgroup import cgroup_v2_root
 from gpupool.adapters.pause.procfs import proc_state
+from tests.adapters.pause.pause_helpers import wait_for
 
 JOB = "import time\nwhile True:\n    time.sleep(0.005)\n"
 
