@@ -7,7 +7,8 @@ Inventory, first match wins:
 
 Kubernetes API: in-cluster service account, else ``--kubeconfig`` / ``$KUBECONFIG``, or an explicit
 ``--kube-api URL``. ``--no-kube`` runs without one (bind then only commits the lease: a dry run for
-trying the protocol locally). With an API the pod reconciler runs in a background thread.
+trying the protocol locally). With an API the pod reconciler and the preemptor (evicts P2 pods for
+pending higher-priority pods that fit nowhere) run in background threads.
 
 The extender owns its `Allocator` (single process, one replica). Sharing the gateway's lease store
 is the next step: the pool would commit through the gateway's store with compare-and-set on the
@@ -70,12 +71,16 @@ def extender(
     kubeconfig: str = typer.Option("", "--kubeconfig", help="kubeconfig file."),
     no_kube: bool = typer.Option(False, "--no-kube", help="No Kubernetes API: bind only commits the lease."),
     reconcile: bool = typer.Option(True, "--reconcile/--no-reconcile", help="Run the pod reconciler."),
+    preempt_interval_s: float = typer.Option(
+        5.0, "--preempt-interval-s", help="Seconds between preemption rounds for pending pods (0 = off)."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
 ) -> None:
     """Scheduler extender: filter / prioritize / bind / preempt for gpupool.io/vram-mib x compute-pct."""
     from gpupool.adapters.k8s.extender import Extender, ExtenderServer
     from gpupool.adapters.k8s.kubeapi import KubeApi
     from gpupool.adapters.k8s.pool import ExtenderPool
+    from gpupool.adapters.k8s.preemptor import Preemptor
     from gpupool.adapters.k8s.reconciler import PodReconciler
     from gpupool.adapters.k8s.resources import ResourceNames
     from gpupool.core.clock import FunctionClock
@@ -106,6 +111,11 @@ def extender(
         listed_at = pool.allocator.clock.now()
         rec.resync(api.list_pods()[0], listed_at=listed_at)  # NOTE: adopt bound pods before serving
         threading.Thread(target=rec.run, args=(api, stop), name="gpupool-reconciler", daemon=True).start()
+        if preempt_interval_s > 0:
+            pre = Preemptor(pool, names=names)
+            threading.Thread(
+                target=pre.run, args=(api, stop), kwargs={"interval_s": preempt_interval_s}, daemon=True
+            ).start()
     typer.echo(
         f"gpupool extender listening on {server.url} ({len(pool.nodes())} nodes, {len(slices)} slices from "
         f"{source})",

@@ -92,6 +92,7 @@ class FakeApiServer:
         self.rv = 100
         self.fail_bindings: set[str] = set()
         self.bindings: list[dict[str, Any]] = []
+        self.evictions: list[tuple[str, str]] = []
         self.requests: list[tuple[str, str]] = []
         self.expire_watch_before = 0
         self._stopping = False
@@ -317,6 +318,16 @@ def _make_handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             pp = self._pod_path()
             api.requests.append(("POST", self.path))
             body = self._body()
+            if pp and pp[2] == "eviction":
+                with api.lock:
+                    if (pp[0], pp[1]) not in api.pods:
+                        self._status(404, "NotFound", f'pods "{pp[1]}" not found')
+                        return
+                    api.evictions.append((pp[0], pp[1]))
+                    pod = api.pods.pop((pp[0], pp[1]))
+                    api._emit("DELETED", pod)
+                self._json(201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
+                return
             if not pp or pp[2] != "binding":
                 self._status(404, "NotFound", self.path)
                 return

@@ -150,16 +150,15 @@ def test_container_args_are_valid_gpupool_commands() -> None:
 
 def test_rbac_allows_what_the_adapter_calls() -> None:
     roles = {d["metadata"]["name"]: d for d in _by_kind("ClusterRole")}
-    ext_rules = {(tuple(r["resources"]), v) for r in roles["gpupool-extender"]["rules"] for v in r["verbs"]}
-    for need in (
-        (("pods",), "patch"),
-        (("pods/binding",), "create"),
-        (("pods",), "watch"),
-        (("nodes",), "list"),
-    ):
-        assert need in ext_rules
-    node_rules = {(tuple(r["resources"]), v) for r in roles["gpupool-node"]["rules"] for v in r["verbs"]}
-    assert (("pods",), "watch") in node_rules and (("nodes",), "patch") in node_rules
+
+    def grants(role: str) -> set[tuple[str, str]]:
+        return {(res, v) for r in roles[role]["rules"] for res in r["resources"] for v in r["verbs"]}
+
+    ext = grants("gpupool-extender")
+    for need in ("pods:patch", "pods:watch", "pods/binding:create", "pods/eviction:create", "nodes:list"):
+        assert tuple(need.split(":")) in ext, need
+    node = grants("gpupool-node")
+    assert ("pods", "watch") in node and ("nodes", "patch") in node
 
 
 def test_example_pods_schedule_on_the_example_platform() -> None:

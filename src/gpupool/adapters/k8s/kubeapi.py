@@ -5,7 +5,8 @@ sends them), so the extender, the device plugin and the reconciler parse one sha
 watches are read with ``_preload_content=False`` and decoded here (no model round trip).
 
 Calls: read / annotate (JSON merge patch of metadata.annotations; ``None`` deletes a key) / bind a
-pod (``POST .../pods/{name}/binding`` with the pod UID, as kube-scheduler's DefaultBinder does),
+pod (``POST .../pods/{name}/binding`` with the pod UID, as kube-scheduler's DefaultBinder does) /
+evict a pod (policy/v1 Eviction),
 list pods and nodes, and a pod watch that yields ``(type, object)`` and raises `WatchExpiredError` on
 HTTP 410 so the caller relists. Errors surface as `KubeApiError` with the HTTP status.
 """
@@ -101,6 +102,17 @@ class KubeApi:
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         self._call(self._core.create_namespaced_pod_binding, name, namespace, binding)
+
+    def evict_pod(self, namespace: str, name: str) -> None:
+        """``POST .../pods/{name}/eviction`` (policy/v1): honours PodDisruptionBudgets (HTTP 429)."""
+        from kubernetes import client
+
+        body = client.V1Eviction(
+            api_version="policy/v1",
+            kind="Eviction",
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+        )
+        self._call(self._core.create_namespaced_pod_eviction, name, namespace, body)
 
     def list_pods(self, *, field_selector: str = "") -> tuple[list[dict[str, Any]], str]:
         kw = {"field_selector": field_selector} if field_selector else {}
