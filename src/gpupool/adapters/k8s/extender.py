@@ -19,7 +19,7 @@ Contract per verb:
 - preempt: per candidate node, the minimal set of preemptible strictly-lower-priority pods from
   the core planner; nodes that need no victim or cannot be helped are dropped. kube-scheduler only
   calls preempt for nodes where its in-tree plugins found victims (our VRAM/compute resources are
-  ignoredByScheduler), so this verb refines, it cannot start, a preemption (see deploy/README.md).
+  ignoredByScheduler), so this verb refines, it cannot start, a preemption: `preemptor` starts them.
 Malformed JSON or a non-object body: HTTP 400 with ``{"Error": ...}``; an invalid pod: HTTP 200 with
 ``Error`` naming the field. Unexpected exceptions: HTTP 500 with ``Error``; the server keeps serving.
 """
