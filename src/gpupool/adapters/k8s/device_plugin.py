@@ -161,7 +161,12 @@ class DevicePlugin:
         self._ids: dict[str, str] = {}
         for c in self._cards.values():
             for k in range(config.replicas):
-                self._ids[device_id(c.gpu_id, k)] = c.gpu_id
+                did = device_id(c.gpu_id, k)
+                if did in self._ids:
+                    raise InvalidInput(
+                        "gpu_id", c.gpu_id, f"device id {did} collides with GPU {self._ids[did]}"
+                    )
+                self._ids[did] = c.gpu_id
         self._server: Any = None
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None

@@ -180,7 +180,7 @@ class Extender:
             return {"Error": ""}
         placement = Placement.of_lease(
             out.lease,
-            self.pool.slices(),
+            self.pool.slices_of(out.lease),
             namespace=ns,
             name=name,
             container=demand.container,

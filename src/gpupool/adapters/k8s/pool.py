@@ -126,6 +126,10 @@ class ExtenderPool:
         with self._lock:
             return sorted(self._nodes)
 
+    def slices_of(self, lease: Lease) -> dict[str, Slice]:
+        with self._lock:
+            return {g.slice_id: self.allocator.ledger.slice(g.slice_id) for g in lease.grants}
+
     def slices(self) -> dict[str, Slice]:
         with self._lock:
             led = self.allocator.ledger
