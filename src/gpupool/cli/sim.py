@@ -17,7 +17,7 @@ app = typer.Typer(
 )
 app.command("tidal")(tidal.sim_tidal)
 
-DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,seed-bestfit,frag-bestfit"
+DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,seed-bestfit,fgd-capacity"
 
 
 def _seeds(text: str) -> list[int]:
@@ -52,6 +52,7 @@ def policies() -> None:
 @app.command("fgd")
 @user_errors
 def fgd(
+    *,
     pods: Path = typer.Option(
         ..., "--pods", help="Pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec])."
     ),
@@ -59,6 +60,12 @@ def fgd(
     policy: str = typer.Option("fgd", "--policy", help="Placement policy (see `gpupool sim policies`)."),
     seeds: str = typer.Option("42", "--seeds", help="Comma-separated seeds, e.g. 42,43,44."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+    cross_check: bool = typer.Option(
+        False,
+        "--cross-check",
+        help="Compare the simulator's mirror with the core ledger after every pod (slower).",
+    ),
+    timings: bool = typer.Option(False, "--timings", help="Add run_s (wall seconds per seed) to the output."),
 ) -> None:
     """Run the FGD experiment: shuffle, top up to 130 % of GPU capacity, place one by one, no departures.
 
@@ -71,13 +78,17 @@ def fgd(
 
     if policy not in SIM_POLICIES:
         raise UserError(f"invalid --policy={policy!r}: known policies: {', '.join(SIM_POLICIES)}")
-    out = run_experiment(nodes, pods, policy=policy, seeds=_seeds(seeds))
+    out = run_experiment(
+        nodes, pods, policy=policy, seeds=_seeds(seeds), timings=timings, cross_check=cross_check
+    )
     if as_json:
         typer.echo(json.dumps(out, sort_keys=False))
         return
     typer.echo(f"{out['workload']} / {out['policy']} / seeds {out['seeds']}")
     typer.echo(f"  unallocated GPU at 100% arrived (median): {out['unallocated_gpu_pct_at_100']}%")
     typer.echo(f"  fragmentation rate at 90% arrived (median): {out['frag_rate_pct_at_90']}%")
+    if timings:
+        typer.echo(f"  run time per seed (s): {out['run_s']}")
 
 
 @app.command("report")

@@ -45,13 +45,14 @@ def run_experiment(
     policy: str,
     seeds: Sequence[int],
     timings: bool = False,
+    cross_check: bool = False,
 ) -> dict[str, object]:
     nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
     curves = []
     times = []
     for s in seeds:
         t0 = time.perf_counter()
-        curves.append(run_curves(run(nodes, pods, policy=policy, seed=s)))
+        curves.append(run_curves(run(nodes, pods, policy=policy, seed=s, cross_check_steps=cross_check)))
         times.append(time.perf_counter() - t0)
     out = summary(policy, workload_name(pods_path), curves)
     if timings:

@@ -51,7 +51,10 @@ class SimContext:
     mirror: MirrorLedger
     frag: FragTable
     target: TargetWorkload
+    """FGD's target workload (the popular shapes covering 95 % of the original pods)."""
     rng: np.random.Generator
+    population: TargetWorkload | None = None
+    """Every shape of the original pod list with its count (None: use ``target``)."""
 
 
 Choice = tuple[int, tuple[int, ...]]

@@ -2,8 +2,10 @@
 
 ``fgd-capacity`` (the one we recommend): rank placements by FGD's own integer score
 ``int(100 x sigmoid(delta_gpus))`` and break its (frequent) ties by the decrease of the
-capacity-aware fragmentation of `gpupool.sim.capfrag` (CPU stranding and in-card rounding included),
-then by node order. Rationale, from experiments on the default trace (see docs/fgd/README.md):
+capacity-aware fragmentation of `gpupool.sim.capfrag` (CPU stranding and in-card rounding included)
+measured against EVERY shape of the original pod list (no 95 % cut: the tie-breaker should see the
+rare shapes too), then by node order. Rationale, from experiments on the default trace
+(docs/fgd/README.md):
 - FGD's coarse score is a feature: ranking by the EXACT fragmentation decrease instead is clearly
   worse (greedy exact descent strands more cards behind exhausted CPU); its ties, however, fall to a
   random node order, throwing away information;
@@ -48,7 +50,7 @@ class FGDCapacityPolicy:
 
     def _table(self, ctx: SimContext) -> CapacityFragTable:
         if self._cap is None or self._cap.mirror is not ctx.mirror:
-            self._cap = CapacityFragTable(ctx.target, ctx.mirror)
+            self._cap = CapacityFragTable(ctx.population or ctx.target, ctx.mirror)
         return self._cap
 
     def choose(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
