@@ -19,6 +19,7 @@ for a few dict operations only. `feed` applies one pod watch event (a pure funct
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -26,13 +27,16 @@ from gpupool.adapters.k8s.annotations import Placement, decode_placement
 from gpupool.adapters.k8s.resources import DEFAULT_NAMES, ResourceNames
 from gpupool.core.errors import InvalidInput
 
+DONE_CAPACITY = 100_000
+
 
 class PendingQueue:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiting: dict[str, Placement] = {}
         self._taken: dict[str, Placement] = {}
-        self._done: set[str] = set()
+        self._done: OrderedDict[str, None] = OrderedDict()
+        """Pods that started or ended (bounded): a late watch event must not queue them again."""
 
     def offer(self, p: Placement) -> bool:
         """Queue a bound placement unless it was already taken or finished. True if queued now."""
@@ -48,7 +52,13 @@ class PendingQueue:
         with self._lock:
             self._waiting.pop(pod_uid, None)
             self._taken.pop(pod_uid, None)
-            self._done.add(pod_uid)
+            self._finish(pod_uid)
+
+    def _finish(self, pod_uid: str) -> None:
+        self._done[pod_uid] = None
+        self._done.move_to_end(pod_uid)
+        while len(self._done) > DONE_CAPACITY:
+            self._done.popitem(last=False)
 
     def waiting(self) -> list[Placement]:
         with self._lock:
@@ -99,7 +109,7 @@ class PendingQueue:
                 if got is None:
                     continue
                 del self._taken[uid]
-                self._done.add(uid)
+                self._finish(uid)
                 if got != p.gpu_ids:
                     drift.append(
                         f"pod {p.namespace}/{p.name} got devices on {sorted(got)} but its lease "
