@@ -296,6 +296,22 @@ def _make_handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             pp = self._pod_path()
             api.requests.append(("PATCH", self.path))
             body = self._body()
+            parts = urlparse(self.path).path.strip("/").split("/")
+            if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
+                with api.lock:
+                    node = api.nodes.get(parts[3])
+                    if node is None:
+                        self._status(404, "NotFound", f'nodes "{parts[3]}" not found')
+                        return
+                    ann = node["metadata"].setdefault("annotations", {})
+                    for k, v in ((body.get("metadata") or {}).get("annotations") or {}).items():
+                        if v is None:
+                            ann.pop(k, None)
+                        else:
+                            ann[k] = v
+                    out = copy.deepcopy(node)
+                self._json(200, out)
+                return
             if not pp or pp[2]:
                 self._status(404, "NotFound", self.path)
                 return

@@ -15,6 +15,7 @@ from typing import Any
 from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_node, make_pod
 
 from gpupool.adapters.k8s.annotations import encode_slices
+from gpupool.adapters.k8s.kubeapi import KubeApi
 from gpupool.core import Resources, Slice, SliceKind
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,7 +80,8 @@ def test_live_pool_from_node_annotations() -> None:
             Slice(f"n1/0/mps{i}", "n1", "n1/0", SliceKind.MPS, Resources(12288, 250), gpu_index=0)
             for i in range(4)
         ]
-        api.add_node(make_node("n1", {"gpupool.io/slices": encode_slices(slices)}))
+        api.add_node(make_node("n1"))
+        KubeApi.for_host(api.url).annotate_node("n1", {"gpupool.io/slices": encode_slices(slices)})
         api.add_node(make_node("n2", {"gpupool.io/slices": "{broken"}))
         with run_extender("--kube-api", api.url, "--no-reconcile") as line:
             assert "1 nodes, 4 slices from node-annotations" in line

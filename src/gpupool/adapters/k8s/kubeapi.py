@@ -119,6 +119,12 @@ class KubeApi:
         data = _decode(self._call(self._core.list_pod_for_all_namespaces, **kw))
         return list(data.get("items") or []), str((data.get("metadata") or {}).get("resourceVersion", ""))
 
+    def annotate_node(self, name: str, annotations: dict[str, str | None]) -> dict[str, Any]:
+        """Merge-patch a node's annotations (the node agent publishes ``<domain>/slices`` with this)."""
+        body = {"metadata": {"annotations": annotations}}
+        out: dict[str, Any] = _decode(self._call(self._core.patch_node, name, body))
+        return out
+
     def list_nodes(self) -> list[dict[str, Any]]:
         return list(_decode(self._call(self._core.list_node)).get("items") or [])
 
