@@ -166,13 +166,10 @@ class ExtenderPool:
         costs: dict[str, int] = {}
         with self._lock:
             self._refresh()
-            evaluate = self._evaluator(demand)
-            memo = self._memo_of(demand)
-            for node in nodes:
-                verdict = memo.get(node)
-                if verdict is None:
-                    verdict = memo[node] = evaluate(node)
-                status, value, reason = verdict
+            nodes = list(nodes)
+            for node, (status, value, reason) in zip(
+                nodes, self._verdicts(demand, nodes, self._memo_of(demand)), strict=True
+            ):
                 if status == FIT:
                     passed.append(node)
                     costs[node] = value
@@ -213,49 +210,64 @@ class ExtenderPool:
         return out
 
     def _evaluate(self, demand: PodDemand, node: str) -> tuple[int, int, str]:
-        return self._evaluator(demand)(node)
+        return self._verdicts(demand, (node,), {})[0]
 
     def _evaluator(self, demand: PodDemand) -> Callable[[str], tuple[int, int, str]]:
-        """A per-node verdict function with everything about the demand hoisted out of the node loop."""
+        return lambda node: self._evaluate(demand, node)
+
+    def _verdicts(
+        self, demand: PodDemand, nodes: Iterable[str], memo: dict[str, tuple[int, int, str]]
+    ) -> list[tuple[int, int, str]]:
+        """``(status, cost, reason)`` per node, from ``memo`` or computed (and then memoised).
+
+        The hot loop of filter: everything about the demand is hoisted out of the node loop.
+        """
         all_rows, all_groups = self._rows, self._groups
         need_v, need_c, kinds = demand.vram_mib, demand.compute_milli, demand.kinds
         policy = self.allocator.policy
         cost, monotone, res = policy.cost, getattr(policy, "monotone", False), demand.resources
         time_slice = SliceKind.TIME_SLICE
         multi = demand.gpu_count > 1
-
-        def evaluate(node: str) -> tuple[int, int, str]:
+        out: list[tuple[int, int, str]] = []
+        append, memo_get = out.append, memo.get
+        for node in nodes:
+            verdict = memo_get(node)
+            if verdict is not None:
+                append(verdict)
+                continue
             rows = all_rows.get(node)
             if rows is None:
-                return NEVER, 0, f"node {node} has no gpupool GPUs"
-            if multi:
-                return self._evaluate_cards(demand, node, rows)
-            best: int | None = None
-            for cap_v, cap_c, kind, lo, hi, keys in all_groups[node]:
-                if (
-                    need_v > cap_v
-                    or need_c > cap_c
-                    or ((kind not in kinds) if kinds else (kind is time_slice))
-                ):
-                    continue
-                min_c = cap_c + 1
-                for i in range(lo + bisect_left(keys, need_v), hi):
-                    row = rows[i]
-                    free_c = row[4]
-                    if need_c > free_c:
+                verdict = (NEVER, 0, f"node {node} has no gpupool GPUs")
+            elif multi:
+                verdict = self._evaluate_cards(demand, node, rows)
+            else:
+                best: int | None = None
+                for cap_v, cap_c, kind, lo, hi, keys in all_groups[node]:
+                    if (
+                        need_v > cap_v
+                        or need_c > cap_c
+                        or ((kind not in kinds) if kinds else (kind is time_slice))
+                    ):
                         continue
-                    if monotone:  # NOTE: rows of a group ascend in free VRAM, so a row that is not
-                        if free_c >= min_c:  # tighter in compute than an earlier fitting one cannot cost less
+                    min_c = cap_c + 1
+                    for i in range(lo + bisect_left(keys, need_v), hi):
+                        row = rows[i]
+                        free_c = row[4]
+                        if need_c > free_c:
                             continue
-                        min_c = free_c
-                    c = cost(row[8], res)
-                    if best is None or c < best:
-                        best = c
-            if best is not None:
-                return FIT, best, ""
-            return self._why_not(demand, node, rows)
-
-        return evaluate
+                        if monotone:  # NOTE: rows of a group ascend in free VRAM, so a row that is not
+                            if (
+                                free_c >= min_c
+                            ):  # tighter in compute than an earlier fitting one cannot cost less
+                                continue
+                            min_c = free_c
+                        c = cost(row[8], res)
+                        if best is None or c < best:
+                            best = c
+                verdict = (FIT, best, "") if best is not None else self._why_not(demand, node, rows)
+            memo[node] = verdict
+            append(verdict)
+        return out
 
     def _why_not(self, demand: PodDemand, node: str, rows: tuple[_Row, ...]) -> tuple[int, int, str]:
         need_v, need_c, kinds = demand.vram_mib, demand.compute_milli, demand.kinds
