@@ -190,12 +190,8 @@ class ExtenderPool:
             cached = self._costs.get((demand.uid, self.generation))
             if cached is None or any(n not in cached for n in nodes):
                 self._refresh()
-                cached = {}
-                evaluate = self._evaluator(demand)
-                for node in nodes:
-                    status, value, _ = evaluate(node)
-                    if status == FIT:
-                        cached[node] = value
+                verdicts = self._verdicts(demand, nodes, self._memo_of(demand))
+                cached = {n: v[1] for n, v in zip(nodes, verdicts, strict=True) if v[0] == FIT}
         fitting = [cached[n] for n in nodes if n in cached]
         lo, hi = (min(fitting), max(fitting)) if fitting else (0, 0)
         out = []
