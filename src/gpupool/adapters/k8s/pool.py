@@ -14,12 +14,12 @@ request, or when even evicting every preemptible lease could not make room (pree
 otherwise it fails resolvably. The preemption part is a bound (it counts all preemptible grants);
 `preempt` is exact, through the core's preemption planner.
 
-Scores (`prioritize`): the core policy's cost of the best card per node (for a ``monotone`` policy only
-the Pareto-tight rows of each shape are costed: a row with at least as much VRAM and compute free as
-another of its shape can never cost less; N-GPU pods: free whole cards
-left after placement, fewer is better), mapped onto 1..10 by min-max over the fitting nodes (the
-best node gets 10, all equal -> 10); nodes that do not fit score 0. Filter caches the costs it
-computed per (pod UID, pool generation), so prioritize for the same pod and state is a lookup.
+Scores (`prioritize`): per node, the core policy's cost of its best card (N-GPU pods: the free whole
+cards left after placement, fewer is better), mapped onto 1..10 by min-max over the fitting nodes
+(the best node gets 10; all equal -> 10); nodes that do not fit score 0. For a ``monotone`` policy
+only the Pareto-tight rows of each shape are costed: a row with at least as much VRAM and compute
+free as an earlier fitting row of its shape can never cost less. Filter caches the costs it computed
+per (pod UID, pool generation), so prioritize for the same pod and state is a lookup.
 
 Shape memo: verdicts are also kept per demand shape (VRAM, compute, cards, kinds, may-preempt) and
 node, for the last `MEMO_SHAPES` shapes; rebuilding a node's rows drops its entries, so a verdict is
