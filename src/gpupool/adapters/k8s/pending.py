@@ -71,11 +71,13 @@ class PendingQueue:
     def prefer(self, count: int, available: dict[str, list[str]], must: Iterable[str] = ()) -> list[str]:
         """Device IDs (one per card) for the oldest waiting placement of ``count`` cards.
 
-        ``available``: gpu_id -> free device IDs on it. Falls back to the first ``count`` IDs.
+        ``available``: gpu_id -> free device IDs on it. When kubelet names devices that must be
+        included (``must``), or no waiting placement fits, the answer is ``must`` plus the first free
+        IDs up to ``count``.
         """
         must = list(must)
         with self._lock:
-            for p in sorted(self._waiting.values(), key=_order):
+            for p in sorted(self._waiting.values(), key=_order) if not must else ():
                 if p.gpu_count != count or not all(available.get(g) for g in p.gpu_ids):
                     continue
                 return sorted(available[g][0] for g in p.gpu_ids)
