@@ -1,9 +1,12 @@
 """Asyncio runtime around a `LeaseController`: group commit, event fan-out (SSE + ticket waiters), ticks.
 
 `GroupCommitter` batches the store writes of every request handled in one event-loop turn into one
-``store.apply`` call run in a worker thread; each response is sent only after the batch holding its
-writes is durable, and the batch's events are delivered (SSE, ticket waiters) right after. While one
-batch commits, new writes collect into the next one (one commit in flight at a time, in order).
+``store.apply`` call; each response is sent only after the batch holding its writes is durable, and
+the batch's events are delivered (SSE, ticket waiters) right after. One commit at a time, in order.
+By default (``inline=True``) the commit runs on the event-loop thread: the loop stalls for one fsync
+while the requests that arrive meanwhile queue in the kernel and form the next batch. Measured on the
+2-core machine: 630-770 lease round trips/s inline vs 410-480 with the commit in a worker thread
+(``inline=False``), whose GIL hand-offs (one per SQLite call) cost more than the overlap gains.
 
 `EventHub` filters events per subscriber: an admin sees everything; a tenant sees events of its own
 leases and tickets, and pause/resume events naming one of its leases. Slow subscribers lose events
@@ -23,8 +26,9 @@ from gpupool.core.ports import GatewayEvent
 
 
 class GroupCommitter:
-    def __init__(self, controller: LeaseController) -> None:
+    def __init__(self, controller: LeaseController, *, inline: bool = True) -> None:
         self.controller = controller
+        self.inline = inline
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupool-commit")
         self._next_gen = 1
         self._done_gen = 0
@@ -73,7 +77,10 @@ class GroupCommitter:
                 err: BaseException | None = None
                 if batch.writes:
                     try:
-                        await loop.run_in_executor(self._executor, c.store.apply, batch.writes)
+                        if self.inline:
+                            c.store.apply(batch.writes)
+                        else:
+                            await loop.run_in_executor(self._executor, c.store.apply, batch.writes)
                     except Exception as exc:
                         err = self.failed = exc
                 self.batches += 1
