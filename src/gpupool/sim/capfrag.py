@@ -36,11 +36,9 @@ class CapacityFragTable:
         index = {int(v): i for i, v in enumerate(self.levels)}
         self.shape_level = np.array([index.get(s.gpu_milli, 0) for s in shapes], dtype=np.int64)
         self.shape_k = np.array([max(s.num_gpu, 1) for s in shapes], dtype=np.int64)
-        big = np.iinfo(np.int64).max // 4
-        self.shape_cpu = np.array([s.cpu_milli for s in shapes], dtype=np.int64)
-        self.cpu_div = np.maximum(self.shape_cpu, 1)
-        self.cpu_free_shape = self.shape_cpu == 0  # a shape asking no CPU is never CPU-limited
-        self.big = big
+        self.k_f = self.shape_k.astype(np.float64)
+        cpu = np.array([s.cpu_milli for s in shapes], dtype=np.float64)
+        self.cpu_f = np.where(cpu > 0, cpu, 1e-12)  # a shape asking no CPU is never CPU-limited
         self.shape_milli = np.array([s.gpu_milli * s.num_gpu for s in shapes], dtype=np.int64)
         self.weights = np.array(target.counts, dtype=np.float64)
         self.total = float(target.total)
@@ -52,6 +50,7 @@ class CapacityFragTable:
             for i, m in enumerate(mirror.models):
                 ok[i, j] = bool(m) and (allowed is None or m in allowed)
         self.model_ok = ok
+        self.ok_milli = np.where(ok, self.shape_milli[None, :], 0).astype(np.float64)
         self.slots = self._stats(mirror.gpu_free)
         self.free_total = mirror.free_total()
         self.node_frag = self.numerators(self.slots, self.free_total, mirror.cpu_free, mirror.model)
@@ -63,12 +62,11 @@ class CapacityFragTable:
     def numerators(
         self, slots: np.ndarray, free_total: np.ndarray, cpu_free: np.ndarray, model: np.ndarray
     ) -> np.ndarray:
-        gpu_slots = slots[:, self.shape_level] // self.shape_k
-        cpu_slots = np.where(self.cpu_free_shape, self.big, np.maximum(cpu_free, 0)[:, None] // self.cpu_div)
-        usable = np.where(self.model_ok[model], np.minimum(gpu_slots, cpu_slots) * self.shape_milli, 0)
-        out: np.ndarray = (
-            self.total * free_total.astype(np.float64) - usable.astype(np.float64) @ self.weights
-        )
+        # float64 floor-division is exact here (integers < 2**53; true division rounds correctly)
+        gpu_slots = np.floor(slots[:, self.shape_level] / self.k_f)
+        cpu_slots = np.floor(np.maximum(cpu_free, 0).astype(np.float64)[:, None] / self.cpu_f)
+        usable = np.minimum(gpu_slots, cpu_slots) * self.ok_milli[model]
+        out: np.ndarray = self.total * free_total.astype(np.float64) - usable @ self.weights
         return out
 
     def refresh(self, node: int) -> None:

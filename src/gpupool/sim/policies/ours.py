@@ -57,8 +57,9 @@ class FGDCapacityPolicy:
         cap = self._table(ctx)
         rows, gpus, values = placements(ctx, pod, feasible)
         score = fgd_scores(ctx, rows, after(ctx.frag, pod, rows, values))
-        cap_gain = cap.node_frag[rows] - after(cap, pod, rows, values)
-        best = int(np.lexsort((-cap_gain, -score))[0])  # FGD score, then capacity gain, then order
+        top = np.flatnonzero(score == score.max())  # only FGD's ties need the second opinion
+        cap_gain = cap.node_frag[rows[top]] - after(cap, pod, rows[top], values[top])
+        best = int(top[int(np.argmax(cap_gain))])  # first = node order, then GPU index
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
     def placed(self, ctx: SimContext, pod: PodView, choice: Choice) -> None:
