@@ -69,6 +69,9 @@ def test_filter_in_nodes_mode_returns_node_objects(extender: Any) -> None:
     assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["gpu-a", "gpu-b", "gpu-c"]
     assert out["Nodes"]["items"][0]["status"]["allocatable"]["cpu"] == "63"
     assert set(out["FailedAndUnresolvableNodes"]) == {"cpu-1"}
+    scores = client.post("prioritize", fixture_json("filter_nodes.json"))
+    assert [s["Host"] for s in scores] == ["gpu-a", "gpu-b", "gpu-c", "cpu-1"]
+    assert scores[-1]["Score"] == 0 and all(1 <= s["Score"] <= 10 for s in scores[:3])
 
 
 def test_filter_has_no_side_effects(extender: Any) -> None:
