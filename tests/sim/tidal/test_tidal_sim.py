@@ -166,3 +166,13 @@ def test_without_batch_work_nothing_is_held_back_and_the_what_if_runs():
         assert st[name]["p2_request_holdbacks"] == 0  # P0 waits for P2 only where P2 really ran
         assert st[name]["batch_tokens_per_day"] == 0 and st[name]["batch_gpu_util"] == 0.0
     assert st["tidal+day-lending"]["capacity_bound_gpu_util"] > st["tidal"]["capacity_bound_gpu_util"]
+
+
+@needs_data
+def test_nights_lie_in_the_night_window_and_every_lent_engine_is_reclaimed(result):
+    end_h = 24.0 * result["days"]
+    for a, b in result["night_intervals_h"]:
+        assert a % 24 >= 20.0 or a % 24 < 7.0
+        assert b == end_h or abs(b % 24 - 7.0) < 1e-6 or b - a < 11.0
+    lent = sum(1 for i in platform.build("tidal").instances if i.lend == "engine") + 1  # + the 7g GPU
+    assert result["strategies"]["tidal"]["preemptions"] == lent * len(result["night_intervals_h"])
