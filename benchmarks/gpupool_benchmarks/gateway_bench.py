@@ -10,10 +10,11 @@ Method:
    then ``DELETE /v1/leases/{id}``; a *no-op round trip* is ``POST /v1/noop`` (same body, same auth
    and validation, no core, no store) then ``DELETE /v1/noop/{id}``. Both phases run in the same run,
    same clients, after 1 s of warm-up each; the no-op rate is the framework's ceiling on this machine.
-3. Proxy overhead: an emulated backend (qwen2.5-0.5b, ``--speed 1000``) in a third process; ``proxy_clients``
-   loops send ``/v1/completions`` (``max_tokens: 1``) directly to it, then the same through the
+3. Proxy overhead: an emulated backend (qwen2.5-0.5b, ``--speed 1000``) in a third process; one client
+   loop sends ``/v1/completions`` (``max_tokens: 1``) directly to it, then the same through the
    gateway (auth, priority header, KV request lease, forward, release). ``proxy_added_p50_ms`` is the
-   difference of the two medians.
+   difference of the two medians; the same is repeated with ``proxy_clients`` concurrent loops
+   (``proxy_added_p50_ms_at_N_clients``), where three processes share the 2 cores.
 """
 
 from __future__ import annotations
@@ -287,16 +288,17 @@ def run(
             noop = runner(_phase(gport, "noop", clients, duration_s))
             lease = runner(_phase(gport, "lease", clients, duration_s))
             commits = _metric(gport, "gpupool_store_commits_total")
-            direct = runner(
-                _proxy_phase(
-                    bport, via_gateway=False, model=model, clients=proxy_clients, duration_s=proxy_duration_s
+            proxy = {}
+            for n in sorted({1, proxy_clients}):
+                direct = runner(
+                    _proxy_phase(
+                        bport, via_gateway=False, model=model, clients=n, duration_s=proxy_duration_s
+                    )
                 )
-            )
-            via = runner(
-                _proxy_phase(
-                    gport, via_gateway=True, model=model, clients=proxy_clients, duration_s=proxy_duration_s
+                via = runner(
+                    _proxy_phase(gport, via_gateway=True, model=model, clients=n, duration_s=proxy_duration_s)
                 )
-            )
+                proxy[n] = (direct, via)
         finally:
             for p in procs:
                 p.terminate()
@@ -317,9 +319,12 @@ def run(
         "store": "sqlite WAL synchronous=FULL, group commit",
         "store_commits": commits,
         "lease_writes_per_commit": round(2 * lease["round_trips"] / commits, 2) if commits > 0 else None,
-        "proxy_direct_p50_ms": round(direct, 3),
-        "proxy_via_gateway_p50_ms": round(via, 3),
-        "proxy_added_p50_ms": round(via - direct, 3),
+        "proxy_direct_p50_ms": round(proxy[1][0], 3),
+        "proxy_via_gateway_p50_ms": round(proxy[1][1], 3),
+        "proxy_added_p50_ms": round(proxy[1][1] - proxy[1][0], 3),
+        f"proxy_added_p50_ms_at_{proxy_clients}_clients": round(
+            proxy[proxy_clients][1] - proxy[proxy_clients][0], 3
+        ),
         "clients": clients,
         "proxy_clients": proxy_clients,
         "duration_s": duration_s,

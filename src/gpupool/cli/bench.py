@@ -66,7 +66,7 @@ def gateway(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     clients: int = typer.Option(32, help="Concurrent keep-alive HTTP clients."),
     duration_s: float = typer.Option(20.0, help="Seconds per phase (no-op, then lease)."),
-    proxy_clients: int = typer.Option(4, help="Concurrent clients for the proxy-overhead phase."),
+    proxy_clients: int = typer.Option(4, help="Clients of the second proxy phase (the first uses 1)."),
     proxy_duration_s: float = typer.Option(5.0, help="Seconds per proxy phase (direct, then via gateway)."),
 ) -> None:
     """Lease acquire+release round trips over HTTP (SQLite, durable group commit) vs a no-op endpoint

@@ -112,6 +112,7 @@ class LeaseController:
         self.queue = AdmissionQueue(self.config.admission)
         self.bank = WatermarkBank(self.config.watermarks)
         self.backends: dict[str, Backend] = {}
+        self._models: dict[str, list[Backend]] = {}
         self._ticket_ids = ticket_ids
         self._pending: OrderedDict[str, StoreWrite] = OrderedDict()
         self._events: list[GatewayEvent] = []
@@ -214,12 +215,12 @@ class LeaseController:
             )
         )
         self.backends[b.id] = b
+        self._models = {}
+        for x in sorted(self.backends.values(), key=lambda x: x.id):
+            self._models.setdefault(x.model, []).append(x)
 
-    def models(self) -> dict[str, list[Backend]]:
-        out: dict[str, list[Backend]] = {}
-        for b in sorted(self.backends.values(), key=lambda x: x.id):
-            out.setdefault(b.model, []).append(b)
-        return out
+    def models(self) -> dict[str, list[Backend]]:  # read-only view, rebuilt on registration
+        return self._models
 
     def backend_of(self, lease: Lease) -> Backend | None:
         sid = lease.slice_ids[0] if lease.grants else ""
