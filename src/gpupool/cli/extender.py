@@ -53,6 +53,24 @@ def build_slices(
     return list(slices), "node-annotations"
 
 
+def _sync_inventory(pool: object, api: object, names: object, every_s: float, stop: threading.Event) -> None:
+    from gpupool.adapters.k8s.inventory import sync_from_nodes
+    from gpupool.adapters.k8s.kubeapi import KubeApi, KubeApiError
+    from gpupool.adapters.k8s.pool import ExtenderPool
+    from gpupool.adapters.k8s.resources import ResourceNames
+
+    assert isinstance(pool, ExtenderPool) and isinstance(api, KubeApi) and isinstance(names, ResourceNames)
+    log = logging.getLogger("gpupool.extender")
+    while not stop.wait(every_s):
+        try:
+            report = sync_from_nodes(pool, api.list_nodes(), names)
+        except KubeApiError as exc:
+            log.warning("inventory resync: %s", exc)
+            continue
+        if any(report.values()):
+            log.info("inventory resync: %s", {k: v for k, v in report.items() if v})
+
+
 @user_errors
 def extender(
     *,
@@ -73,6 +91,9 @@ def extender(
     reconcile: bool = typer.Option(True, "--reconcile/--no-reconcile", help="Run the pod reconciler."),
     preempt_interval_s: float = typer.Option(
         5.0, "--preempt-interval-s", help="Seconds between preemption rounds for pending pods (0 = off)."
+    ),
+    inventory_resync_s: float = typer.Option(
+        30.0, "--inventory-resync-s", help="Seconds between re-reads of node slice annotations (0 = off)."
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
 ) -> None:
@@ -106,6 +127,10 @@ def extender(
     except OSError as exc:
         raise UserError(f"cannot listen on {host}:{port}: {exc}") from None
     stop = threading.Event()
+    if api is not None and source == "node-annotations" and inventory_resync_s > 0:
+        threading.Thread(
+            target=_sync_inventory, args=(pool, api, names, inventory_resync_s, stop), daemon=True
+        ).start()
     if api is not None and reconcile:
         rec = PodReconciler(pool, names=names)
         listed_at = pool.allocator.clock.now()

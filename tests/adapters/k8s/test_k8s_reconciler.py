@@ -137,3 +137,62 @@ def test_drift_is_reported_not_fixed(fake_api: FakeApiServer) -> None:
     assert rec.apply("MODIFIED", in_flight) == "ignored"
     assert pool.pod_uids() == []
     pool.check()
+
+
+def test_inventory_sync_follows_node_annotations() -> None:
+    from tests.adapters.k8s.k8s_fakeapi import make_node
+
+    from gpupool.adapters.k8s.annotations import encode_slices
+    from gpupool.adapters.k8s.inventory import sync_from_nodes
+    from gpupool.adapters.k8s.pool import ExtenderPool
+    from gpupool.adapters.k8s.resources import PodDemand
+    from gpupool.core import Resources, Slice, SliceKind
+    from gpupool.core.clock import ManualClock
+
+    def mps(node: str, i: int, vram: int = 12288, healthy: bool = True) -> Slice:
+        return Slice(
+            f"{node}/0/mps{i}", node, f"{node}/0", SliceKind.MPS, Resources(vram, 250), healthy=healthy
+        )
+
+    def nodes(**per_node: list[Slice] | str) -> list[dict[str, Any]]:
+        out = []
+        for name, value in per_node.items():
+            text = value if isinstance(value, str) else encode_slices(value)
+            out.append(make_node(name, {"gpupool.io/slices": text}))
+        return out
+
+    pool = ExtenderPool(clock=ManualClock(0.0))
+    report = sync_from_nodes(pool, nodes(n1=[mps("n1", 0), mps("n1", 1)], n2=[mps("n2", 0)]))
+    assert sorted(report["added"]) == ["n1/0/mps0", "n1/0/mps1", "n2/0/mps0"]
+    demand = PodDemand("u1", "default", "p", 0, 4096, 100)
+    assert pool.reserve(demand, "n1").granted
+    held = pool.lease_of("u1").grants[0].slice_id  # type: ignore[union-attr]
+    free = "n1/0/mps1" if held == "n1/0/mps0" else "n1/0/mps0"
+    # n1: the held slice vanishes (kept, unhealthy), the free one shrinks (replaced); n2: annotation broken
+    report = sync_from_nodes(
+        pool,
+        nodes(n1=[mps("n1", 2), Slice(free, "n1", "n1/0", SliceKind.MPS, Resources(6144, 250))], n2="{bad"),
+    )
+    assert report["blocked"] == [held] and report["removed"] == [free]
+    assert sorted(report["added"]) == sorted([free, "n1/0/mps2"]) and report["skipped"] == ["n2"]
+    assert not pool.allocator.ledger.is_healthy(held)
+    assert pool.allocator.ledger.slice(free).capacity == Resources(6144, 250)
+    assert "n2" in pool.nodes()
+    # n2 deleted from the cluster: its free slice goes; health flips follow the annotation
+    report = sync_from_nodes(
+        pool,
+        nodes(
+            n1=[mps("n1", 2, healthy=False), Slice(free, "n1", "n1/0", SliceKind.MPS, Resources(6144, 250))]
+        ),
+    )
+    assert report["removed"] == ["n2/0/mps0"] and "n2" not in pool.nodes()
+    assert report["health"] == ["n1/0/mps2"]
+    pool.release_pod("u1", reason="done")
+    report = sync_from_nodes(
+        pool,
+        nodes(
+            n1=[mps("n1", 2, healthy=False), Slice(free, "n1", "n1/0", SliceKind.MPS, Resources(6144, 250))]
+        ),
+    )
+    assert report["removed"] == [held]
+    pool.check()

@@ -72,6 +72,18 @@ class FilterVerdict:
     unresolvable: dict[str, str] = field(default_factory=dict)
 
 
+def _same_shape(a: Slice, b: Slice) -> bool:
+    return (a.node, a.gpu_id, a.kind, a.capacity, a.gpu_index, a.uuid, a.profile) == (
+        b.node,
+        b.gpu_id,
+        b.kind,
+        b.capacity,
+        b.gpu_index,
+        b.uuid,
+        b.profile,
+    )
+
+
 def _pct(milli: int) -> str:
     return f"{milli / 10:g}%"
 
@@ -113,6 +125,59 @@ class ExtenderPool:
             self.allocator.add_slice(s)
             self._nodes.setdefault(s.node, []).append(s.id)
             self._touch(s.node)
+
+    def remove_slice(self, slice_id: str) -> Slice:
+        """Take a slice out of the pool; `InvalidInput` while leases hold it (drain first)."""
+        with self._lock:
+            s = self.allocator.remove_slice(slice_id)
+            ids = self._nodes[s.node]
+            ids.remove(slice_id)
+            if not ids:
+                del self._nodes[s.node]
+                self._rows.pop(s.node, None)
+                self._groups.pop(s.node, None)
+                self._sick.pop(s.node, None)
+                self._dirty.discard(s.node)
+                for memo in self._memo.values():
+                    memo.pop(s.node, None)
+                self.generation += 1
+            else:
+                self._touch(s.node)
+            return s
+
+    def sync_slices(self, slices: Iterable[Slice], *, nodes: Iterable[str]) -> dict[str, list[str]]:
+        """Make the pool's slices on ``nodes`` equal ``slices`` as far as leases allow.
+
+        New slices are added, changed or vanished ones without leases are replaced or removed,
+        health follows the new value; a changed or vanished slice that still holds leases is kept
+        (marked unhealthy when it vanished) and reported under ``"blocked"``.
+        """
+        want = {s.id: s for s in slices}
+        report: dict[str, list[str]] = {"added": [], "removed": [], "health": [], "blocked": []}
+        with self._lock:
+            led = self.allocator.ledger
+            scope = set(nodes)
+            for node in sorted(scope & set(self._nodes)):
+                for sid in list(self._nodes[node]):
+                    new = want.get(sid)
+                    old = led.slice(sid)
+                    if new is not None and _same_shape(old, new):
+                        if led.is_healthy(sid) != new.healthy:
+                            self.set_healthy(sid, new.healthy)
+                            report["health"].append(sid)
+                        continue
+                    if led.state(sid).num_leases:
+                        report["blocked"].append(sid)
+                        if new is None and led.is_healthy(sid):
+                            self.set_healthy(sid, False)
+                        continue
+                    self.remove_slice(sid)
+                    report["removed"].append(sid)
+            for sid, s in want.items():
+                if sid not in led and s.node in scope:
+                    self.add_slice(s)
+                    report["added"].append(sid)
+        return report
 
     def set_healthy(self, slice_id: str, healthy: bool) -> None:
         with self._lock:
