@@ -175,3 +175,12 @@ def test_example_pods_schedule_on_the_example_platform() -> None:
         assert out["Error"] == "" and out["NodeNames"], (pod["metadata"]["name"], out)
         kinds.add(pod["spec"]["priorityClassName"])
     assert kinds == set(PRIORITY_CLASSES) and len(_by_kind("Pod")) == 4
+
+
+def test_gateway_specs_configmap_is_a_valid_cluster_and_workload_spec() -> None:
+    from gpupool.hardware.spec import load_cluster_spec, load_workload_spec
+
+    (cm,) = [d for d in _by_kind("ConfigMap") if d["metadata"]["name"] == "gpupool-specs"]
+    cluster = load_cluster_spec(yaml.safe_load(cm["data"]["cluster.yaml"]), source="gpupool-specs")
+    workloads = load_workload_spec(yaml.safe_load(cm["data"]["workloads.yaml"]), source="gpupool-specs")
+    assert len(cluster.gpus()) == 6 and len(list(inventory_from_plan(plan(cluster, workloads)))) > 6
