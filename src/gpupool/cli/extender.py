@@ -133,11 +133,16 @@ def extender(
         ).start()
     if api is not None and reconcile:
         rec = PodReconciler(pool, names=names)
+        ext.status["drift"] = lambda: [f"{d.pod}: {d.kind}: {d.detail}" for d in list(rec.drifts)[-20:]]
         listed_at = pool.allocator.clock.now()
         rec.resync(api.list_pods()[0], listed_at=listed_at)  # NOTE: adopt bound pods before serving
         threading.Thread(target=rec.run, args=(api, stop), name="gpupool-reconciler", daemon=True).start()
         if preempt_interval_s > 0:
             pre = Preemptor(pool, names=names)
+            ext.status["evictions"] = lambda: [
+                f"{e.for_pod} on {e.node}: {[f'{ns}/{n}' for _, ns, n in e.victims]}"
+                for e in list(pre.evicted)[-20:]
+            ]
             threading.Thread(
                 target=pre.run, args=(api, stop), kwargs={"interval_s": preempt_interval_s}, daemon=True
             ).start()

@@ -202,7 +202,8 @@ def test_extender_adopts_bound_pods_before_serving() -> None:
         with run_extender("--kube-api", api.url) as line:
             url = url_of(line)
             with urllib.request.urlopen(f"{url}/state", timeout=10) as resp:
-                assert json.loads(resp.read())["pods"] == ["uid-1"]
+                state = json.loads(resp.read())
+                assert state["pods"] == ["uid-1"] and state["drift"] == [] and state["evictions"] == []
             pod = make_pod("new", vram_mib=1024)
             out = post(f"{url}/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]})
             assert out["NodeNames"] == [] and "n1" in out["FailedAndUnresolvableNodes"]

@@ -89,6 +89,8 @@ class Extender:
         self.api = api
         self.names = names
         self.wall_clock = wall_clock
+        self.status: dict[str, Callable[[], object]] = {}
+        """Extra entries of ``GET <prefix>/state`` (the CLI adds reconciler drift and preemptions)."""
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -229,6 +231,7 @@ class Extender:
             "slices": len(slices),
             "pods": pool.pod_uids(),
             "generation": pool.generation,
+            **{key: fn() for key, fn in sorted(self.status.items())},
         }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +51,7 @@ class Preemptor:
         self.cooldown_s = cooldown_s
         self._acted: dict[str, float] = {}
         self._evicting: set[str] = set()
-        self.evicted: list[Eviction] = []
+        self.evicted: deque[Eviction] = deque(maxlen=1000)
 
     def _pending(self, pods: list[dict[str, Any]]) -> list[tuple[tuple[int, str, str], PodDemand]]:
         out = []
