@@ -203,3 +203,19 @@ def test_prefix_and_routes(extender: tuple[Extender, ExtenderServer, Client]) ->
     assert status == 404 and "no route" in body["Error"]
     status, body = client.raw("state", b"", method="GET")
     assert status == 200 and body["nodes"] == 3
+
+
+def test_retried_bind_after_success_keeps_the_lease(extender: Any, fake_api: FakeApiServer) -> None:
+    ext, _, client = extender
+    pod = make_pod("twice", vram_mib=1000, compute_pct=5)
+    assert schedule(client, fake_api, pod, "gpu-a") == {"Error": ""}
+    args = {"PodName": "twice", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "gpu-a"}
+    assert client.post("bind", args) == {"Error": ""}
+    assert ext.pool.lease_of(pod["metadata"]["uid"]) is not None
+    assert "gpupool.io/placement" in fake_api.pod("default", "twice")["metadata"]["annotations"]
+    before = fake_api.pod("default", "twice")["metadata"]["annotations"]["gpupool.io/placement"]
+    other = client.post("bind", {**args, "Node": "gpu-c"})
+    assert "already bound to gpu-a" in other["Error"]
+    assert ext.pool.lease_of(pod["metadata"]["uid"]).node == "gpu-a"
+    assert fake_api.pod("default", "twice")["metadata"]["annotations"]["gpupool.io/placement"] == before
+    ext.pool.check()

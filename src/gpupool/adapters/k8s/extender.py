@@ -175,6 +175,9 @@ class Extender:
             return {"Error": f"bind {ns}/{name}: {exc}"}
         if demand is None:
             return self._binding_only(ns, name, uid, node)
+        held = self.pool.lease_of(demand.uid)
+        if held is not None and held.node != node and self._bound_to(ns, name, held.node):
+            return {"Error": f"bind {ns}/{name} to {node}: pod is already bound to {held.node}"}
         out = self.pool.reserve(demand, node)
         if not out.granted or out.lease is None:
             return {"Error": f"bind {ns}/{name} to {node}: {out.code.value}: {out.reason}"}
@@ -193,6 +196,8 @@ class Extender:
             self.api.annotate_pod(ns, name, {key: encode_placement(placement)})
             self.api.bind_pod(ns, name, uid, node)
         except KubeApiError as exc:
+            if exc.status == HTTPStatus.CONFLICT and self._bound_to(ns, name, node):
+                return {"Error": ""}  # NOTE: a retried bind whose first attempt succeeded
             self.pool.release_pod(demand.uid, reason=f"bind failed: {exc}")
             try:
                 self.api.annotate_pod(ns, name, {key: None})
@@ -200,6 +205,13 @@ class Extender:
                 log.warning("could not remove %s from %s/%s after a failed bind", key, ns, name)
             return {"Error": f"bind {ns}/{name} to {node}: {exc}"}
         return {"Error": ""}
+
+    def _bound_to(self, ns: str, name: str, node: str) -> bool:
+        try:
+            pod = self.api.read_pod(ns, name) if self.api is not None else {}
+        except KubeApiError:
+            return False
+        return bool((pod.get("spec") or {}).get("nodeName") == node)
 
     def _demand_for_bind(self, ns: str, name: str, uid: str) -> PodDemand | None:
         demand = self.pool.demand_of(uid) if uid else None
