@@ -125,7 +125,8 @@ def report(
     if not nodes_path.is_file():
         raise UserError(f"node list not found: {nodes_path} (set --data or GPUPOOL_DATA_DIR)")
     if workloads == "all":
-        wls = sorted(p.stem.removeprefix("openb_pod_list_") for p in trace_dir.glob("openb_pod_list_*.csv"))
+        found = sorted(p.stem.removeprefix("openb_pod_list_") for p in trace_dir.glob("openb_pod_list_*.csv"))
+        wls = sorted(found, key=lambda w: (w != "default", w))  # the paper's main trace first
     else:
         wls = [w.strip() for w in workloads.split(",") if w.strip()]
     pols = [p.strip() for p in policies.split(",") if p.strip()]

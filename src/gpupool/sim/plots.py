@@ -3,7 +3,7 @@
 - `plot_unallocated`: like the paper's Fig. 9a, unallocated GPU % vs arrived workload % (x 75..120),
   our medians with the 25-75 % band, the authors' medians dashed, and the ideal line 100 - x.
 - `plot_frag_rate`: like Fig. 7, fragmentation rate % of idle GPU vs arrived workload (x 0..100).
-Figures are small (6.4 x 4 in at 80 dpi) to keep the committed PNGs small.
+Figures are small (6 x 3.8 in at 64 dpi) to keep the committed PNGs small.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def plot_unallocated(
     path: Path,
 ) -> None:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=80)
+    fig, ax = plt.subplots(figsize=(6.0, 3.8), dpi=64)
     lo, hi = 75, 120
     for i, pol in enumerate(policies):
         r = results.get((workload, pol))
@@ -86,7 +86,7 @@ def plot_frag_rate(
     path: Path,
 ) -> None:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=80)
+    fig, ax = plt.subplots(figsize=(6.0, 3.8), dpi=64)
     for i, pol in enumerate(policies):
         r = results.get((workload, pol))
         if r is None:

@@ -43,24 +43,49 @@ class FragBestFitPolicy(StatelessPolicy):
 
 
 class FGDCapacityPolicy:
+    """See the module docstring. Keeps a cache of capacity values per pod shape (below)."""
+
     name: ClassVar[str] = "fgd-capacity"
 
     def __init__(self) -> None:
         self._cap: CapacityFragTable | None = None
+        # (per-GPU milli, GPU count, cpu milli) -> [node, gpu] capacity numerator after placing that
+        # pod there (NaN = not computed). A placement changes one node, so only that row goes stale.
+        self._memo: dict[tuple[int, int, int], np.ndarray] = {}
 
     def _table(self, ctx: SimContext) -> CapacityFragTable:
         if self._cap is None or self._cap.mirror is not ctx.mirror:
             self._cap = CapacityFragTable(ctx.population or ctx.target, ctx.mirror)
+            self._memo = {}
         return self._cap
+
+    def _cap_after(
+        self, ctx: SimContext, pod: PodView, rows: np.ndarray, gpus: np.ndarray, values: np.ndarray
+    ) -> np.ndarray:
+        cap = self._table(ctx)
+        key = (pod.gpu_milli, pod.num_gpu, pod.cpu_milli)
+        memo = self._memo.get(key)
+        if memo is None:
+            memo = np.full(ctx.mirror.gpu_free.shape, np.nan)
+            self._memo[key] = memo
+        cols = np.maximum(gpus, 0)
+        got = memo[rows, cols]
+        miss = np.isnan(got)
+        if miss.any():
+            got[miss] = after(cap, pod, rows[miss], values[miss])
+            memo[rows[miss], cols[miss]] = got[miss]
+        return got
 
     def choose(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
         cap = self._table(ctx)
         rows, gpus, values = placements(ctx, pod, feasible)
         score = fgd_scores(ctx, rows, after(ctx.frag, pod, rows, values))
         top = np.flatnonzero(score == score.max())  # only FGD's ties need the second opinion
-        cap_gain = cap.node_frag[rows[top]] - after(cap, pod, rows[top], values[top])
+        cap_gain = cap.node_frag[rows[top]] - self._cap_after(ctx, pod, rows[top], gpus[top], values[top])
         best = int(top[int(np.argmax(cap_gain))])  # first = node order, then GPU index
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
     def placed(self, ctx: SimContext, pod: PodView, choice: Choice) -> None:
         self._table(ctx).refresh(choice[0])
+        for memo in self._memo.values():
+            memo[choice[0]] = np.nan
