@@ -69,7 +69,7 @@ class FGDCapacityPolicy:
             memo = np.full(ctx.mirror.gpu_free.shape, np.nan)
             self._memo[key] = memo
         cols = np.maximum(gpus, 0)
-        got = memo[rows, cols]
+        got: np.ndarray = memo[rows, cols]
         miss = np.isnan(got)
         if miss.any():
             got[miss] = after(cap, pod, rows[miss], values[miss])
