@@ -86,7 +86,9 @@ def serve_main(argv: list[str]) -> None:
     metrics = GatewayMetrics(c, commits=lambda: (box[0].batches, box[0].writes))
     app = create_app(c, tokens=TokenTable([(TOKEN, "bench", "tenant")]), sizer=KvSizer(), metrics=metrics)
     box.append(app.state.gateway.committer)
-    app.state.gateway.committer.inline = os.environ.get("GPUPOOL_BENCH_COMMIT_THREAD") != "1"
+    mode = os.environ.get("GPUPOOL_BENCH_COMMIT", "inline")  # inline | split | thread
+    app.state.gateway.committer.split = mode == "split"
+    app.state.gateway.committer.inline = mode == "inline"
     app.state.gateway.hub.extra.append(metrics.observe_event)
     prof_path = os.environ.get("GPUPOOL_BENCH_PROFILE")
     prof = None

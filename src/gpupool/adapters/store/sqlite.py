@@ -67,10 +67,18 @@ class SqliteLeaseStore:
         self.commits = 0
 
     def apply(self, writes: Sequence[StoreWrite]) -> None:
-        if not writes:
-            return
-        with self._lock:
-            db = self._db
+        if writes:
+            self.prepare(writes)
+            self.commit_prepared()
+
+    def prepare(self, writes: Sequence[StoreWrite]) -> None:
+        """Phase 1 of `apply`: run the batch's statements in an open transaction (no fsync yet).
+
+        Holds the store lock until `commit_prepared` (which may run in another thread); on a failed
+        compare-and-set it rolls back, releases the lock and raises `RevisionConflict`."""
+        self._lock.acquire()
+        db = self._db
+        try:
             db.execute("BEGIN IMMEDIATE")
             try:
                 for w in writes:
@@ -92,11 +100,25 @@ class SqliteLeaseStore:
                     if cur.rowcount != 1:
                         row = db.execute("SELECT revision FROM leases WHERE id=?", (lease.id,)).fetchone()
                         raise RevisionConflict(lease.id, w.expected_revision, None if row is None else row[0])
-                db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def commit_prepared(self) -> None:
+        """Phase 2 of `apply`: COMMIT (the one fsync), then release the store lock. One C call, so a
+        worker thread running it hands the GIL back and forth only once."""
+        try:
+            try:
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
             self.commits += 1
+        finally:
+            self._lock.release()
 
     def get(self, lease_id: str) -> Lease | None:
         with self._lock:
