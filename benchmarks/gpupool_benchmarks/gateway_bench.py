@@ -90,6 +90,9 @@ def serve_main(argv: list[str]) -> None:
     app.state.gateway.committer.split = mode == "split"
     app.state.gateway.committer.inline = mode == "inline"
     app.state.gateway.hub.extra.append(metrics.observe_event)
+    from gpupool.cli.serve import tune_gc
+
+    tune_gc()  # as `gpupool serve` does
     prof_path = os.environ.get("GPUPOOL_BENCH_PROFILE")
     prof = None
     if prof_path:

@@ -41,7 +41,7 @@ from gpupool.core.ids import LeaseIdFactory, random_lease_id
 from gpupool.core.ledger import SliceState
 from gpupool.core.model import Lease, LeaseState, Request, validate_request
 from gpupool.core.outcome import Outcome, OutcomeCode
-from gpupool.core.ports import Backend, EventSink, GatewayEvent, LeaseStore, StoreWrite
+from gpupool.core.ports import Backend, Batch, EventSink, GatewayEvent, LeaseStore, RecoveryReport, StoreWrite
 from gpupool.core.priority import P0, band
 from gpupool.core.watermarks import Reading, Signal, WatermarkBank, WatermarkConfig
 from gpupool.hardware.slices import Slice, SliceKind
@@ -72,19 +72,6 @@ class TicketStatus:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
-    writes: tuple[StoreWrite, ...]
-    events: tuple[GatewayEvent, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryReport:
-    restored: int
-    expired: int
-    revoked: int
-
-
 class LeaseController:
     def __init__(
         self,
@@ -106,9 +93,14 @@ class LeaseController:
         self.config = config or ControllerConfig()
         self.autoflush = autoflush
         self.allocator = Allocator(
-            slices, clock=clock, policy=policy, lease_ids=lease_ids, on_event=self._on_lease
+            slices,
+            clock=clock,
+            policy=policy,
+            lease_ids=lease_ids,
+            on_event=self._on_lease,
+            ended_capacity=4096,
         )
-        self.kv = Allocator((), clock=clock, lease_ids=lease_ids, on_event=self._on_kv)
+        self.kv = Allocator((), clock=clock, lease_ids=lease_ids, on_event=self._on_kv, ended_capacity=4096)
         self.queue = AdmissionQueue(self.config.admission)
         self.bank = WatermarkBank(self.config.watermarks)
         self.backends: dict[str, Backend] = {}

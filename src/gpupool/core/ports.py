@@ -110,6 +110,19 @@ class Backend:
     slice_id: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    writes: tuple[StoreWrite, ...]
+    events: tuple[GatewayEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    restored: int
+    expired: int
+    revoked: int
+
+
 class EventSink(Protocol):
     def __call__(self, event: GatewayEvent) -> None: ...
 
@@ -202,9 +215,11 @@ def decode_lease(text: str) -> Lease:
 
 __all__ = [
     "Backend",
+    "Batch",
     "EventSink",
     "GatewayEvent",
     "LeaseStore",
+    "RecoveryReport",
     "RevisionConflict",
     "StoreWrite",
     "decode_lease",
