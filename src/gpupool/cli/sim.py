@@ -103,7 +103,9 @@ def report(
     out: Path = typer.Option(
         Path("docs/fgd"), "--out", help="Directory for report.md, results.json and PNGs."
     ),
-    cache: Path = typer.Option(Path(".sim-cache"), "--cache", help="Per-run result cache (resumable)."),
+    cache: Path = typer.Option(
+        Path(".gpupool/sim-cache"), "--cache", help="Per-run result cache (resumable)."
+    ),
     workers: int = typer.Option(
         max(1, (os.cpu_count() or 2)), "--workers", help="Parallel worker processes."
     ),
