@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ def serve_main(argv: list[str]) -> None:
         loop="uvloop",
         http="httptools",
     )
-    if prof is not None:
+    if prof is not None and prof_path:
         prof.disable()
         prof.dump_stats(prof_path)
 
@@ -237,12 +238,11 @@ def _metric(port: int, name: str) -> float:
 def run(
     *, clients: int = 32, duration_s: float = 20.0, proxy_clients: int = 4, proxy_duration_s: float = 5.0
 ) -> dict[str, Any]:
-    try:
+    runner: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run
+    with contextlib.suppress(ImportError):
         import uvloop
 
         runner = uvloop.run
-    except ImportError:  # pragma: no cover
-        runner = asyncio.run
     model = "qwen2.5-0.5b"
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
