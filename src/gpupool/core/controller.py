@@ -152,6 +152,13 @@ class LeaseController:
             return Outcome(OutcomeCode.ALREADY_ENDED, lease=lease, reason=f"lease already {lease.state}")
         return self._finish(alloc.renew(lease_id, ttl_s))
 
+    def revoke(self, lease_id: str, *, reason: str) -> Outcome:
+        """End a lease on the pool's initiative (a node agent could not free its GPU in time)."""
+        alloc, lease = self._owner(lease_id, None)
+        if alloc is None:
+            return Outcome(OutcomeCode.ALREADY_ENDED, lease=lease, reason=f"lease already {lease.state}")
+        return self._finish(alloc.revoke(lease_id, reason=reason))
+
     def get(self, lease_id: str, *, tenant: str | None = None) -> Lease:
         return self._owner(lease_id, tenant)[1]
 

@@ -1,6 +1,7 @@
 """API fuzzing from the OpenAPI schema with hypothesis: every documented route and method gets
 malformed JSON, wrong types, huge / negative numbers, unknown fields and missing or wrong auth.
-Always 4xx (never 5xx) for bad input, and a 4xx leaves the pool and the leases unchanged."""
+Always 4xx (never 5xx) for bad input, and a 4xx leaves the pool and the leases unchanged. The one
+5xx allowed is the designed 503 for a well-formed request no slice or backend could ever serve."""
 
 from __future__ import annotations
 
@@ -129,7 +130,9 @@ def test_never_5xx_and_4xx_changes_nothing(
         headers=headers,
         timeout=10,
     )
-    assert r.status_code < 500, (method, path, body, r.status_code, r.text[:300])
+    # 503 is a designed answer, not a crash: no slice / no backend could ever serve the request
+    designed = r.status_code == 503 and ("unresolvable" in r.text or "model_not_available" in r.text)
+    assert r.status_code < 500 or designed, (method, path, body, r.status_code, r.text[:300])
     if r.status_code >= 400:
         assert snapshot(c) == before, (method, path, body, r.status_code)
 

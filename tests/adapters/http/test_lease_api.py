@@ -142,3 +142,42 @@ def test_p0_preempts_and_pool_view(gw: tuple[str, LeaseController]) -> None:
         pool = cl.get("/v1/pool").json()
         assert {n["node"] for n in pool["nodes"]} == {"gpu-a", "gpu-b", "gpu-c"}
         assert pool["granted"]["vram_mib"] == 40 * 1024
+
+
+def test_agent_events_revoke_and_lease_labels(gw: tuple[str, LeaseController]) -> None:
+    url, _ = gw
+    with httpx.Client(base_url=url) as cl:
+        lease = cl.post(
+            "/v1/leases",
+            headers=h(A),
+            json={"priority": "P2", "vram_mib": 1024, "labels": {"pauser": "signal"}},
+        ).json()
+        assert lease["labels"] == {"pauser": "signal"}
+        body = {
+            "resync": False,
+            "dropped_events": 0,
+            "workloads": [{"lease_id": lease["id"], "gpu_id": lease["gpu_id"], "state": "paused"}],
+            "events": [
+                {"seq": 1, "kind": "paused", "at_s": 1.0, "gpu_id": lease["gpu_id"], "lease_id": lease["id"]},
+                {
+                    "seq": 2,
+                    "kind": "revoke",
+                    "at_s": 2.0,
+                    "gpu_id": lease["gpu_id"],
+                    "lease_id": lease["id"],
+                    "reason": "VRAM not freed in 2 s",
+                    "pauser": "signal",
+                    "frees": "compute",
+                    "latency_ms": 3.5,
+                },
+            ],
+        }
+        assert cl.post(f"/v1/nodes/{lease['node']}/events", headers=h(A), json=body).status_code == 403
+        other = "gpu-c" if lease["node"] != "gpu-c" else "gpu-a"
+        r = cl.post(f"/v1/nodes/{other}/events", headers=h(ADMIN), json=body)
+        assert r.status_code == 200 and r.json()["revoked"] == []  # not that node's lease
+        r = cl.post(f"/v1/nodes/{lease['node']}/events", headers=h(ADMIN), json=body)
+        assert r.status_code == 200 and r.json() == {"accepted": 2, "revoked": [lease["id"]]}
+        assert cl.get(f"/v1/leases/{lease['id']}", headers=h(A)).json()["state"] == "revoked"
+        bad = {**body, "events": [{"seq": -1, "kind": "revoke"}]}
+        assert cl.post(f"/v1/nodes/{lease['node']}/events", headers=h(ADMIN), json=bad).status_code == 422

@@ -14,6 +14,9 @@ tickets and events; ``/v1/admin/*`` and the agent route need role ``admin``):
   acquisitions that could only land there get 429 + Retry-After and the holders of P2 leases on it get
   a ``pause`` event on ``/v1/events``; at <= 70 % (and <= 75 degC) a ``resume`` event follows.
   ``failed`` health revokes the GPU's leases, ``degraded`` stops new ones, ``ok`` restores;
+- ``POST /v1/nodes/{node}/events`` (node agents): ``{"resync", "dropped_events", "workloads": [..],
+  "events": [{"seq", "kind", "at_s", "gpu_id", "lease_id", "reason", "pauser", "frees", "latency_ms"}]}``;
+  a ``revoke`` event for a lease on that node ends it as REVOKED (its holder gets a ``revoked`` event);
 - ``POST /v1/admin/gpus/{gpu_id}/drain``, ``POST /v1/admin/slices/{slice_id}/health``,
   ``PUT /v1/admin/watermarks``; ``POST /v1/noop`` + ``DELETE /v1/noop/{id}`` (the framework's own
   ceiling, for the benchmark); the OpenAI-compatible proxy (`gpupool.adapters.http.proxy`).
@@ -88,6 +91,7 @@ class Gateway:
     metrics: Metrics | None = None
     tick_s: float = 0.1
     default_max_tokens: int = 256
+    agent_events: int = 0
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
@@ -257,6 +261,7 @@ def lease_json(gw: Gateway, lease: Lease, out: Outcome | None = None) -> dict[st
         "model": lease.request.model,
         "backend": b.id if b else "",
         "reason": lease.reason,
+        "labels": dict(lease.request.labels),
         "early_warning": bool(out and out.early_warning),
         "victims": [v.id for v in out.victims] if out else [],
     }
@@ -505,6 +510,25 @@ def _routes(app: FastAPI, gw: Gateway) -> None:
         return JSONResponse(
             {"accepted": len(body.gpus), "signals": signals, "paused_gpus": sorted(c.paused_gpus())}
         )
+
+    @app.post("/v1/nodes/{node}/events")
+    async def node_events(node: str, body: s.NodeEventsIn, who: Who) -> JSONResponse:
+        """Agent decisions; ``revoke`` of a lease on this node ends it (REVOKED), the rest is counted."""
+        admin(who)
+        revoked = []
+        for e in body.events:
+            if e.kind != "revoke" or not e.lease_id:
+                continue
+            try:
+                lease = c.get(e.lease_id)
+            except UnknownId:
+                continue
+            if lease.node == node and not lease.state.ended:
+                c.revoke(e.lease_id, reason=f"node agent on {node}: {e.reason or 'could not free the GPU'}")
+                revoked.append(e.lease_id)
+        gw.agent_events += len(body.events)
+        await gw.committer.durable()
+        return JSONResponse({"accepted": len(body.events), "revoked": revoked})
 
     @app.post("/v1/admin/gpus/{gpu_id:path}/drain")
     async def drain(gpu_id: str, body: s.DrainIn, who: Who) -> JSONResponse:

@@ -69,6 +69,7 @@ class LeaseOut(BaseModel):
     model: str = ""
     backend: str = ""
     reason: str = ""
+    labels: dict[str, str] = {}
     early_warning: bool = False
     victims: list[str] = []
 
@@ -103,6 +104,33 @@ class ReadingsIn(_Strict):
     """What a node agent pushes every tick: one entry per GPU of that node."""
 
     gpus: list[GpuReadingIn] = Field(..., min_length=1, max_length=64)
+
+
+class AgentEventIn(_Strict):
+    seq: StrictInt = Field(..., ge=0)
+    kind: StrictStr = Field(..., min_length=1, max_length=64)
+    at_s: float = 0.0
+    gpu_id: StrictStr = Field("", max_length=256)
+    lease_id: StrictStr = Field("", max_length=256)
+    reason: StrictStr = Field("", max_length=2048)
+    pauser: StrictStr = Field("", max_length=64)
+    frees: StrictStr = Field("", max_length=64)
+    latency_ms: float = Field(0.0, ge=0)
+
+
+class AgentWorkloadIn(_Strict):
+    lease_id: StrictStr = Field(..., max_length=256)
+    gpu_id: StrictStr = Field(..., max_length=256)
+    state: StrictStr = Field(..., max_length=64)
+
+
+class NodeEventsIn(_Strict):
+    """What a node agent reports besides readings: its pause/resume/revoke decisions."""
+
+    resync: StrictBool = False
+    dropped_events: StrictInt = Field(0, ge=0)
+    workloads: list[AgentWorkloadIn] = Field(default_factory=list, max_length=4096)
+    events: list[AgentEventIn] = Field(default_factory=list, max_length=1024)
 
 
 class WatermarksIn(_Strict):
