@@ -170,7 +170,7 @@ def build(
     commits: list[Any] = []
     metrics = GatewayMetrics(controller, commits=lambda: (commits[0].batches, commits[0].writes))
     sizer = KvSizer({w.model: w.quant for w in wset if w.model})
-    app = create_app(controller, tokens=table, sizer=sizer, metrics=metrics)
+    app = create_app(controller, tokens=table, sizer=sizer, metrics=metrics, agent_events=True)
     gw = app.state.gateway
     commits.append(gw.committer)
     gw.hub.extra.append(metrics.observe_event)

@@ -33,7 +33,7 @@ def gw(tmp_path: Path) -> Iterator[tuple[str, LeaseController]]:
     c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=store)
     c.recover()
     tokens = TokenTable([(ADMIN, "ops", "admin"), (A, "a", "tenant"), (B, "b", "tenant")])
-    with running(create_app(c, tokens=tokens, tick_s=0.05)) as url:
+    with running(create_app(c, tokens=tokens, tick_s=0.05, agent_events=True)) as url:
         yield url, c
     store.close()
 

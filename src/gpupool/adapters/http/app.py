@@ -16,7 +16,9 @@ tickets and events; ``/v1/admin/*`` and the agent route need role ``admin``):
   ``failed`` health revokes the GPU's leases, ``degraded`` stops new ones, ``ok`` restores;
 - ``POST /v1/nodes/{node}/events`` (node agents): ``{"resync", "dropped_events", "workloads": [..],
   "events": [{"seq", "kind", "at_s", "gpu_id", "lease_id", "reason", "pauser", "frees", "latency_ms"}]}``;
-  a ``revoke`` event for a lease on that node ends it as REVOKED (its holder gets a ``revoked`` event);
+  a ``revoke`` event for a lease on that node ends it as REVOKED (its holder gets a ``revoked`` event).
+  Opt-in (``create_app(agent_events=True)``, on in ``gpupool serve``/``run``): without it agents fall back
+  to ``DELETE /v1/leases/{id}`` for revocations;
 - ``POST /v1/admin/gpus/{gpu_id}/drain``, ``POST /v1/admin/slices/{slice_id}/health``,
   ``PUT /v1/admin/watermarks``; ``POST /v1/noop`` + ``DELETE /v1/noop/{id}`` (the framework's own
   ceiling, for the benchmark); the OpenAI-compatible proxy (`gpupool.adapters.http.proxy`).
@@ -105,6 +107,7 @@ def create_app(
     tick_s: float = 0.1,
     proxy: bool = True,
     proxy_timeout_s: float = 300.0,
+    agent_events: bool = False,
 ) -> FastAPI:
     hub = EventHub()
     controller.sink = hub
@@ -132,7 +135,7 @@ def create_app(
     )
     app.state.gateway = gw
     _errors(app)
-    _routes(app, gw)
+    _routes(app, gw, agent_events=agent_events)
     if proxy:
         from gpupool.adapters.http.proxy import add_proxy_routes
 
@@ -358,7 +361,7 @@ def build_request(gw: Gateway, body: s.LeaseIn, who: Principal) -> CoreRequest:
 
 
 # ---------------------------------------------------------------------- routes
-def _routes(app: FastAPI, gw: Gateway) -> None:
+def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
     c = gw.controller
 
     def admin(who: Principal) -> None:
@@ -511,24 +514,28 @@ def _routes(app: FastAPI, gw: Gateway) -> None:
             {"accepted": len(body.gpus), "signals": signals, "paused_gpus": sorted(c.paused_gpus())}
         )
 
-    @app.post("/v1/nodes/{node}/events")
-    async def node_events(node: str, body: s.NodeEventsIn, who: Who) -> JSONResponse:
-        """Agent decisions; ``revoke`` of a lease on this node ends it (REVOKED), the rest is counted."""
-        admin(who)
-        revoked = []
-        for e in body.events:
-            if e.kind != "revoke" or not e.lease_id:
-                continue
-            try:
-                lease = c.get(e.lease_id)
-            except UnknownId:
-                continue
-            if lease.node == node and not lease.state.ended:
-                c.revoke(e.lease_id, reason=f"node agent on {node}: {e.reason or 'could not free the GPU'}")
-                revoked.append(e.lease_id)
-        gw.agent_events += len(body.events)
-        await gw.committer.durable()
-        return JSONResponse({"accepted": len(body.events), "revoked": revoked})
+    if agent_events:
+
+        @app.post("/v1/nodes/{node}/events")
+        async def node_events(node: str, body: s.NodeEventsIn, who: Who) -> JSONResponse:
+            """Agent decisions; ``revoke`` of a lease on this node ends it (REVOKED), the rest is counted."""
+            admin(who)
+            revoked = []
+            for e in body.events:
+                if e.kind != "revoke" or not e.lease_id:
+                    continue
+                try:
+                    lease = c.get(e.lease_id)
+                except UnknownId:
+                    continue
+                if lease.node == node and not lease.state.ended:
+                    c.revoke(
+                        e.lease_id, reason=f"node agent on {node}: {e.reason or 'could not free the GPU'}"
+                    )
+                    revoked.append(e.lease_id)
+            gw.agent_events += len(body.events)
+            await gw.committer.durable()
+            return JSONResponse({"accepted": len(body.events), "revoked": revoked})
 
     @app.post("/v1/admin/gpus/{gpu_id:path}/drain")
     async def drain(gpu_id: str, body: s.DrainIn, who: Who) -> JSONResponse:
