@@ -246,6 +246,7 @@ def start_simulated_agents(
     cluster: Any | None = None,
     period_s: float = 0.2,
     metrics: bool = False,
+    engines: Sequence[Engine] = (),
 ) -> list[AgentRuntime]:
     """One agent per node, reporting to ``gateway`` (what ``make run`` starts inside the demo): the
     nodes of ``cluster`` (a ``gpupool.adapters.simulated.SimulatedCluster``, read through its device
@@ -264,6 +265,7 @@ def start_simulated_agents(
             token=token,
             config=AgentConfig(node, period_s=period_s),
             source=src,
+            engines=[e for e in engines if e.gpu_id.startswith(f"{node}/")],
         )
         rt.start(metrics_port=0 if metrics else None)
         out.append(rt)

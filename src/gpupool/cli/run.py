@@ -183,6 +183,11 @@ def run(  # noqa: PLR0917 (typer options)
     tidal_speed: float = typer.Option(
         144.0, "--tidal-speed", help="Tidal compressed clock (x144: a day in 10 min); 0 turns it off."
     ),
+    agents: bool = typer.Option(
+        True,
+        help="Start one node agent per simulated node (200 ms loop, readings over HTTP, vLLM KV "
+        "correction from the emulated backends); --no-agents feeds raw readings in-process instead.",
+    ),
 ) -> None:
     """Gateway + emulated backends + synthetic agent traffic on the simulated example cluster."""
     from gpupool.cli.serve import serve_forever
@@ -210,6 +215,20 @@ def run(  # noqa: PLR0917 (typer options)
         from gpupool.cli.tidal import tidal_live
 
         extra.append(tidal_live(bundle, speed=tidal_speed))
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_forever(bundle, host=host, port=port, extra=extra))
+    runtimes: list[Any] = []
+    if agents and bundle.sim is not None:
+        from gpupool.agent.engines import Engine
+        from gpupool.agent.runtime import start_simulated_agents
+
+        engines = [
+            Engine(gpu_id=b.gpu_id, endpoint=b.url, reserved_mib=b.kv_budget_mib) for b in bundle.backends
+        ]
+        runtimes = start_simulated_agents(url, token=admin, cluster=bundle.sim, engines=engines)
+        typer.echo(f"node agents: {len(runtimes)} (one per simulated node, 200 ms period)")
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve_forever(bundle, host=host, port=port, extra=extra, feed_readings=not runtimes))
+    finally:
+        for rt in runtimes:
+            rt.stop()
     typer.echo("gpupool: stopped")

@@ -296,14 +296,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-async def serve_forever(bundle: Bundle, *, host: str, port: int, extra: Iterable[Any] = ()) -> None:
-    """Run the gateway server (+ any extra uvicorn servers / coroutines) until Ctrl-C or SIGTERM."""
+async def serve_forever(
+    bundle: Bundle, *, host: str, port: int, extra: Iterable[Any] = (), feed_readings: bool = True
+) -> None:
+    """Run the gateway server (+ any extra uvicorn servers / coroutines) until Ctrl-C or SIGTERM.
+
+    ``feed_readings``: push the simulated cluster's readings in-process; `gpupool run` turns it off
+    when real node agents report them over HTTP instead."""
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(bundle.app, host=host, port=port, log_level="warning"))
     tune_gc()
     tasks = [asyncio.create_task(server.serve())]
-    if bundle.sim is not None:
+    if bundle.sim is not None and feed_readings:
         tasks.append(asyncio.create_task(feed_simulated_readings(bundle)))
     for x in extra:
         tasks.append(asyncio.create_task(x))

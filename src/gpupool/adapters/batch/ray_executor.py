@@ -20,7 +20,7 @@ from gpupool.core.tidal_jobs import BatchJobSpec
 def _remote() -> Any:
     import ray
 
-    @ray.remote(num_cpus=0.1, max_retries=0)  # type: ignore[untyped-decorator]
+    @ray.remote(num_cpus=0.1, max_retries=0)  # type: ignore[untyped-decorator,unused-ignore]
     def run_job(ray_task: str, args: list[str], command: list[str], env: dict[str, str]) -> int:
         import importlib
         import os
