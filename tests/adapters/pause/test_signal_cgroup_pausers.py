@@ -9,7 +9,7 @@ from gpupool.adapters.pause import CgroupFreezerPauser, SignalPauser
 from gpupool.adapters.pause.procfs import is_stopped, proc_state, process_group
 from gpupool.core.clock import ManualClock
 from gpupool.core.pausers import Frees, PauseAction, Workload
-from tests.adapters.pause.pause_helpers import wait_for
+from tests.child_jobs import wait_for
 
 
 def test_sigstop_sigcont_on_process_group(batch_job: subprocess.Popen[bytes]) -> None:

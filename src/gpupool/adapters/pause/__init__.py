@@ -1,7 +1,8 @@
 """Pausers (see `gpupool.core.pausers`): POSIX signals, the cgroup v2 freezer, vLLM sleep/wake and
 pause/resume over HTTP (httpx, imported lazily), and cuda-checkpoint when detected.
 
-`default_pausers` builds the registry the agent uses, keyed by pauser name.
+`default_pausers` builds the registry the agent uses, keyed by pauser name. They share their clock,
+check-first and result bookkeeping through `base.PauserBase`.
 """
 
 from __future__ import annotations

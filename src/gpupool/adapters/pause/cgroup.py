@@ -18,10 +18,9 @@ from __future__ import annotations
 import math
 import os
 import signal
-import time
 from pathlib import Path
 
-from gpupool.core.clock import Clock, FunctionClock
+from gpupool.adapters.pause.base import PauserBase, Step
 from gpupool.core.pausers import Frees, PauseAction, PauseResult, Workload
 
 
@@ -51,13 +50,10 @@ def _frozen(cg: Path) -> bool:
     return False
 
 
-class CgroupFreezerPauser:
+class CgroupFreezerPauser(PauserBase):
     name = "cgroup"
     frees = Frees.COMPUTE
     vram_free_estimate_s = math.inf
-
-    def __init__(self, *, clock: Clock | None = None) -> None:
-        self._clock = clock or FunctionClock(time.monotonic)
 
     def check(self, workload: Workload) -> str | None:
         if not workload.cgroup:
@@ -79,53 +75,31 @@ class CgroupFreezerPauser:
         cg = Path(workload.cgroup)
         if (cg / "cgroup.kill").exists():
             return self._write(workload, "cgroup.kill", "1", PauseAction.TERMINATE)
-        start = self._clock.now()
-        refusal = self.check(workload)
-        if refusal is not None:
-            return self._result(workload, PauseAction.TERMINATE, start, False, refusal, refused=True)
-        try:
-            pids = [int(x) for x in (cg / "cgroup.procs").read_text().split()]
-        except OSError as exc:
-            return self._result(workload, PauseAction.TERMINATE, start, False, f"cgroup.procs: {exc}")
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-        return self._result(workload, PauseAction.TERMINATE, start, True, f"SIGKILL to {len(pids)} pid(s)")
+        return self._attempt(workload, PauseAction.TERMINATE, lambda: _kill_procs(cg))
 
     def is_paused(self, workload: Workload) -> bool:
         return bool(workload.cgroup) and _frozen(Path(workload.cgroup))
 
     def _write(self, workload: Workload, knob: str, value: str, action: PauseAction) -> PauseResult:
-        start = self._clock.now()
-        refusal = self.check(workload)
-        if refusal is not None:
-            return self._result(workload, action, start, False, refusal, refused=True)
-        try:
-            (Path(workload.cgroup) / knob).write_text(value)
-        except OSError as exc:
-            return self._result(workload, action, start, False, f"write {value} to {knob}: {exc}")
-        return self._result(workload, action, start, True, f"{knob}={value}")
+        def work() -> Step:
+            try:
+                (Path(workload.cgroup) / knob).write_text(value)
+            except OSError as exc:
+                return Step(ok=False, reason=f"write {value} to {knob}: {exc}")
+            return Step(ok=True, reason=f"{knob}={value}")
 
-    def _result(
-        self,
-        workload: Workload,
-        action: PauseAction,
-        start: float,
-        ok: bool,
-        reason: str,
-        *,
-        refused: bool = False,
-    ) -> PauseResult:
-        return PauseResult(
-            workload.lease_id,
-            self.name,
-            action,
-            ok,
-            self.frees,
-            start,
-            self._clock.now(),
-            reason=reason,
-            refused=refused,
-        )
+        return self._attempt(workload, action, work)
+
+
+def _kill_procs(cg: Path) -> Step:
+    """SIGKILL every pid in ``cgroup.procs`` (kernels without ``cgroup.kill``)."""
+    try:
+        pids = [int(x) for x in (cg / "cgroup.procs").read_text().split()]
+    except OSError as exc:
+        return Step(ok=False, reason=f"cgroup.procs: {exc}")
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    return Step(ok=True, reason=f"SIGKILL to {len(pids)} pid(s)")

@@ -21,11 +21,11 @@ import platform
 import re
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.core.clock import Clock, FunctionClock
+from gpupool.adapters.pause.base import PauserBase, Step
+from gpupool.core.clock import Clock
 from gpupool.core.pausers import Frees, PauseAction, PauseResult, Workload
 
 MIN_DRIVER_MAJOR = 550
@@ -78,7 +78,7 @@ def detect(
     return CheckpointSupport(True, path, version, f"cuda-checkpoint {path} with driver {version}")
 
 
-class CudaCheckpointPauser:
+class CudaCheckpointPauser(PauserBase):
     name = "cuda-checkpoint"
     frees = Frees.COMPUTE_AND_VRAM
 
@@ -90,8 +90,8 @@ class CudaCheckpointPauser:
         timeout_s: float = 120.0,
         vram_free_estimate_s: float = 15.0,
     ) -> None:
+        super().__init__(clock=clock)
         self.support = support or detect()
-        self._clock = clock or FunctionClock(time.monotonic)
         self._timeout_s = timeout_s
         self.vram_free_estimate_s = vram_free_estimate_s
 
@@ -131,22 +131,19 @@ class CudaCheckpointPauser:
         return out.strip().lower() if ok else ""
 
     def _toggle(self, workload: Workload, action: PauseAction, want: str) -> PauseResult:
-        start = self._clock.now()
-        refusal = self.check(workload)
-        if refusal is not None:
-            return self._result(workload, action, start, False, refusal, refused=True)
-        done = 0
-        for pid in sorted(workload.pids):
-            if self.state(pid) == want:
-                continue
-            ok, out = self._run("--toggle", "--pid", str(pid))
-            if not ok:
-                return self._result(workload, action, start, False, f"pid {pid}: {out} ({done} toggled)")
-            done += 1
-        freed = workload.vram_mib if action is PauseAction.PAUSE else 0
-        return self._result(
-            workload, action, start, True, f"toggled {done} process(es)", vram_freed_mib=freed
-        )
+        def work() -> Step:
+            done = 0
+            for pid in sorted(workload.pids):
+                if self.state(pid) == want:
+                    continue
+                ok, out = self._run("--toggle", "--pid", str(pid))
+                if not ok:
+                    return Step(ok=False, reason=f"pid {pid}: {out} ({done} toggled)")
+                done += 1
+            freed = workload.vram_mib if action is PauseAction.PAUSE else 0
+            return Step(ok=True, reason=f"toggled {done} process(es)", vram_freed_mib=freed)
+
+        return self._attempt(workload, action, work)
 
     def pause(self, workload: Workload) -> PauseResult:
         return self._toggle(workload, PauseAction.PAUSE, "checkpointed")
@@ -155,38 +152,11 @@ class CudaCheckpointPauser:
         return self._toggle(workload, PauseAction.RESUME, "running")
 
     def terminate(self, workload: Workload) -> PauseResult:
-        start = self._clock.now()
-        return self._result(
+        return self._declined(
             workload,
             PauseAction.TERMINATE,
-            start,
-            False,
             "cuda-checkpoint does not end jobs; use the signal or cgroup pauser's terminate",
         )
 
     def is_paused(self, workload: Workload) -> bool:
         return bool(workload.pids) and all(self.state(p) == "checkpointed" for p in workload.pids)
-
-    def _result(
-        self,
-        workload: Workload,
-        action: PauseAction,
-        start: float,
-        ok: bool,
-        reason: str,
-        *,
-        refused: bool = False,
-        vram_freed_mib: int = 0,
-    ) -> PauseResult:
-        return PauseResult(
-            workload.lease_id,
-            self.name,
-            action,
-            ok,
-            self.frees,
-            start,
-            self._clock.now(),
-            reason=reason,
-            refused=refused,
-            vram_freed_mib=vram_freed_mib,
-        )

@@ -18,18 +18,19 @@ import os
 import signal
 import time
 
+from gpupool.adapters.pause.base import PauserBase, Step
 from gpupool.adapters.pause.procfs import is_stopped, proc_state
-from gpupool.core.clock import Clock, FunctionClock
+from gpupool.core.clock import Clock
 from gpupool.core.pausers import Frees, PauseAction, PauseResult, Workload
 
 
-class SignalPauser:
+class SignalPauser(PauserBase):
     name = "signal"
     frees = Frees.COMPUTE
     vram_free_estimate_s = math.inf
 
     def __init__(self, *, clock: Clock | None = None, confirm_timeout_s: float = 0.0) -> None:
-        self._clock = clock or FunctionClock(time.monotonic)
+        super().__init__(clock=clock)
         self._confirm_timeout_s = confirm_timeout_s
 
     # ------------------------------------------------------------------ protocol
@@ -59,33 +60,26 @@ class SignalPauser:
         return (workload.pgid,) if workload.pgid is not None else ()
 
     def _send(self, workload: Workload, sig: signal.Signals, action: PauseAction) -> PauseResult:
-        start = self._clock.now()
-        refusal = self.check(workload)
-        if refusal is not None:
-            return self._result(workload, action, start, ok=False, reason=refusal, refused=True)
-        try:
-            if workload.pgid is not None:
-                os.killpg(workload.pgid, sig)
-            else:
-                for pid in workload.pids:
-                    os.kill(pid, sig)
-        except ProcessLookupError:
-            gone = action is PauseAction.TERMINATE
-            return self._result(
-                workload, action, start, ok=gone, reason=f"{sig.name}: no such process (job gone)"
-            )
-        except PermissionError as exc:
-            return self._result(workload, action, start, ok=False, reason=f"{sig.name}: {exc}")
-        confirm = action is PauseAction.PAUSE and self._confirm_timeout_s > 0
-        if confirm and not self._wait(workload, stopped=True):
-            return self._result(
-                workload,
-                action,
-                start,
-                ok=False,
-                reason=f"SIGSTOP sent but not stopped after {self._confirm_timeout_s:.3f} s",
-            )
-        return self._result(workload, action, start, ok=True, reason=f"{sig.name} sent")
+        def work() -> Step:
+            try:
+                if workload.pgid is not None:
+                    os.killpg(workload.pgid, sig)
+                else:
+                    for pid in workload.pids:
+                        os.kill(pid, sig)
+            except ProcessLookupError:
+                gone = action is PauseAction.TERMINATE
+                return Step(ok=gone, reason=f"{sig.name}: no such process (job gone)")
+            except PermissionError as exc:
+                return Step(ok=False, reason=f"{sig.name}: {exc}")
+            confirm = action is PauseAction.PAUSE and self._confirm_timeout_s > 0
+            if confirm and not self._wait(workload, stopped=True):
+                return Step(
+                    ok=False, reason=f"SIGSTOP sent but not stopped after {self._confirm_timeout_s:.3f} s"
+                )
+            return Step(ok=True, reason=f"{sig.name} sent")
+
+        return self._attempt(workload, action, work)
 
     def _wait(self, workload: Workload, *, stopped: bool) -> bool:
         deadline = time.monotonic() + self._confirm_timeout_s
@@ -97,25 +91,3 @@ class SignalPauser:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.0005)
-
-    def _result(
-        self,
-        workload: Workload,
-        action: PauseAction,
-        start: float,
-        *,
-        ok: bool,
-        reason: str,
-        refused: bool = False,
-    ) -> PauseResult:
-        return PauseResult(
-            workload.lease_id,
-            self.name,
-            action,
-            ok,
-            self.frees,
-            start,
-            self._clock.now(),
-            reason=reason,
-            refused=refused,
-        )

@@ -18,11 +18,11 @@ Invariants:
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpupool.core.clock import Clock, FunctionClock
+from gpupool.adapters.pause.base import PauserBase, Step
+from gpupool.core.clock import Clock
 from gpupool.core.pausers import Frees, PauseAction, PauseResult, Workload
 
 if TYPE_CHECKING:
@@ -126,13 +126,13 @@ class VllmControl:
         return parse_engine_metrics(str(body), endpoint=endpoint, at_s=at_s)
 
 
-class _HttpPauser:
+class _HttpPauser(PauserBase):
     name = "vllm"
     frees = Frees.COMPUTE
 
     def __init__(self, *, control: VllmControl | None = None, clock: Clock | None = None) -> None:
+        super().__init__(clock=clock)
         self.control = control or VllmControl()
-        self._clock = clock or FunctionClock(time.monotonic)
 
     def check(self, workload: Workload) -> str | None:
         if not workload.endpoint.startswith(("http://", "https://")):
@@ -140,49 +140,21 @@ class _HttpPauser:
         return None
 
     def terminate(self, workload: Workload) -> PauseResult:
-        start = self._clock.now()
-        return self._result(
+        return self._declined(
             workload,
             PauseAction.TERMINATE,
-            start,
-            False,
             "an engine is not killed by the agent; the gateway stops routing to the revoked lease",
         )
 
     def _do(
         self, workload: Workload, action: PauseAction, method: str, path: str, **params: Any
     ) -> PauseResult:
-        start = self._clock.now()
-        refusal = self.check(workload)
-        if refusal is not None:
-            return self._result(workload, action, start, False, refusal, refused=True)
-        ok, reason, _ = self.control.call(method, f"{workload.endpoint.rstrip('/')}{path}", **params)
-        freed = workload.vram_mib if ok and action is PauseAction.PAUSE and self.frees.frees_vram else 0
-        return self._result(workload, action, start, ok, reason, vram_freed_mib=freed)
+        def work() -> Step:
+            ok, reason, _ = self.control.call(method, f"{workload.endpoint.rstrip('/')}{path}", **params)
+            freed = workload.vram_mib if ok and action is PauseAction.PAUSE and self.frees.frees_vram else 0
+            return Step(ok=ok, reason=reason, vram_freed_mib=freed)
 
-    def _result(
-        self,
-        workload: Workload,
-        action: PauseAction,
-        start: float,
-        ok: bool,
-        reason: str,
-        *,
-        refused: bool = False,
-        vram_freed_mib: int = 0,
-    ) -> PauseResult:
-        return PauseResult(
-            workload.lease_id,
-            self.name,
-            action,
-            ok,
-            self.frees,
-            start,
-            self._clock.now(),
-            reason=reason,
-            refused=refused,
-            vram_freed_mib=vram_freed_mib,
-        )
+        return self._attempt(workload, action, work)
 
 
 class VllmSleepPauser(_HttpPauser):
