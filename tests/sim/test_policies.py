@@ -7,7 +7,9 @@ import pytest
 
 from gpupool.core.errors import InvalidInput
 from gpupool.sim.policies import SIM_POLICIES, get_sim_policy
+from gpupool.sim.policies.base import SimContext
 from gpupool.sim.policies.baselines import bestfit_scores
+from gpupool.sim.reserve import WholeCardReserve
 from tests.sim.tiny import all_rows, context, node, pod, target
 
 TW = target((1000, 500, 1, 2), (1000, 1000, 1, 1), (1000, 0, 0, 1))
@@ -124,3 +126,51 @@ def test_fgd_capacity_breaks_fgd_ties_by_capacity_gain() -> None:
     ctx = context([node("b", 2, cpu=96_000), node("a", 2, cpu=4000)], tw, gpu_free=[[1000, 1000]] * 2)
     assert get_sim_policy("fgd").choose(ctx, pod(1000, 1000, 1), all_rows(ctx)) == (0, (0,))
     assert get_sim_policy("fgd-capacity").choose(ctx, pod(1000, 1000, 1), all_rows(ctx)) == (1, (0,))
+
+
+# fgd-reserve: a = 4 free cards, 64 cores; b = [1000, 1000, 190, 0], 64 cores. FGD's target is only
+# A = (1 core, one whole card) x 10; the full shape distribution adds B = (8 cores, 4 whole cards) x 1,
+# C = (12 cores, 500 milli) x 5 and E = (16 cores, one whole card) x 6. The pod: 4 cores, one card.
+RESERVE_NODES = [node("a", 4, cpu=64_000), node("b", 4, cpu=64_000)]
+RESERVE_FREE = [[1000] * 4, [1000, 1000, 190, 0]]
+RESERVE_POP = target((1000, 1000, 1, 10), (8000, 1000, 4, 1), (12000, 500, 1, 5), (16000, 1000, 1, 6))
+
+
+def reserve_context() -> SimContext:
+    ctx = context(RESERVE_NODES, target((1000, 1000, 1, 10)), gpu_free=RESERVE_FREE)
+    ctx.population = RESERVE_POP
+    return ctx
+
+
+def test_fgd_reserve_keeps_the_whole_cards_that_expected_multi_gpu_demand_needs() -> None:
+    # FGD: A fits before and after on both nodes (b's 190 stays a fragment) -> both 50 -> row 0 (a).
+    # Capacity numerators (22 = total count; usable = min(gpu, cpu slots) x milli):
+    #   a: 22*4000 - (10*4000 + 1*4000 + 5*2500 + 6*4000) = 7500 -> after: 22*3000 - (30000 + 0 + 12500
+    #      + 18000) = 5500: gain 2000 (C's CPU-limited slots stop stranding 1000 milli);
+    #   b: 22*2190 - (20000 + 0 + 10000 + 12000) = 6180 -> 22*1190 - (10000 + 0 + 5000 + 6000) = 5180:
+    #      gain 1000. So fgd-capacity also takes a, breaking the only node that can host B.
+    # Reserve (demand = 10000 + 4000 + 2500 + 6000 = 22500 milli; free after = 5190): B's expected
+    # share 4000/22500 x 5190 = 922.7 milli; on a no node has 4 free cards left (shortfall 922.7), on
+    # b node a keeps them (0); the 1-card group (16000/22500 x 5190 = 3690.7) has 5 cards either way.
+    ctx = reserve_context()
+    p = pod(4000, 1000, 1)
+    assert get_sim_policy("fgd").choose(ctx, p, all_rows(ctx)) == (0, (0,))
+    assert get_sim_policy("fgd-capacity").choose(ctx, p, all_rows(ctx)) == (0, (0,))
+    assert get_sim_policy("fgd-reserve").choose(ctx, p, all_rows(ctx)) == (1, (0,))
+    reserve = WholeCardReserve(RESERVE_POP, ctx.mirror)
+    short = reserve.shortfall_after(np.array([0, 1]), np.array([1, 1]), 1000)
+    assert short.tolist() == [4000 * 5190, 0]  # scaled by the demand, 22500: 922.7 milli and 0
+
+
+def test_whole_card_reserve_refresh_matches_a_rebuild() -> None:
+    ctx = reserve_context()
+    reserve = WholeCardReserve(RESERVE_POP, ctx.mirror)
+    ctx.mirror.apply(0, (1, 2), gpu_milli=1000, cpu_milli=1000, memory_mib=0)
+    reserve.refresh(0)
+    fresh = WholeCardReserve(RESERVE_POP, ctx.mirror)
+    assert reserve.supply.tolist() == fresh.supply.tolist() == [4, 0]  # groups (1 card), (4 cards)
+    assert reserve.free_milli == fresh.free_milli == 4190
+    rows, taken = np.array([0, 1]), np.array([1, 0])
+    assert (
+        reserve.shortfall_after(rows, taken, 500).tolist() == fresh.shortfall_after(rows, taken, 500).tolist()
+    )

@@ -17,7 +17,7 @@ app = typer.Typer(
 )
 app.command("tidal")(tidal.sim_tidal)
 
-DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,seed-bestfit,fgd-capacity"
+DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,seed-bestfit,fgd-capacity,fgd-reserve"
 
 
 def _seeds(text: str) -> list[int]:

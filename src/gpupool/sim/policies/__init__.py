@@ -18,7 +18,7 @@ from gpupool.sim.policies.baselines import (
     SeedBestFitPolicy,
 )
 from gpupool.sim.policies.fgd import FGDPolicy
-from gpupool.sim.policies.ours import FGDCapacityPolicy, FragBestFitPolicy
+from gpupool.sim.policies.ours import FGDCapacityPolicy, FGDReservePolicy, FragBestFitPolicy
 
 SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     RandomPolicy.name: RandomPolicy,
@@ -29,6 +29,7 @@ SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     FGDPolicy.name: FGDPolicy,
     SeedBestFitPolicy.name: SeedBestFitPolicy,
     FGDCapacityPolicy.name: FGDCapacityPolicy,
+    FGDReservePolicy.name: FGDReservePolicy,
     FragBestFitPolicy.name: FragBestFitPolicy,
 }
 

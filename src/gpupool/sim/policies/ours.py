@@ -1,6 +1,13 @@
 """Our policies, built on FGD's fragmentation gradient.
 
-``fgd-capacity`` (the one we recommend): rank placements by FGD's own integer score
+``fgd-reserve`` (the one we recommend): ``fgd-capacity`` with one more key between FGD's score and
+the capacity gain: among FGD's ties, take the placement that leaves the least expected shortfall of
+free whole cards for the trace's whole-card and multi-GPU pods (`gpupool.sim.reserve`). The capacity
+tie-breaker weights shapes by pod count, so it spends the last fully free 8-card nodes that rare
+8-GPU pods need; the reserve key refuses to do so while another equally good placement exists and
+the cluster's free capacity says that demand is still coming. No constants.
+
+``fgd-capacity``: rank placements by FGD's own integer score
 ``int(100 x sigmoid(delta_gpus))`` and break its (frequent) ties by the decrease of the
 capacity-aware fragmentation of `gpupool.sim.capfrag` (CPU stranding and in-card rounding included)
 measured against EVERY shape of the original pod list (no 95 % cut: the tie-breaker should see the
@@ -28,6 +35,8 @@ import numpy as np
 from gpupool.sim.capfrag import CapacityFragTable
 from gpupool.sim.policies.base import Choice, PodView, SimContext, StatelessPolicy
 from gpupool.sim.policies.fgd import after, candidates, fgd_scores, finish, placements
+from gpupool.sim.reserve import WholeCardReserve
+from gpupool.sim.trace import MILLI_PER_GPU
 
 
 class FragBestFitPolicy(StatelessPolicy):
@@ -89,3 +98,38 @@ class FGDCapacityPolicy:
         self._table(ctx).refresh(choice[0])
         for memo in self._memo.values():
             memo[choice[0]] = np.nan
+
+
+class FGDReservePolicy(FGDCapacityPolicy):
+    """FGD score, then least whole-card shortfall, then capacity gain, then node order."""
+
+    name: ClassVar[str] = "fgd-reserve"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._reserve: WholeCardReserve | None = None
+
+    def _reserve_table(self, ctx: SimContext) -> WholeCardReserve:
+        if self._reserve is None or self._reserve.mirror is not ctx.mirror:
+            self._reserve = WholeCardReserve(ctx.population or ctx.target, ctx.mirror)
+        return self._reserve
+
+    def choose(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
+        cap = self._table(ctx)
+        reserve = self._reserve_table(ctx)
+        rows, gpus, values = placements(ctx, pod, feasible)
+        score = fgd_scores(ctx, rows, after(ctx.frag, pod, rows, values))
+        top = np.flatnonzero(score == score.max())
+        r = rows[top]
+        if pod.is_sharing:
+            taken = (values[top] == MILLI_PER_GPU).astype(np.int64)
+        else:
+            taken = np.full(len(top), pod.num_gpu, dtype=np.int64)
+        short = reserve.shortfall_after(r, taken, pod.total_gpu_milli)
+        cap_gain = cap.node_frag[r] - self._cap_after(ctx, pod, r, gpus[top], values[top])
+        best = int(top[int(np.lexsort((-cap_gain, short))[0])])  # last key primary; stable = node order
+        return finish(ctx, pod, int(rows[best]), int(gpus[best]))
+
+    def placed(self, ctx: SimContext, pod: PodView, choice: Choice) -> None:
+        super().placed(ctx, pod, choice)
+        self._reserve_table(ctx).refresh(choice[0])
