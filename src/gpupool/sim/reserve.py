@@ -16,7 +16,7 @@ EXPECTED FUTURE demand needs:
 
 Kept in exact integers by multiplying through by ``demand``. No constants: the horizon is the cluster's
 own free capacity and the mix is the trace's shape distribution. ``slots[n, g]`` is kept per node and a
-placement changes one node (`refresh`), so ``supply`` is incremental.
+placement changes one node (`refresh`), so ``supply`` is incremental; free GPU is read from the mirror.
 """
 
 from __future__ import annotations
@@ -49,8 +49,6 @@ class WholeCardReserve:
         self.allowed = allowed
         self.slots = self._slots(self._full(mirror.gpu_free), mirror.model)
         self.supply = self.slots.sum(axis=0)
-        self.node_free = mirror.gpu_free.sum(axis=1)
-        self.free_milli = int(self.node_free.sum())
 
     @staticmethod
     def _full(gpu_free: np.ndarray) -> np.ndarray:
@@ -80,6 +78,8 @@ class WholeCardReserve:
         row = self._slots(self._full(m.gpu_free[node : node + 1]), m.model[node : node + 1])[0]
         self.supply += row - self.slots[node]
         self.slots[node] = row
-        free = int(m.gpu_free[node].sum())
-        self.free_milli += free - int(self.node_free[node])
-        self.node_free[node] = free
+
+    @property
+    def free_milli(self) -> int:
+        """The cluster's free GPU milli (read from the mirror: a 10k-element sum per pod)."""
+        return int(self.mirror.gpu_free.sum())

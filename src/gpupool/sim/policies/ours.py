@@ -85,13 +85,24 @@ class FGDCapacityPolicy:
             memo[rows[miss], cols[miss]] = got[miss]
         return got
 
-    def choose(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
-        cap = self._table(ctx)
+    def _fgd_ties(
+        self, ctx: SimContext, pod: PodView, feasible: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The placements (rows, gpus, values) with FGD's best score, in node order."""
         rows, gpus, values = placements(ctx, pod, feasible)
         score = fgd_scores(ctx, rows, after(ctx.frag, pod, rows, values))
         top = np.flatnonzero(score == score.max())  # only FGD's ties need the second opinion
-        cap_gain = cap.node_frag[rows[top]] - self._cap_after(ctx, pod, rows[top], gpus[top], values[top])
-        best = int(top[int(np.argmax(cap_gain))])  # first = node order, then GPU index
+        return rows[top], gpus[top], values[top]
+
+    def _cap_gain(
+        self, ctx: SimContext, pod: PodView, rows: np.ndarray, gpus: np.ndarray, values: np.ndarray
+    ) -> np.ndarray:
+        gain: np.ndarray = self._table(ctx).node_frag[rows] - self._cap_after(ctx, pod, rows, gpus, values)
+        return gain
+
+    def choose(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
+        rows, gpus, values = self._fgd_ties(ctx, pod, feasible)
+        best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))  # first = node order, GPU
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
     def placed(self, ctx: SimContext, pod: PodView, choice: Choice) -> None:
@@ -115,19 +126,14 @@ class FGDReservePolicy(FGDCapacityPolicy):
         return self._reserve
 
     def choose(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
-        cap = self._table(ctx)
-        reserve = self._reserve_table(ctx)
-        rows, gpus, values = placements(ctx, pod, feasible)
-        score = fgd_scores(ctx, rows, after(ctx.frag, pod, rows, values))
-        top = np.flatnonzero(score == score.max())
-        r = rows[top]
+        rows, gpus, values = self._fgd_ties(ctx, pod, feasible)
         if pod.is_sharing:
-            taken = (values[top] == MILLI_PER_GPU).astype(np.int64)
+            taken = (values == MILLI_PER_GPU).astype(np.int64)
         else:
-            taken = np.full(len(top), pod.num_gpu, dtype=np.int64)
-        short = reserve.shortfall_after(r, taken, pod.total_gpu_milli)
-        cap_gain = cap.node_frag[r] - self._cap_after(ctx, pod, r, gpus[top], values[top])
-        best = int(top[int(np.lexsort((-cap_gain, short))[0])])  # last key primary; stable = node order
+            taken = np.full(len(rows), pod.num_gpu, dtype=np.int64)
+        short = self._reserve_table(ctx).shortfall_after(rows, taken, pod.total_gpu_milli)
+        cap_gain = self._cap_gain(ctx, pod, rows, gpus, values)
+        best = int(np.lexsort((-cap_gain, short))[0])  # last key primary; stable = node order
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
     def placed(self, ctx: SimContext, pod: PodView, choice: Choice) -> None:
