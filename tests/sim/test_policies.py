@@ -149,17 +149,50 @@ def test_fgd_reserve_keeps_the_whole_cards_that_expected_multi_gpu_demand_needs(
     #      + 18000) = 5500: gain 2000 (C's CPU-limited slots stop stranding 1000 milli);
     #   b: 22*2190 - (20000 + 0 + 10000 + 12000) = 6180 -> 22*1190 - (10000 + 0 + 5000 + 6000) = 5180:
     #      gain 1000. So fgd-capacity also takes a, breaking the only node that can host B.
-    # Reserve (demand = 10000 + 4000 + 2500 + 6000 = 22500 milli; free after = 5190): B's expected
-    # share 4000/22500 x 5190 = 922.7 milli; on a no node has 4 free cards left (shortfall 922.7), on
-    # b node a keeps them (0); the 1-card group (16000/22500 x 5190 = 3690.7) has 5 cards either way.
+    # Reserve (demand = 10000 + 4000 + 2500 + 6000 = 22500 milli; free after = 5190). Whole-card
+    # groups (k, cpu): A (1, 1 core), B (4, 8 cores), E (1, 16 cores). Dominated demand: A's slots also
+    # serve B and E -> 20000; B -> 4000 (E has one card); E -> 6000 (B asks only 8 cores).
+    # B's expected share 4000/22500 x 5190 = 922.7 milli: on a no node keeps 4 free cards (shortfall
+    # 922.7), on b node a keeps them with 64 cores (0). A: 20000/22500 x 5190 = 4613.3 <= 5 cards either
+    # way; E: 1384 <= 5 slots (on a: min(3, 60/16) + min(2, 64/16); on b: 4 + min(1, 60/16)).
     ctx = reserve_context()
     p = pod(4000, 1000, 1)
     assert get_sim_policy("fgd").choose(ctx, p, all_rows(ctx)) == (0, (0,))
     assert get_sim_policy("fgd-capacity").choose(ctx, p, all_rows(ctx)) == (0, (0,))
     assert get_sim_policy("fgd-reserve").choose(ctx, p, all_rows(ctx)) == (1, (0,))
     reserve = WholeCardReserve(RESERVE_POP, ctx.mirror)
-    short = reserve.shortfall_after(np.array([0, 1]), np.array([1, 1]), 1000)
+    assert reserve.dominated_demand.tolist() == [20000, 4000, 6000]
+    short = reserve.shortfall_after(np.array([0, 1]), np.array([1, 1]), 1000, 4000)
     assert short.tolist() == [4000 * 5190, 0]  # scaled by the demand, 22500: 922.7 milli and 0
+
+
+# A CPU-aware slot: a = 4 free cards, 64 cores; b = 4 free cards, 16 cores. Population: A = (1 core,
+# one card) x 10, B = (32 cores, 4 cards) x 1. Both nodes have 4 free cards, but only a has the CPU
+# for B (min(4/4, 64/32) = 1 slot; b: min(1, 16/32) = 0). demand = 14000; D(A) = 14000, D(B) = 4000.
+CPU_NODES = [node("a", 4, cpu=64_000), node("b", 4, cpu=16_000)]
+CPU_POP = target((1000, 1000, 1, 10), (32000, 1000, 4, 1))
+
+
+def cpu_context() -> SimContext:
+    ctx = context(CPU_NODES, target((1000, 1000, 1, 10)), gpu_free=[[1000] * 4] * 2)
+    ctx.population = CPU_POP
+    return ctx
+
+
+def test_fgd_reserve_counts_a_multi_gpu_slot_only_where_its_cpu_fits() -> None:
+    # One card, 1 core; free after = 7000. On a: B's only slot goes (a keeps 3 cards): shortfall
+    # 4000/14000 x 7000 = 2000 milli; A keeps 3 + 4 = 7 slots >= 14000/14000 x 7000 / 1000. On b: 0.
+    # A CPU-blind count would see b's 4 free cards as a B slot and score both placements 0.
+    ctx = cpu_context()
+    p = pod(1000, 1000, 1)
+    assert get_sim_policy("fgd").choose(ctx, p, all_rows(ctx)) == (0, (0,))
+    assert get_sim_policy("fgd-reserve").choose(ctx, p, all_rows(ctx)) == (1, (0,))
+    reserve = WholeCardReserve(CPU_POP, ctx.mirror)
+    assert reserve.supply.tolist() == [8, 1]
+    short = reserve.shortfall_after(np.array([0, 1]), np.array([1, 1]), 1000, 1000)
+    assert short.tolist() == [4000 * 7000, 0]
+    # A CPU-only pod with 40 cores breaks B's slot on a too (24 cores left), and GPU demand is unchanged.
+    assert reserve.shortfall_after(np.array([0]), np.array([0]), 0, 40_000).tolist() == [4000 * 8000]
 
 
 def test_whole_card_reserve_refresh_matches_a_rebuild() -> None:
@@ -168,9 +201,11 @@ def test_whole_card_reserve_refresh_matches_a_rebuild() -> None:
     ctx.mirror.apply(0, (1, 2), gpu_milli=1000, cpu_milli=1000, memory_mib=0)
     reserve.refresh(0)
     fresh = WholeCardReserve(RESERVE_POP, ctx.mirror)
-    assert reserve.supply.tolist() == fresh.supply.tolist() == [4, 0]  # groups (1 card), (4 cards)
+    # a: 2 full cards, 63 cores; b: 2 full, 64 cores. Groups A (1 card), B (4 cards), E (1 card, 16 cores)
+    assert reserve.supply.tolist() == fresh.supply.tolist() == [4, 0, 4]
     assert reserve.free_milli == fresh.free_milli == 4190
     rows, taken = np.array([0, 1]), np.array([1, 0])
     assert (
-        reserve.shortfall_after(rows, taken, 500).tolist() == fresh.shortfall_after(rows, taken, 500).tolist()
+        reserve.shortfall_after(rows, taken, 500, 2000).tolist()
+        == fresh.shortfall_after(rows, taken, 500, 2000).tolist()
     )

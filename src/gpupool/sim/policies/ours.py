@@ -2,10 +2,12 @@
 
 ``fgd-reserve`` (the one we recommend): ``fgd-capacity`` with one more key between FGD's score and
 the capacity gain: among FGD's ties, take the placement that leaves the least expected shortfall of
-free whole cards for the trace's whole-card and multi-GPU pods (`gpupool.sim.reserve`). The capacity
-tie-breaker weights shapes by pod count, so it spends the last fully free 8-card nodes that rare
-8-GPU pods need; the reserve key refuses to do so while another equally good placement exists and
-the cluster's free capacity says that demand is still coming. No constants.
+node slots for the trace's whole-card and multi-GPU pods (`gpupool.sim.reserve`: a slot needs both
+the free cards and the free CPU of the shape, and each group also counts the demand of the shapes
+that compete for its slots). The capacity tie-breaker weights shapes by pod count, so it spends the
+last fully free 8-card (and CPU-rich) nodes that rare 8-GPU pods need; the reserve key refuses to do
+so while another equally good placement exists and the cluster's free capacity says that demand is
+still coming. No constants.
 
 ``fgd-capacity``: rank placements by FGD's own integer score
 ``int(100 x sigmoid(delta_gpus))`` and break its (frequent) ties by the decrease of the
@@ -131,7 +133,7 @@ class FGDReservePolicy(FGDCapacityPolicy):
             taken = (values == MILLI_PER_GPU).astype(np.int64)
         else:
             taken = np.full(len(rows), pod.num_gpu, dtype=np.int64)
-        short = self._reserve_table(ctx).shortfall_after(rows, taken, pod.total_gpu_milli)
+        short = self._reserve_table(ctx).shortfall_after(rows, taken, pod.total_gpu_milli, pod.cpu_milli)
         cap_gain = self._cap_gain(ctx, pod, rows, gpus, values)
         best = int(np.lexsort((-cap_gain, short))[0])  # last key primary; stable = node order
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
