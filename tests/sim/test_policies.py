@@ -195,6 +195,26 @@ def test_fgd_reserve_counts_a_multi_gpu_slot_only_where_its_cpu_fits() -> None:
     assert reserve.shortfall_after(np.array([0]), np.array([0]), 0, 40_000).tolist() == [4000 * 8000]
 
 
+def test_fgd_reserve_puts_the_reserve_before_fgds_score() -> None:
+    # a = 4 free cards, 64 cores (the only slot for B = 4 cards + 32 cores); b = 2 free cards, 1 core.
+    # One card, 1 core. FGD (target A only): on a, A still fits (score 50); on b, the last card is
+    # left behind 0 cores (a 1000-milli fragment: score < 50) -> FGD takes a.
+    # Reserve (demand 14000, free after 5000): on a, B loses its only slot (4000 x 5000) and A has
+    # 3 + min(2, 1) = 4 slots for 14000/14000 x 5000 milli (14000 x 5000 - 4 x 1000 x 14000 = 14e6):
+    # 34e6; on b, B keeps a's slot and A has 4 + min(1, 0) = 4 slots: 14e6 -> the reserve takes b.
+    ctx = context(
+        [node("a", 4, cpu=64_000), node("b", 2, cpu=1000)],
+        target((1000, 1000, 1, 10)),
+        gpu_free=[[1000] * 4, [1000] * 2],
+    )
+    ctx.population = CPU_POP
+    p = pod(1000, 1000, 1)
+    assert get_sim_policy("fgd").choose(ctx, p, all_rows(ctx)) == (0, (0,))
+    reserve = WholeCardReserve(CPU_POP, ctx.mirror)
+    assert reserve.shortfall_after(np.array([0, 1]), np.array([1, 1]), 1000, 1000).tolist() == [34e6, 14e6]
+    assert get_sim_policy("fgd-reserve").choose(ctx, p, all_rows(ctx)) == (1, (0,))
+
+
 def test_whole_card_reserve_refresh_matches_a_rebuild() -> None:
     ctx = reserve_context()
     reserve = WholeCardReserve(RESERVE_POP, ctx.mirror)

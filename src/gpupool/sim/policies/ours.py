@@ -1,13 +1,15 @@
 """Our policies, built on FGD's fragmentation gradient.
 
-``fgd-reserve`` (the one we recommend): ``fgd-capacity`` with one more key between FGD's score and
-the capacity gain: among FGD's ties, take the placement that leaves the least expected shortfall of
-node slots for the trace's whole-card and multi-GPU pods (`gpupool.sim.reserve`: a slot needs both
-the free cards and the free CPU of the shape, and each group also counts the demand of the shapes
-that compete for its slots). The capacity tie-breaker weights shapes by pod count, so it spends the
-last fully free 8-card (and CPU-rich) nodes that rare 8-GPU pods need; the reserve key refuses to do
-so while another equally good placement exists and the cluster's free capacity says that demand is
-still coming. No constants.
+``fgd-reserve`` (the one we recommend): first the whole-card reserve, then FGD, then the capacity
+gain. Among all placements, keep those that leave the least expected shortfall of node slots for the
+trace's whole-card and multi-GPU pods (`gpupool.sim.reserve`: a slot needs both the free cards and the
+free CPU of the shape, and each group also counts the demand of the shapes that compete for its
+slots); among those, FGD's best integer score; among those, the largest capacity gain (below); then
+node order. While the cluster has more free whole-card slots than the expected demand (most of a
+run) every placement has shortfall 0 and this is ``fgd-capacity``. Once a shape's slots run short,
+the reserve overrides FGD: FGD and the capacity measure weight shapes by pod COUNT, so they would
+spend the last fully free, CPU-rich 8-card nodes that rare 8-GPU pods (5.8 % of the default trace's
+GPU demand, 0.5 % of its pods) need. No constants.
 
 ``fgd-capacity``: rank placements by FGD's own integer score
 ``int(100 x sigmoid(delta_gpus))`` and break its (frequent) ties by the decrease of the
@@ -114,7 +116,7 @@ class FGDCapacityPolicy:
 
 
 class FGDReservePolicy(FGDCapacityPolicy):
-    """FGD score, then least whole-card shortfall, then capacity gain, then node order."""
+    """Least whole-card shortfall, then FGD score, then capacity gain, then node order."""
 
     name: ClassVar[str] = "fgd-reserve"
 
@@ -128,14 +130,18 @@ class FGDReservePolicy(FGDCapacityPolicy):
         return self._reserve
 
     def choose(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
-        rows, gpus, values = self._fgd_ties(ctx, pod, feasible)
+        rows, gpus, values = placements(ctx, pod, feasible)
         if pod.is_sharing:
-            taken = (values == MILLI_PER_GPU).astype(np.int64)
+            taken = (values == MILLI_PER_GPU).astype(np.int64)  # a sharing pod opening a fresh card
         else:
             taken = np.full(len(rows), pod.num_gpu, dtype=np.int64)
         short = self._reserve_table(ctx).shortfall_after(rows, taken, pod.total_gpu_milli, pod.cpu_milli)
-        cap_gain = self._cap_gain(ctx, pod, rows, gpus, values)
-        best = int(np.lexsort((-cap_gain, short))[0])  # last key primary; stable = node order
+        keep = np.flatnonzero(short == short.min())
+        rows, gpus, values = rows[keep], gpus[keep], values[keep]
+        score = fgd_scores(ctx, rows, after(ctx.frag, pod, rows, values))
+        top = np.flatnonzero(score == score.max())
+        rows, gpus, values = rows[top], gpus[top], values[top]
+        best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))  # first = node order
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
     def placed(self, ctx: SimContext, pod: PodView, choice: Choice) -> None:
