@@ -10,6 +10,8 @@ from gpupool.sim.policies import SIM_POLICIES, get_sim_policy
 from gpupool.sim.policies.base import SimContext
 from gpupool.sim.policies.baselines import bestfit_scores
 from gpupool.sim.reserve import WholeCardReserve
+from gpupool.sim.trace import NodeSpec
+from gpupool.sim.workload import TargetWorkload
 from tests.sim.tiny import all_rows, context, node, pod, target
 
 TW = target((1000, 500, 1, 2), (1000, 1000, 1, 1), (1000, 0, 0, 1))
@@ -136,10 +138,17 @@ RESERVE_FREE = [[1000] * 4, [1000, 1000, 190, 0]]
 RESERVE_POP = target((1000, 1000, 1, 10), (8000, 1000, 4, 1), (12000, 500, 1, 5), (16000, 1000, 1, 6))
 
 
-def reserve_context() -> SimContext:
-    ctx = context(RESERVE_NODES, target((1000, 1000, 1, 10)), gpu_free=RESERVE_FREE)
-    ctx.population = RESERVE_POP
+def with_population(
+    nodes: list[NodeSpec], gpu_free: list[list[int]], population: TargetWorkload
+) -> SimContext:
+    """FGD's target is A = (1 core, one card) only; the reserve and capacity see ``population``."""
+    ctx = context(nodes, target((1000, 1000, 1, 10)), gpu_free=gpu_free)
+    ctx.population = population
     return ctx
+
+
+def reserve_context() -> SimContext:
+    return with_population(RESERVE_NODES, RESERVE_FREE, RESERVE_POP)
 
 
 def test_fgd_reserve_keeps_the_whole_cards_that_expected_multi_gpu_demand_needs() -> None:
@@ -173,17 +182,11 @@ CPU_NODES = [node("a", 4, cpu=64_000), node("b", 4, cpu=16_000)]
 CPU_POP = target((1000, 1000, 1, 10), (32000, 1000, 4, 1))
 
 
-def cpu_context() -> SimContext:
-    ctx = context(CPU_NODES, target((1000, 1000, 1, 10)), gpu_free=[[1000] * 4] * 2)
-    ctx.population = CPU_POP
-    return ctx
-
-
 def test_fgd_reserve_counts_a_multi_gpu_slot_only_where_its_cpu_fits() -> None:
     # One card, 1 core; free after = 7000. On a: B's only slot goes (a keeps 3 cards): shortfall
     # 4000/14000 x 7000 = 2000 milli; A keeps 3 + 4 = 7 slots >= 14000/14000 x 7000 / 1000. On b: 0.
     # A CPU-blind count would see b's 4 free cards as a B slot and score both placements 0.
-    ctx = cpu_context()
+    ctx = with_population(CPU_NODES, [[1000] * 4] * 2, CPU_POP)
     p = pod(1000, 1000, 1)
     assert get_sim_policy("fgd").choose(ctx, p, all_rows(ctx)) == (0, (0,))
     assert get_sim_policy("fgd-reserve").choose(ctx, p, all_rows(ctx)) == (1, (0,))
@@ -202,12 +205,9 @@ def test_fgd_reserve_puts_the_reserve_before_fgds_score() -> None:
     # Reserve (demand 14000, free after 5000): on a, B loses its only slot (4000 x 5000) and A has
     # 3 + min(2, 1) = 4 slots for 14000/14000 x 5000 milli (14000 x 5000 - 4 x 1000 x 14000 = 14e6):
     # 34e6; on b, B keeps a's slot and A has 4 + min(1, 0) = 4 slots: 14e6 -> the reserve takes b.
-    ctx = context(
-        [node("a", 4, cpu=64_000), node("b", 2, cpu=1000)],
-        target((1000, 1000, 1, 10)),
-        gpu_free=[[1000] * 4, [1000] * 2],
+    ctx = with_population(
+        [node("a", 4, cpu=64_000), node("b", 2, cpu=1000)], [[1000] * 4, [1000] * 2], CPU_POP
     )
-    ctx.population = CPU_POP
     p = pod(1000, 1000, 1)
     assert get_sim_policy("fgd").choose(ctx, p, all_rows(ctx)) == (0, (0,))
     reserve = WholeCardReserve(CPU_POP, ctx.mirror)

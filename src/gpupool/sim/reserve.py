@@ -58,10 +58,10 @@ class WholeCardReserve:
             for i, m in enumerate(mirror.models):
                 allowed[i, j] = bool(m) and (names is None or m in names)
         self.allowed = allowed
-        self.group_demand = np.array(list(groups.values()), dtype=np.int64)
+        group_demand = np.array(list(groups.values()), dtype=np.int64)
         subset = (allowed[:, :, None] <= allowed[:, None, :]).all(axis=0)  # [h, g]: allowed_h <= allowed_g
         dominates = (self.k[:, None] >= self.k[None, :]) & (self.cpu[:, None] >= self.cpu[None, :]) & subset
-        self.dominated_demand: np.ndarray = (dominates * self.group_demand[:, None]).sum(axis=0)
+        self.dominated_demand: np.ndarray = (dominates * group_demand[:, None]).sum(axis=0)
         self.slots = self._slots(self._full(mirror.gpu_free), mirror.cpu_free, mirror.model)
         self.supply: np.ndarray = self.slots.sum(axis=0)
 

@@ -55,6 +55,15 @@ class FragBestFitPolicy(StatelessPolicy):
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
 
+def _fgd_best(
+    ctx: SimContext, pod: PodView, rows: np.ndarray, gpus: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The placements among (rows, gpus, values) with FGD's best integer score, order kept."""
+    score = fgd_scores(ctx, rows, after(ctx.frag, pod, rows, values))
+    top = np.flatnonzero(score == score.max())  # only FGD's ties need the second opinion
+    return rows[top], gpus[top], values[top]
+
+
 class FGDCapacityPolicy:
     """See the module docstring. Keeps a cache of capacity values per pod shape (below)."""
 
@@ -93,10 +102,7 @@ class FGDCapacityPolicy:
         self, ctx: SimContext, pod: PodView, feasible: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The placements (rows, gpus, values) with FGD's best score, in node order."""
-        rows, gpus, values = placements(ctx, pod, feasible)
-        score = fgd_scores(ctx, rows, after(ctx.frag, pod, rows, values))
-        top = np.flatnonzero(score == score.max())  # only FGD's ties need the second opinion
-        return rows[top], gpus[top], values[top]
+        return _fgd_best(ctx, pod, *placements(ctx, pod, feasible))
 
     def _cap_gain(
         self, ctx: SimContext, pod: PodView, rows: np.ndarray, gpus: np.ndarray, values: np.ndarray
@@ -137,10 +143,7 @@ class FGDReservePolicy(FGDCapacityPolicy):
             taken = np.full(len(rows), pod.num_gpu, dtype=np.int64)
         short = self._reserve_table(ctx).shortfall_after(rows, taken, pod.total_gpu_milli, pod.cpu_milli)
         keep = np.flatnonzero(short == short.min())
-        rows, gpus, values = rows[keep], gpus[keep], values[keep]
-        score = fgd_scores(ctx, rows, after(ctx.frag, pod, rows, values))
-        top = np.flatnonzero(score == score.max())
-        rows, gpus, values = rows[top], gpus[top], values[top]
+        rows, gpus, values = _fgd_best(ctx, pod, rows[keep], gpus[keep], values[keep])
         best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))  # first = node order
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
