@@ -1,25 +1,37 @@
 """`AdmissionQueue`: bounded priority bands with deadlines, per-tenant deficit round robin inside a
-band, head-of-line blocking between bands that compete, and a minimum share for sheddable work.
+band, per-item capacity *holds* instead of head-of-line blocking, and a minimum share for sheddable work.
 
-Role: the policy of *who goes next* when the pool is short. It never allocates itself: `drain` hands
-candidates, in order, to a ``try_grant`` callback (the controller) that answers GRANTED, BLOCKED or
-DROPPED. Pure data structure; time comes in as arguments (``now``), never from a clock.
+Role: the policy of *who goes next* when the pool is short. It never allocates itself: `drain` offers
+every queued item, in order, to a ``try_grant`` callback (the controller) together with the capacity
+units (slice ids) it must not take, and the callback answers GRANTED, DROPPED, or BLOCKED with the
+units the item *holds* (reserves) while it waits. Pure data structure; time comes in as arguments
+(``now``), never from a clock; units are opaque strings to it.
 
-Order (total, written down):
+The rule (the only reason a request waits):
+  a request that fits now is placed now, on capacity that no queued request of a strictly higher
+  or of its own band holds; it waits only when every unit that could take it now is held by such a
+  request. A request holds only units it could use itself (a slice of a kind, node, GPU and model it
+  accepts and large enough for its demand; N whole cards of one node for an N-GPU request), so a
+  waiting request never holds back a request that competes for other capacity, and never one of a
+  strictly higher band.
+Ordering (total, written down):
 - bands by priority value, highest first (every distinct integer priority is its own band);
-- inside a band, deficit round robin over tenants: a tenant's head is served while its deficit covers
-  the head's cost (VRAM MiB x GPUs); otherwise the tenant gets ``quantum_mib`` more and goes to the back
-  of the round. Tenants enter the round in arrival order; inside a tenant, FIFO (``seq``).
-- a head that the pool cannot hold now (BLOCKED) blocks its band, and every lower band whose heads
-  *compete* with it (overlapping ``keys``: slice kinds, or the model of a request lease). Lower bands
-  that do not compete keep flowing (a P1 waiting for MIG does not hold back P2 work on MPS).
-- minimum share: a sheddable (negative priority) head may pass a competing blocker while sheddable
-  work holds less than ``p2_min_share`` of the last ``share_window`` grants (direct grants count too,
-  via `record_grant`), so batch gets a trickle under online load and the whole pool when it is idle.
+- inside a band, deficit round robin over tenants: a tenant's next item is offered while its deficit
+  covers the item's cost (VRAM MiB x GPUs); otherwise the tenant gets ``quantum_mib`` more and goes to
+  the back of the round. Tenants enter the round in arrival order; inside a tenant, FIFO (``seq``).
+  A grant is charged to the deficit; a blocked item costs nothing and the next item is offered.
+- one `drain` is one pass over every item in that order. An item is offered with the units held by
+  the items before it in the pass (higher bands, and its own band earlier in the round); a new
+  request (`avoid`) counts as the last item of its band. Holds are recomputed by every pass, so a
+  hold never outlives the pass after its item left.
+- minimum share: a sheddable (negative priority) item ignores the holds of online (priority >= 0)
+  items while sheddable work holds less than ``p2_min_share`` of the last ``share_window`` grants
+  (direct grants count too, via `record_grant`): batch gets a trickle under online load.
 
 Invariants: ``len(self)`` equals the items in all bands; every queued ticket is in exactly one tenant
-FIFO, in the deadline heap (lazy deletion) and in the per-band key counters; bands never exceed
-``max_per_band`` items and the queue never exceeds ``max_total``.
+FIFO and in the deadline heap (lazy deletion); every hold belongs to a queued item and is counted in
+its band's ``held`` counter; bands never exceed ``max_per_band`` items and the queue never exceeds
+``max_total``.
 """
 
 from __future__ import annotations
@@ -34,15 +46,21 @@ from enum import StrEnum
 from gpupool.core.errors import DuplicateId, InvalidInput
 from gpupool.core.model import Request
 from gpupool.core.priority import band as band_name
-from gpupool.hardware.slices import SliceKind
 
 
 class Verdict(StrEnum):
     GRANTED = "granted"
     BLOCKED = "blocked"
-    """The pool cannot hold it now: keep it queued and stop this band (head-of-line)."""
+    """The pool cannot hold it now: keep it queued, holding the units the callback names."""
     DROPPED = "dropped"
-    """It can never be placed (or was cancelled): take it out of the queue and go on."""
+    """It can never be placed, failed, or was cancelled: take it out of the queue and go on."""
+
+
+NOTHING: frozenset[str] = frozenset()
+
+TryGrant = Callable[["Ticketed", frozenset[str]], tuple[Verdict, frozenset[str]]]
+"""``try_grant(item, avoid)``: place ``item`` on units outside ``avoid``; answer the verdict and, when
+BLOCKED, the units it holds while it waits (empty: it holds nothing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +72,10 @@ class Ticketed:
     enqueued_at: float
     deadline_at: float
     seq: int
-    keys: frozenset[str] = frozenset()
-    """What it competes for (slice kinds, ``model:NAME``); empty competes with everything."""
     gpu_id: str = ""
+    """Placement restricted to this GPU ('' = any)."""
+    kv: bool = False
+    """A request lease on a model instance's KV budget (not a slice lease)."""
 
     @property
     def cost(self) -> int:
@@ -92,42 +111,13 @@ class AdmissionConfig:
         return self.wait_s[{"P0": 0, "P1": 1, "P2": 2}[band_name(priority)]]
 
 
-_DEFAULT_KINDS = frozenset({SliceKind.MIG.value, SliceKind.MPS.value, SliceKind.WHOLE.value})
-
-
-def competition_keys(request: Request, *, kv: bool = False) -> frozenset[str]:
-    """What a request competes for: the slice kinds it accepts, or ``model:NAME`` for a request lease."""
-    if kv:
-        return frozenset({"model:" + request.model})
-    if request.gpu_count > 1:
-        return frozenset({SliceKind.WHOLE.value})
-    if not request.kinds:
-        return _DEFAULT_KINDS
-    return frozenset(k.value for k in request.kinds)
-
-
-def overlaps(a: frozenset[str], b: frozenset[str] | set[str]) -> bool:
-    """Empty key sets compete with everything."""
-    if not a or not b:
-        return True
-    return not a.isdisjoint(b)
-
-
 @dataclass
 class _Band:
     fifo: dict[str, deque[Ticketed]] = field(default_factory=dict)
     rr: deque[str] = field(default_factory=deque)
     deficit: dict[str, int] = field(default_factory=dict)
-    keys: Counter[str] = field(default_factory=Counter)
-    wildcards: int = 0
+    held: Counter[str] = field(default_factory=Counter)
     size: int = 0
-
-    def competes(self, keys: frozenset[str]) -> bool:
-        if self.size == 0:
-            return False
-        if self.wildcards or not keys:
-            return True
-        return any(self.keys[k] for k in keys)
 
 
 class AdmissionQueue:
@@ -136,6 +126,7 @@ class AdmissionQueue:
         self._bands: dict[int, _Band] = {}
         self._order: list[int] = []  # negated priorities, ascending = highest priority first
         self._items: dict[str, Ticketed] = {}
+        self._holds: dict[str, frozenset[str]] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._recent: deque[bool] = deque(maxlen=self.config.share_window)
         self._recent_sheddable = 0
@@ -168,31 +159,33 @@ class AdmissionQueue:
         self._seq += 1
         return self._seq
 
+    def holds(self, ticket: str) -> frozenset[str]:
+        """The units a queued item holds (empty for an unknown ticket)."""
+        return self._holds.get(ticket, NOTHING)
+
     def share_ok(self) -> bool:
         """Sheddable work holds less than its minimum share of recent grants."""
         if not self._recent:
             return self.config.p2_min_share > 0
         return self._recent_sheddable < self.config.p2_min_share * len(self._recent)
 
-    def must_wait(self, priority: int, keys: frozenset[str]) -> bool:
-        """A newcomer must queue: a competing item of its band or a higher one is already waiting.
-
-        Sheddable newcomers ignore higher (non-sheddable) bands while `share_ok` holds.
-        """
+    def avoid(self, priority: int) -> frozenset[str]:
+        """Units a new request of ``priority`` must not take: those held by queued items of its band
+        or a higher one (a sheddable newcomer ignores online holds while `share_ok` holds)."""
         skip_online = priority < 0 and self.share_ok()
+        out: set[str] = set()
         for neg in self._order:
             prio = -neg
             if prio < priority:
                 break
             if skip_online and prio >= 0:
                 continue
-            if self._bands[prio].competes(keys):
-                return True
-        return False
+            out.update(k for k, n in self._bands[prio].held.items() if n > 0)
+        return frozenset(out)
 
     # ------------------------------------------------------------------ changes
-    def push(self, item: Ticketed) -> bool:
-        """Queue ``item``; False when its band or the whole queue is full (the caller sheds it)."""
+    def push(self, item: Ticketed, holds: frozenset[str] = NOTHING) -> bool:
+        """Queue ``item`` (holding ``holds``); False when its band or the queue is full (shed it)."""
         if item.ticket in self._items:
             raise DuplicateId("ticket", item.ticket)
         b = self._bands.get(item.priority)
@@ -210,11 +203,8 @@ class AdmissionQueue:
             b.deficit[item.request.tenant] = 0
         q.append(item)
         b.size += 1
-        if item.keys:
-            b.keys.update(item.keys)
-        else:
-            b.wildcards += 1
         self._items[item.ticket] = item
+        self._hold(b, item.ticket, holds)
         heapq.heappush(self._heap, (item.deadline_at, item.seq, item.ticket))
         return True
 
@@ -245,55 +235,96 @@ class AdmissionQueue:
         self._recent.append(shed)
         self._recent_sheddable += shed
 
-    def drain(self, try_grant: Callable[[Ticketed], Verdict]) -> list[Ticketed]:
-        """Offer heads to ``try_grant`` in the documented order; return the granted items."""
+    def drain(self, try_grant: TryGrant) -> list[Ticketed]:
+        """One pass over every item in the documented order; return the granted items."""
         granted: list[Ticketed] = []
-        blocked: set[str] = set()
-        blocked_all = False
-        quantum = self.config.quantum_mib
+        held_all: set[str] = set()
+        held_shed: set[str] = set()
+        for b in self._bands.values():
+            b.held.clear()
+        self._holds.clear()
         for neg in list(self._order):
             prio = -neg
-            b = self._bands.get(prio)
-            if b is None:
-                continue
-            while b.rr:
-                tenant = b.rr[0]
-                q = b.fifo[tenant]
-                head = q[0]
-                competing = blocked_all or (bool(blocked) and overlaps(head.keys, blocked))
-                if competing and not (prio < 0 and self.share_ok()):
-                    break
-                if b.deficit[tenant] < head.cost:
-                    b.deficit[tenant] += quantum
-                    b.rr.rotate(-1)
-                    continue
-                verdict = try_grant(head)
+            b = self._bands[prio]
+            gone: set[str] = set()
+            for item in self._round(b):
+                shed_pass = prio < 0 and self.share_ok()
+                avoid = frozenset(held_shed if shed_pass else held_all)
+                verdict, holds = try_grant(item, avoid)
                 if verdict is Verdict.BLOCKED:
-                    if head.keys:
-                        blocked |= head.keys
-                    else:
-                        blocked_all = True
-                    break
+                    self._hold(b, item.ticket, holds)
+                    held_all |= holds
+                    if prio < 0:
+                        held_shed |= holds
+                    continue
                 if verdict is Verdict.GRANTED:
-                    b.deficit[tenant] -= head.cost
+                    b.deficit[item.request.tenant] -= item.cost
                     self.record_grant(prio)
-                    granted.append(head)
-                q.popleft()
-                self._forget(head)
+                    granted.append(item)
+                gone.add(item.ticket)
+            for tenant in list(b.rr):
+                kept = deque(x for x in b.fifo[tenant] if x.ticket not in gone)
+                dropped = [x for x in b.fifo[tenant] if x.ticket in gone]
+                b.fifo[tenant] = kept
+                for x in dropped:
+                    self._forget(x)
         return granted
 
     # ------------------------------------------------------------------ internals
+    def _round(self, b: _Band) -> Iterator[Ticketed]:
+        """Every item of band ``b`` once, in deficit-round-robin order (the FIFOs do not change
+        during the round; the consumer charges grants to the deficit before asking for more)."""
+        quantum = self.config.quantum_mib
+        nxt = dict.fromkeys(b.rr, 0)
+        rr = deque(b.rr)
+        misses = 0
+        while rr:
+            tenant = rr[0]
+            q = b.fifo[tenant]
+            i = nxt[tenant]
+            if i >= len(q):
+                rr.popleft()
+                misses = 0
+                continue
+            head = q[i]
+            if b.deficit[tenant] < head.cost:
+                misses += 1
+                if misses > len(rr):  # a whole round without an offer: skip the idle rounds at once
+                    short = [
+                        -(-(b.fifo[t][nxt[t]].cost - b.deficit[t]) // quantum)
+                        for t in rr
+                        if nxt[t] < len(b.fifo[t])
+                    ]
+                    rounds = min(short, default=0)
+                    if rounds > 1:
+                        for t in rr:
+                            if nxt[t] < len(b.fifo[t]):
+                                b.deficit[t] += (rounds - 1) * quantum
+                    misses = 0
+                b.deficit[tenant] += quantum
+                rr.rotate(-1)
+                continue
+            misses = 0
+            nxt[tenant] = i + 1
+            yield head
+
+    def _hold(self, b: _Band, ticket: str, holds: frozenset[str]) -> None:
+        old = self._holds.pop(ticket, NOTHING)
+        if old:
+            b.held.subtract(old)
+        if holds:
+            self._holds[ticket] = holds
+            b.held.update(holds)
+
     def _forget(self, item: Ticketed) -> None:
-        """Drop ``item`` from the books (its deadline-heap entry goes stale, skipped by `expire`)."""
+        """Drop ``item`` (already out of its FIFO) from the books; its heap entry goes stale."""
         del self._items[item.ticket]
         b = self._bands[item.priority]
+        self._hold(b, item.ticket, NOTHING)
         b.size -= 1
-        if item.keys:
-            b.keys.subtract(item.keys)
-        else:
-            b.wildcards -= 1
         tenant = item.request.tenant
-        if not b.fifo[tenant]:
+        q = b.fifo.get(tenant)
+        if q is not None and not q:
             del b.fifo[tenant]
             del b.deficit[tenant]
             b.rr.remove(tenant)
@@ -305,4 +336,4 @@ class AdmissionQueue:
             heapq.heapify(self._heap)
 
 
-__all__ = ["AdmissionConfig", "AdmissionQueue", "Ticketed", "Verdict", "competition_keys", "overlaps"]
+__all__ = ["NOTHING", "AdmissionConfig", "AdmissionQueue", "Ticketed", "TryGrant", "Verdict"]

@@ -3,15 +3,23 @@ a second allocator over model instances' KV-cache budgets (request leases), the 
 `WatermarkBank` and a `LeaseStore` (write-through, group-committed), and emits `GatewayEvent`s.
 
 Admission of a new request (`acquire`), in this order:
-1. validate (``InvalidInput`` names the field); a request no healthy slice could ever hold is
-   UNRESOLVABLE (HTTP 503);
-2. if a competing request of its band or a higher one is already queued, it queues behind it
-   (fairness; see `AdmissionQueue`);
-3. otherwise it is placed now: priority >= ``preempt_min_priority`` (P0) may preempt strictly lower
-   preemptible work; sheddable (P2) work is never placed on a GPU whose watermark machine is PAUSED
-   and gets BACKPRESSURE (HTTP 429 + Retry-After) when only paused GPUs have room;
-4. when nothing has room it queues with a deadline (HTTP 202 + ticket), or is SHED when the band is
-   full (HTTP 429). Capacity freed by release / expiry / revocation / RESUME pumps the queue.
+1. validate (``InvalidInput`` names the field); a request no healthy slice in its scope (kinds,
+   nodes, GPU, model) could ever hold is UNRESOLVABLE (HTTP 503), whatever the queue holds;
+2. it is placed now on capacity that no queued request of its band or a higher one holds (the rule
+   in `gpupool.core.admission`; where it may go: `gpupool.core.placement`): priority >=
+   ``preempt_min_priority`` (P0) may preempt strictly lower preemptible work; sheddable (P2) work is
+   never placed on a GPU whose watermark machine is PAUSED and gets BACKPRESSURE (HTTP 429 +
+   Retry-After) when only paused GPUs have room;
+3. when nothing it may take has room it queues with a deadline (HTTP 202 + ticket), holding the
+   capacity it waits for, or is SHED when the band is full (HTTP 429). Capacity freed by release /
+   expiry / revocation / RESUME / health, and every queue removal, pumps the queue (`_pump`).
+
+Tickets: queued -> granted (``lease``) | shed (deadline, full) | cancelled | failed (it became
+unresolvable, or pumping it raised: the error ends that ticket only, never the call that pumped).
+Cancelling a granted ticket changes nothing (the HTTP layer answers 409 naming the lease). Every
+ticket change is a `TicketRecord` written in the same batch as the lease writes of the same call;
+`recover` reloads them: queued ones wait again until their original deadline, granted ones point at
+their lease. Request-lease (KV) tickets are memory-only, like request leases.
 
 Durability: every lease change is recorded as a compare-and-set `StoreWrite` (coalesced per lease)
 and the events that go with it wait in the same pending batch. `flush` (or `take_batch` + store
@@ -30,19 +38,30 @@ The controller never reads a clock: all time comes from the injected `Clock`.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from gpupool.core.admission import AdmissionConfig, AdmissionQueue, Ticketed, Verdict, competition_keys
+from gpupool.core import placement
+from gpupool.core.admission import NOTHING, AdmissionConfig, AdmissionQueue, Ticketed, Verdict
 from gpupool.core.allocator import Allocator, LeaseEvent
 from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.ids import LeaseIdFactory, random_lease_id
-from gpupool.core.ledger import SliceState
 from gpupool.core.model import Lease, LeaseState, Request, validate_request
 from gpupool.core.outcome import Outcome, OutcomeCode
-from gpupool.core.ports import Backend, Batch, EventSink, GatewayEvent, LeaseStore, RecoveryReport, StoreWrite
+from gpupool.core.ports import (
+    Backend,
+    Batch,
+    EventSink,
+    GatewayEvent,
+    LeaseStore,
+    RecoveryReport,
+    StoreWrite,
+    TicketRecord,
+    Write,
+)
 from gpupool.core.priority import P0, band
+from gpupool.core.tickets import MissMemo, TicketStatus, from_record, to_record
 from gpupool.core.watermarks import Reading, Signal, WatermarkBank, WatermarkConfig
 from gpupool.hardware.slices import Slice, SliceKind
 from gpupool.hardware.units import Resources
@@ -61,15 +80,8 @@ class ControllerConfig:
     watermarks: WatermarkConfig = field(default_factory=WatermarkConfig)
 
 
-@dataclass(frozen=True, slots=True)
-class TicketStatus:
-    ticket: str
-    state: str  # queued | granted | shed | cancelled
-    request: Request
-    enqueued_at: float
-    deadline_at: float
-    lease: Lease | None = None
-    reason: str = ""
+MAX_PUMP_PASSES = 4
+"""Passes of one pump while a pass itself frees capacity (preemption, expiry); bounded on purpose."""
 
 
 class LeaseController:
@@ -106,7 +118,7 @@ class LeaseController:
         self.backends: dict[str, Backend] = {}
         self._models: dict[str, list[Backend]] = {}
         self._ticket_ids = ticket_ids
-        self._pending: OrderedDict[str, StoreWrite] = OrderedDict()
+        self._pending: OrderedDict[str, Write] = OrderedDict()
         self._events: list[GatewayEvent] = []
         self._tickets: OrderedDict[str, TicketStatus] = OrderedDict()
         self._ticket_memory = ticket_memory
@@ -120,6 +132,10 @@ class LeaseController:
         self.preemptions = 0
         self._granting: Ticketed | None = None
         self._gpus = set(self.allocator.ledger.gpu_ids())
+        self._kv_models: dict[str, str] = {}
+        """KV slice id -> model of its backend."""
+        self._ends = 0
+        """Leases ended so far (a pump pass that ends some runs again)."""
 
     # ================================================================== leases
     def acquire(self, request: Request, *, wait_s: float | None = None, gpu_id: str = "") -> Outcome:
@@ -174,14 +190,19 @@ class LeaseController:
 
     def ticket(self, ticket: str, *, tenant: str | None = None) -> TicketStatus:
         st = self._tickets.get(ticket)
+        if st is None:
+            rec = self.store.get_ticket(ticket)
+            st = None if rec is None else self._status_of(rec)
         if st is None or (tenant is not None and st.request.tenant != tenant):
             raise UnknownId("ticket", ticket)
         return st
 
     def cancel(self, ticket: str, *, tenant: str | None = None) -> TicketStatus:
+        """End a queued ticket; any other ticket is answered as it is (a granted one keeps its lease)."""
         st = self.ticket(ticket, tenant=tenant)
         if st.state == "queued" and self.queue.remove(ticket) is not None:
             st = self._end_ticket(st, "cancelled", reason="cancelled by holder")
+            self._freed = True  # NOTE: its holds are gone: others may take that capacity now
             self._finish(None)
         return st
 
@@ -214,6 +235,8 @@ class LeaseController:
             )
         )
         self.backends[b.id] = b
+        self._kv_models[KV_PREFIX + b.id] = b.model
+        self._freed = True
         self._models = {}
         for x in sorted(self.backends.values(), key=lambda x: x.id):
             self._models.setdefault(x.model, []).append(x)
@@ -333,6 +356,7 @@ class LeaseController:
                 why = f"not restorable: {exc}"
                 self._write(lease.with_state(LeaseState.REVOKED, at=now, reason=why), lease.revision)
                 revoked += 1
+        self._recover_tickets(now)
         self.flush()
         self.allocator.check_invariants()
         return RecoveryReport(restored=restored, expired=expired, revoked=revoked)
@@ -344,26 +368,25 @@ class LeaseController:
 
     # ================================================================== internals
     def _admit(self, request: Request, *, wait_s: float | None, gpu_id: str, kv: bool) -> Outcome:
-        keys = competition_keys(request, kv=kv)
-        if not self.queue.must_wait(request.priority, keys):
-            out = self._place(request, gpu_id, kv=kv)
-            if out.code is not OutcomeCode.NO_CAPACITY:
-                if out.granted:
-                    self.queue.record_grant(request.priority)
-                return self._count(request, out)
-            custom = kv or bool(gpu_id) or (request.priority < 0 and bool(self.paused_gpus()))
-            possible = self._possible(request, gpu_id, kv=kv) if custom else None
-        else:
-            possible = self._possible(request, gpu_id, kv=kv)
-        if possible is not None:
-            return self._count(request, possible)
+        cfg = self.config.admission
+        if wait_s is not None and not 0 < wait_s <= cfg.max_wait_s:
+            raise InvalidInput("queue_timeout_s", wait_s, f"must be in (0, {cfg.max_wait_s}]")
+        kv_models = self._kv_models if kv else None
+        why = placement.unresolvable(
+            self.allocator if not kv else self.kv, request, gpu_id=gpu_id, kv_models=kv_models
+        )
+        if why is not None:
+            return self._count(request, Outcome(OutcomeCode.UNRESOLVABLE, reason=why))
+        avoid = self.queue.avoid(request.priority) if len(self.queue) else NOTHING
+        out = self._place(request, gpu_id, kv=kv, avoid=avoid)
+        if out.code is not OutcomeCode.NO_CAPACITY:
+            if out.granted:
+                self.queue.record_grant(request.priority)
+            return self._count(request, out)
         if request.priority < 0 and not self.config.queue_sheddable:
             why = "no room now and sheddable work does not queue"
             return self._count(request, self._shed(why))
-        cfg = self.config.admission
         wait = cfg.default_wait_s(request.priority) if wait_s is None else wait_s
-        if not 0 < wait <= cfg.max_wait_s:
-            raise InvalidInput("queue_timeout_s", wait_s, f"must be in (0, {cfg.max_wait_s}]")
         now = self.clock.now()
         item = Ticketed(
             ticket=str(self._ticket_ids()),
@@ -371,12 +394,13 @@ class LeaseController:
             enqueued_at=now,
             deadline_at=now + wait,
             seq=self.queue.next_seq(),
-            keys=keys,
             gpu_id=gpu_id,
+            kv=kv,
         )
-        if not self.queue.push(item):
+        holds = self._hold_target(item, avoid)
+        if not self.queue.push(item, holds):
             return self._count(request, self._shed(f"queue of band {band(request.priority)} is full"))
-        st = TicketStatus(item.ticket, "queued", request, now, item.deadline_at)
+        st = TicketStatus(item.ticket, "queued", request, now, item.deadline_at, gpu_id=gpu_id, kv=kv)
         self._remember(st)
         self._events.append(GatewayEvent(kind="queued", at=now, ticket=item.ticket, tenant=request.tenant))
         queued = Outcome(
@@ -396,99 +420,100 @@ class LeaseController:
             self.preemptions += len(out.victims)
         return out
 
-    def _possible(self, request: Request, gpu_id: str, *, kv: bool) -> Outcome | None:
-        """UNRESOLVABLE when no healthy slice (of that GPU / model) could ever hold it, else None."""
-        if request.gpu_count > 1:
-            return None  # NOTE: the allocator itself answers UNRESOLVABLE for multi-GPU requests
-        for st in self._candidates(gpu_id, kv=kv):
-            s = st.slice
-            if kv and self.backends[s.id[len(KV_PREFIX) :]].model != request.model:
-                continue
-            if gpu_id and s.gpu_id != gpu_id:
-                continue
-            if request.nodes and s.node not in request.nodes:
-                continue
-            if st.healthy and request.accepts(s.kind) and request.demand.fits_in(s.capacity):
-                return None
-        where = f"model {request.model!r}" if kv else (f"GPU {gpu_id}" if gpu_id else "the pool")
-        why = f"no healthy slice of {where} could ever hold {request.demand}"
-        return Outcome(OutcomeCode.UNRESOLVABLE, reason=why)
-
-    def _place(self, request: Request, gpu_id: str, *, kv: bool) -> Outcome:
+    def _place(self, request: Request, gpu_id: str, *, kv: bool, avoid: frozenset[str] = NOTHING) -> Outcome:
+        """Place now outside ``avoid`` (units held by queued requests that go first), or say why not."""
         paused = self.paused_gpus() if request.priority < 0 else set()
-        if not kv and not gpu_id and not paused:
-            return self.allocator.allocate(
-                request, preempt=request.priority >= self.config.preempt_min_priority
-            )
+        preempt = not kv and not gpu_id and request.priority >= self.config.preempt_min_priority
+        if not kv and not gpu_id and not paused and not avoid:
+            return self.allocator.allocate(request, preempt=preempt)
         alloc = self.kv if kv else self.allocator
-        best: tuple[int, int, str] | None = None
-        held_back = False
-        for st in self._candidates(gpu_id, kv=kv):
-            s = st.slice
-            if kv and self.backends[s.id[len(KV_PREFIX) :]].model != request.model:
-                continue
-            if (gpu_id and s.gpu_id != gpu_id) or (request.nodes and s.node not in request.nodes):
-                continue
-            if not st.healthy or not request.accepts(s.kind) or not request.demand.fits_in(st.free):
-                continue
-            if s.gpu_id in paused:
-                held_back = True
-                continue
-            # kv: most free first (spread load over instances); slices: best fit (least VRAM left)
-            left = -st.free.vram_mib if kv else st.free.vram_mib - request.demand.vram_mib
-            key = (left, st.free.compute_milli - request.demand.compute_milli, s.id)
-            if best is None or key < best:
-                best = key
-        if best is not None:
-            return alloc.place(request, (best[2],))
+        kv_models = self._kv_models if kv else None
+        slice_ids, held_back = placement.fit_now(
+            alloc, request, gpu_id=gpu_id, kv_models=kv_models, paused=paused, avoid=avoid
+        )
+        if slice_ids is not None:
+            return alloc.place(request, slice_ids)
         if held_back:
             return Outcome(
                 OutcomeCode.BACKPRESSURE,
                 reason="only GPUs above the VRAM/temperature watermark have room for sheddable work",
                 retry_after_s=self.config.retry_after_s,
             )
-        if not kv and not gpu_id and request.priority >= self.config.preempt_min_priority:
+        if preempt and not avoid:
             return self.allocator.allocate(request, preempt=True)
         return Outcome(OutcomeCode.NO_CAPACITY, reason="no slice has room now")
 
-    def _candidates(self, gpu_id: str, *, kv: bool) -> Iterator[SliceState]:
-        """Slice states worth looking at: that GPU's slices only, when one is named."""
-        alloc = self.kv if kv else self.allocator
-        ids = alloc.ledger.on_gpu(gpu_id) if gpu_id and not kv else alloc.ledger.slice_ids()
-        for sid in ids:
-            yield alloc.ledger.state(sid)
+    def _hold_target(self, item: Ticketed, held: frozenset[str]) -> frozenset[str]:
+        alloc = self.kv if item.kv else self.allocator
+        kv_models = self._kv_models if item.kv else None
+        return placement.hold_target(alloc, item.request, gpu_id=item.gpu_id, kv_models=kv_models, held=held)
 
-    def _try_queued(self, item: Ticketed) -> Verdict:
+    def _pump(self) -> None:
+        """Offer every queued item capacity (see `AdmissionQueue.drain`); again while a pass ends
+        leases (preemption, expiry), at most `MAX_PUMP_PASSES` times."""
+        for _ in range(MAX_PUMP_PASSES):
+            ends = self._ends
+            memo = MissMemo()
+
+            def visit(
+                item: Ticketed, avoid: frozenset[str], memo: MissMemo = memo
+            ) -> tuple[Verdict, frozenset[str]]:
+                nonlocal ends
+                if self._ends != ends:  # NOTE: a lease ended mid-pass: capacity grew, the memo is stale
+                    memo.forget()
+                    ends = self._ends
+                holds = memo.blocked(item, avoid)
+                if holds is not None:
+                    return Verdict.BLOCKED, holds
+                verdict, holds = self._try_queued(item, avoid)
+                if verdict is Verdict.BLOCKED and self._ends == ends:
+                    memo.add(item, avoid, holds)
+                return verdict, holds
+
+            start = self._ends
+            self.queue.drain(visit)
+            if self._ends == start or not len(self.queue):
+                return
+
+    def _try_queued(self, item: Ticketed, avoid: frozenset[str]) -> tuple[Verdict, frozenset[str]]:
+        """Pump one queued item. Whatever goes wrong ends this ticket only (state ``failed``)."""
         st = self._tickets.get(item.ticket)
-        kv = any(k.startswith("model:") for k in item.keys)
+        alloc = self.kv if item.kv else self.allocator
+        kv_models = self._kv_models if item.kv else None
         self._granting = item
         try:
-            out = self._place(item.request, item.gpu_id, kv=kv)
+            why = placement.unresolvable(alloc, item.request, gpu_id=item.gpu_id, kv_models=kv_models)
+            out = None if why is not None else self._place(item.request, item.gpu_id, kv=item.kv, avoid=avoid)
+        except Exception as exc:  # NOTE: pumping is the gateway's own work: never raise into the caller
+            why = f"placing the queued request failed: {exc}"
+            out = None
         finally:
             self._granting = None
-        if out.granted and out.lease is not None:
+        if out is not None and out.granted and out.lease is not None:
             if st is not None:
                 self._end_ticket(st, "granted", lease=out.lease)
             if out.victims:
                 self.preemptions += len(out.victims)
             self.outcomes[(band(item.priority), "granted_from_queue")] += 1
-            return Verdict.GRANTED
-        if out.code is OutcomeCode.UNRESOLVABLE:
+            return Verdict.GRANTED, NOTHING
+        if out is None or out.code is OutcomeCode.UNRESOLVABLE:
             if st is not None:
-                self._end_ticket(st, "shed", reason=out.reason)
-            return Verdict.DROPPED
-        return Verdict.BLOCKED
+                self._end_ticket(st, "failed", reason=why or (out.reason if out else "failed"))
+            self.outcomes[(band(item.priority), "failed")] += 1
+            return Verdict.DROPPED, NOTHING
+        return Verdict.BLOCKED, self._hold_target(item, avoid)
 
     def _end_ticket(
         self, st: TicketStatus, state: str, *, lease: Lease | None = None, reason: str = ""
     ) -> TicketStatus:
-        new = replace(st, state=state, lease=lease, reason=reason)
+        now = self.clock.now()
+        new = replace(st, state=state, lease=lease, reason=reason, ended_at=now)
         self._remember(new)
         if state != "granted":  # NOTE: a grant's event is the lease's own "granted" event (with the ticket)
             self._events.append(
                 GatewayEvent(
-                    kind="shed",
-                    at=self.clock.now(),
+                    kind="failed" if state == "failed" else "shed",
+                    at=now,
                     ticket=st.ticket,
                     tenant=st.request.tenant,
                     reason=reason or state,
@@ -496,19 +521,48 @@ class LeaseController:
             )
         return new
 
-    def _remember(self, st: TicketStatus) -> None:
+    def _remember(self, st: TicketStatus, *, write: bool = True) -> None:
         self._tickets[st.ticket] = st
         self._tickets.move_to_end(st.ticket)
+        if write and not st.kv:
+            self._pending["ticket:" + st.ticket] = to_record(st)
         while len(self._tickets) > self._ticket_memory:
             old, s = next(iter(self._tickets.items()))
             if s.state == "queued":
                 break
             del self._tickets[old]
 
+    def _status_of(self, rec: TicketRecord) -> TicketStatus:
+        lease = None
+        if rec.lease_id:
+            lease = self.allocator.leases.get(rec.lease_id) or self.store.get(rec.lease_id)
+        return from_record(rec, lease)
+
+    def _recover_tickets(self, now: float) -> None:
+        """Reload stored tickets (part of `recover`): queued ones wait again until their deadline."""
+        self.store.purge_tickets(before_s=now - self.config.ended_retention_s)
+        recs = sorted(self.store.tickets(), key=lambda r: (r.enqueued_at, r.ticket))
+        for rec in recs[-self._ticket_memory :]:
+            st = self._status_of(rec)
+            if rec.state != "queued":
+                self._remember(st, write=False)
+                continue
+            if rec.deadline_at <= now:
+                self._end_ticket(st, "shed", reason="queue deadline passed while the gateway was down")
+                continue
+            item = Ticketed(
+                rec.ticket, rec.request, rec.enqueued_at, rec.deadline_at, self.queue.next_seq(), rec.gpu_id
+            )
+            if not self.queue.push(item):
+                self._end_ticket(st, "shed", reason=f"queue of band {band(rec.request.priority)} is full")
+                continue
+            self._remember(st, write=False)
+        self._freed = True
+
     def _finish(self, out: Outcome | None) -> Outcome:
         if self._freed and len(self.queue):
             self._freed = False
-            self.queue.drain(self._try_queued)
+            self._pump()
         self._freed = False
         if self.autoflush and self.dirty:
             self.flush()
@@ -521,6 +575,7 @@ class LeaseController:
         self._write(lease, None if ev.kind == "granted" else lease.revision - 1)
         if lease.state.ended:
             self._freed = True
+            self._ends += 1
         item = self._granting if ev.kind == "granted" else None
         self._events.append(
             GatewayEvent(
@@ -537,10 +592,13 @@ class LeaseController:
     def _on_kv(self, ev: LeaseEvent) -> None:
         if ev.lease.state.ended:
             self._freed = True
+            self._ends += 1
 
     def _write(self, lease: Lease, expected: int | None) -> None:
         prev = self._pending.get(lease.id)
-        self._pending[lease.id] = StoreWrite(lease, expected if prev is None else prev.expected_revision)
+        if isinstance(prev, StoreWrite):
+            expected = prev.expected_revision
+        self._pending[lease.id] = StoreWrite(lease, expected)
 
     def _owner(self, lease_id: str, tenant: str | None) -> tuple[Allocator | None, Lease]:
         """The allocator holding the lease (None: ended and known only to the store) and the lease.

@@ -13,6 +13,10 @@ Store semantics (the contract suite in ``tests/contract/store`` runs against eve
 - ``active()`` returns the ACTIVE leases and ``leases()`` all stored ones, both sorted by id (total order).
 - ``purge_ended(before_s=t)`` deletes ended leases whose ``ended_at < t``; active ones are never purged.
 - Meta entries are a small string key/value space for pool-level settings (watermarks, drained GPUs).
+- Tickets (queued requests and what became of them) live in the same store: a `TicketRecord` in a
+  batch is an upsert of that ticket (no compare-and-set: one gateway owns its tickets), applied in
+  the same transaction as the lease writes around it. ``tickets()`` returns them sorted by id;
+  ``purge_tickets(before_s=t)`` deletes ended tickets whose ``ended_at < t``.
 
 The codec (`lease_to_dict` / `lease_from_dict`) is the one wire form of a lease for every store;
 it round-trips exactly (floats through ``repr``-exact JSON).
@@ -48,8 +52,28 @@ class StoreWrite:
     """None: create (the id must be new); otherwise the revision currently stored."""
 
 
+@dataclass(frozen=True, slots=True)
+class TicketRecord:
+    """The durable form of a ticket. ``state``: queued | granted | shed | cancelled | failed;
+    ``lease_id`` names the lease a granted ticket produced; ``ended_at`` is None while queued."""
+
+    ticket: str
+    state: str
+    request: Request
+    enqueued_at: float
+    deadline_at: float
+    gpu_id: str = ""
+    lease_id: str = ""
+    reason: str = ""
+    ended_at: float | None = None
+
+
+Write = StoreWrite | TicketRecord
+"""One item of a store batch: a lease compare-and-set or a ticket upsert."""
+
+
 class LeaseStore(Protocol):
-    def apply(self, writes: Sequence[StoreWrite]) -> None:
+    def apply(self, writes: Sequence[Write]) -> None:
         """Apply every write atomically and durably, or raise and apply none."""
         ...
 
@@ -65,6 +89,16 @@ class LeaseStore(Protocol):
 
     def purge_ended(self, *, before_s: float) -> int:
         """Delete ended leases with ``ended_at < before_s``; return how many."""
+        ...
+
+    def get_ticket(self, ticket: str) -> TicketRecord | None: ...
+
+    def tickets(self) -> list[TicketRecord]:
+        """Every stored ticket, sorted by id."""
+        ...
+
+    def purge_tickets(self, *, before_s: float) -> int:
+        """Delete ended tickets with ``ended_at < before_s``; return how many."""
         ...
 
     def get_meta(self, key: str) -> str | None: ...
@@ -112,7 +146,7 @@ class Backend:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    writes: tuple[StoreWrite, ...]
+    writes: tuple[Write, ...]
     events: tuple[GatewayEvent, ...]
 
 
@@ -205,6 +239,74 @@ def lease_from_dict(d: dict[str, Any]) -> Lease:
         raise InvalidInput("lease", d.get("id") if isinstance(d, dict) else d, f"malformed: {exc}") from None
 
 
+def ticket_to_dict(t: TicketRecord) -> dict[str, Any]:
+    r = t.request
+    return {
+        "ticket": t.ticket,
+        "state": t.state,
+        "request": {
+            "id": r.id,
+            "tenant": r.tenant,
+            "priority": r.priority,
+            "vram_mib": r.demand.vram_mib,
+            "compute_milli": r.demand.compute_milli,
+            "ttl_s": r.ttl_s,
+            "kinds": sorted(k.value for k in r.kinds),
+            "preemptible": r.preemptible,
+            "gpu_count": r.gpu_count,
+            "nodes": sorted(r.nodes),
+            "model": r.model,
+            "labels": [list(kv) for kv in r.labels],
+        },
+        "enqueued_at": t.enqueued_at,
+        "deadline_at": t.deadline_at,
+        "gpu_id": t.gpu_id,
+        "lease_id": t.lease_id,
+        "reason": t.reason,
+        "ended_at": t.ended_at,
+    }
+
+
+def ticket_from_dict(d: dict[str, Any]) -> TicketRecord:
+    try:
+        r = d["request"]
+        request = Request(
+            id=str(r["id"]),
+            tenant=str(r["tenant"]),
+            priority=int(r["priority"]),
+            demand=Resources(int(r["vram_mib"]), int(r["compute_milli"])),
+            ttl_s=float(r["ttl_s"]),
+            kinds=frozenset(SliceKind(k) for k in r["kinds"]),
+            preemptible=r["preemptible"],
+            gpu_count=int(r["gpu_count"]),
+            nodes=frozenset(r["nodes"]),
+            model=str(r["model"]),
+            labels=tuple((str(k), str(v)) for k, v in r["labels"]),
+        )
+        return TicketRecord(
+            ticket=str(d["ticket"]),
+            state=str(d["state"]),
+            request=request,
+            enqueued_at=float(d["enqueued_at"]),
+            deadline_at=float(d["deadline_at"]),
+            gpu_id=str(d["gpu_id"]),
+            lease_id=str(d["lease_id"]),
+            reason=str(d["reason"]),
+            ended_at=None if d["ended_at"] is None else float(d["ended_at"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        tid = d.get("ticket") if isinstance(d, dict) else d
+        raise InvalidInput("ticket", tid, f"malformed: {exc}") from None
+
+
+def encode_ticket(t: TicketRecord) -> str:
+    return json.dumps(ticket_to_dict(t), separators=(",", ":"), sort_keys=True)
+
+
+def decode_ticket(text: str) -> TicketRecord:
+    return ticket_from_dict(json.loads(text))
+
+
 def encode_lease(lease: Lease) -> str:
     return json.dumps(lease_to_dict(lease), separators=(",", ":"), sort_keys=True)
 
@@ -222,8 +324,14 @@ __all__ = [
     "RecoveryReport",
     "RevisionConflict",
     "StoreWrite",
+    "TicketRecord",
+    "Write",
     "decode_lease",
+    "decode_ticket",
     "encode_lease",
+    "encode_ticket",
     "lease_from_dict",
     "lease_to_dict",
+    "ticket_from_dict",
+    "ticket_to_dict",
 ]

@@ -1,12 +1,12 @@
-"""AdmissionQueue: band order, deficit round robin per tenant, head-of-line blocking by competition,
-the P2 minimum share, deadlines and bounds."""
+"""AdmissionQueue: band order, deficit round robin per tenant, per-item holds instead of head-of-line
+blocking, the P2 minimum share, deadlines and bounds."""
 
 from __future__ import annotations
 
 import pytest
 
 from gpupool.core import P0, P1, P2, InvalidInput
-from gpupool.core.admission import AdmissionConfig, AdmissionQueue, Ticketed, Verdict
+from gpupool.core.admission import NOTHING, AdmissionConfig, AdmissionQueue, Ticketed, Verdict
 from tests.builders import a_request
 
 
@@ -17,7 +17,6 @@ def item(
     prio: int = P1,
     tenant: str = "a",
     gib: float = 1,
-    keys: tuple[str, ...] = ("mig",),
     deadline: float = 100.0,
 ) -> Ticketed:
     return Ticketed(
@@ -26,12 +25,11 @@ def item(
         enqueued_at=0.0,
         deadline_at=deadline,
         seq=q.next_seq(),
-        keys=frozenset(keys),
     )
 
 
-def grant_all(_: Ticketed) -> Verdict:
-    return Verdict.GRANTED
+def grant_all(_: Ticketed, __: frozenset[str]) -> tuple[Verdict, frozenset[str]]:
+    return Verdict.GRANTED, NOTHING
 
 
 def test_bands_highest_first_fifo_inside_a_tenant() -> None:
@@ -55,24 +53,60 @@ def test_deficit_round_robin_shares_by_vram_between_tenants() -> None:
     assert sorted(order) == sorted([f"a{i}" for i in range(4)] + [f"b{i}" for i in range(8)])
 
 
-def test_blocked_head_blocks_competing_lower_bands_only() -> None:
+def test_round_robin_skips_idle_rounds_for_huge_costs() -> None:
+    # 64 GiB items with a 1 MiB quantum: 65,536 rounds of deficit, skipped at once, same order.
+    q = AdmissionQueue(AdmissionConfig(quantum_mib=1))
+    q.push(item(q, "a0", tenant="a", gib=64))
+    q.push(item(q, "b0", tenant="b", gib=32))
+    q.push(item(q, "b1", tenant="b", gib=32))
+    assert [x.ticket for x in q.drain(grant_all)] == ["b0", "a0", "b1"]
+
+
+def test_a_blocked_item_holds_only_its_units_and_holds_back_its_band_and_lower_only() -> None:
     q = AdmissionQueue(AdmissionConfig(p2_min_share=0.0))
-    q.push(item(q, "big-p1", prio=P1, gib=40, keys=("mig",)))
-    q.push(item(q, "p2-mig", prio=P2, keys=("mig",)))
-    q.push(item(q, "p2-mps", prio=P2, keys=("mps",)))
+    q.push(item(q, "big-p1", prio=P1, gib=40), frozenset({"s1"}))
+    q.push(item(q, "p1-small", prio=P1))
+    q.push(item(q, "p2-small", prio=P2))
+    offered: dict[str, frozenset[str]] = {}
 
-    def verdict(x: Ticketed) -> Verdict:
-        return Verdict.BLOCKED if x.ticket == "big-p1" else Verdict.GRANTED
+    def pool(x: Ticketed, avoid: frozenset[str]) -> tuple[Verdict, frozenset[str]]:
+        offered[x.ticket] = avoid
+        if x.ticket == "big-p1":
+            return Verdict.BLOCKED, frozenset({"s1"})
+        return Verdict.GRANTED, NOTHING
 
-    # p2-mig competes with the blocked P1 head and waits (and blocks its own band: HOL inside a band).
-    assert [x.ticket for x in q.drain(verdict)] == []
-    q.remove("p2-mig")
-    assert [x.ticket for x in q.drain(verdict)] == ["p2-mps"]
-    assert q.must_wait(P2, frozenset({"mig"})) and not q.must_wait(P2, frozenset({"mps"}))
-    assert q.must_wait(P1, frozenset({"mig"})) and not q.must_wait(P0, frozenset({"mig"}))
+    # Nobody waits behind big-p1: the later items are offered everything but the unit it holds.
+    assert [x.ticket for x in q.drain(pool)] == ["p1-small", "p2-small"]
+    assert offered == {"big-p1": NOTHING, "p1-small": {"s1"}, "p2-small": {"s1"}}
+    assert q.holds("big-p1") == {"s1"}
+    assert q.avoid(P1) == {"s1"} and q.avoid(P2) == {"s1"}
+    assert q.avoid(P0) == NOTHING  # a strictly lower band never holds back a higher one
+    assert q.remove("big-p1") is not None and q.avoid(P2) == NOTHING and q.holds("big-p1") == NOTHING
 
 
-def test_minimum_share_lets_batch_trickle_past_a_blocked_online_head() -> None:
+def test_holds_are_recomputed_by_every_pass() -> None:
+    q = AdmissionQueue()
+    q.push(item(q, "w"), frozenset({"s1"}))
+    q.drain(lambda x, avoid: (Verdict.BLOCKED, frozenset({"s2"})))
+    assert q.holds("w") == {"s2"} and q.avoid(P1) == {"s2"}
+    q.drain(lambda x, avoid: (Verdict.BLOCKED, NOTHING))
+    assert q.avoid(P1) == NOTHING
+
+
+def test_a_blocked_item_costs_its_tenant_no_deficit() -> None:
+    q = AdmissionQueue(AdmissionConfig(quantum_mib=1024))
+    q.push(item(q, "a-big", tenant="a", gib=1))
+    q.push(item(q, "a-small", tenant="a", gib=1))
+    q.push(item(q, "b0", tenant="b", gib=1))
+
+    def pool(x: Ticketed, _: frozenset[str]) -> tuple[Verdict, frozenset[str]]:
+        return (Verdict.BLOCKED, frozenset({"s"})) if x.ticket == "a-big" else (Verdict.GRANTED, NOTHING)
+
+    assert [x.ticket for x in q.drain(pool)] == ["a-small", "b0"]
+    assert [x.ticket for x in q] == ["a-big"]
+
+
+def test_minimum_share_lets_batch_ignore_online_holds() -> None:
     q = AdmissionQueue(AdmissionConfig(p2_min_share=0.25, share_window=8))
     for _ in range(8):
         q.record_grant(P1)  # the window is full of online grants
@@ -80,18 +114,24 @@ def test_minimum_share_lets_batch_trickle_past_a_blocked_online_head() -> None:
     for i in range(4):
         q.push(item(q, f"b{i}", prio=P2))
 
-    def verdict(x: Ticketed) -> Verdict:
-        return Verdict.BLOCKED if x.ticket == "stuck" else Verdict.GRANTED
+    def pool(x: Ticketed, avoid: frozenset[str]) -> tuple[Verdict, frozenset[str]]:
+        if x.ticket == "stuck":
+            return Verdict.BLOCKED, frozenset({"s1"})
+        # batch only fits on s1, the unit the online request holds
+        return (Verdict.BLOCKED, frozenset({"s1"})) if "s1" in avoid else (Verdict.GRANTED, NOTHING)
 
-    # share 0/8 < 25 %: b0 passes (1/8), b1 passes (2/8), then 2/8 is not < 2: the rest wait.
-    assert [x.ticket for x in q.drain(verdict)] == ["b0", "b1"]
+    # share 0/8 < 25 %: b0 passes (1/8), b1 passes (2/8); then 2/8 is not < 2: b2 waits, and it
+    # holds s1 itself, so b3 (same band, behind it) waits too.
+    assert [x.ticket for x in q.drain(pool)] == ["b0", "b1"]
     assert not q.share_ok()
     for _ in range(6):
         q.record_grant(P0)
     assert not q.share_ok()  # b0 and b1 are still in the window of 8
     q.record_grant(P0)
     assert q.share_ok()
-    assert [x.ticket for x in q.drain(verdict)] == ["b2", "b3"]  # b1 rolled out: 1/8, then 1/8
+    assert q.avoid(P2) == {"s1"}  # held by b2 and b3 themselves: online holds are ignored now
+    # b1 rolled out: 1/8; b2 passes and pushes b1 out of the window (still 1/8): b3 passes too
+    assert [x.ticket for x in q.drain(pool)] == ["b2", "b3"]
 
 
 def test_deadlines_bounds_and_removal() -> None:
@@ -112,7 +152,7 @@ def test_dropped_items_leave_and_drain_goes_on() -> None:
     q = AdmissionQueue()
     q.push(item(q, "bad"))
     q.push(item(q, "good"))
-    out = q.drain(lambda x: Verdict.DROPPED if x.ticket == "bad" else Verdict.GRANTED)
+    out = q.drain(lambda x, _: (Verdict.DROPPED if x.ticket == "bad" else Verdict.GRANTED, NOTHING))
     assert [x.ticket for x in out] == ["good"] and len(q) == 0
 
 

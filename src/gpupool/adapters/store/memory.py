@@ -9,18 +9,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpupool.core.model import Lease, LeaseState
-from gpupool.core.ports import RevisionConflict, StoreWrite
+from gpupool.core.ports import RevisionConflict, TicketRecord, Write
 
 
 class MemoryLeaseStore:
     def __init__(self) -> None:
         self._leases: dict[str, Lease] = {}
+        self._tickets: dict[str, TicketRecord] = {}
         self._meta: dict[str, str] = {}
         self.commits = 0
 
-    def apply(self, writes: Sequence[StoreWrite]) -> None:
+    def apply(self, writes: Sequence[Write]) -> None:
         scratch: dict[str, Lease] = {}
+        tickets: dict[str, TicketRecord] = {}
         for w in writes:
+            if isinstance(w, TicketRecord):
+                tickets[w.ticket] = w
+                continue
             lid = w.lease.id
             cur = scratch.get(lid) or self._leases.get(lid)
             actual = None if cur is None else cur.revision
@@ -28,6 +33,7 @@ class MemoryLeaseStore:
                 raise RevisionConflict(lid, w.expected_revision, actual)
             scratch[lid] = w.lease
         self._leases.update(scratch)
+        self._tickets.update(tickets)
         self.commits += 1
 
     def get(self, lease_id: str) -> Lease | None:
@@ -47,6 +53,18 @@ class MemoryLeaseStore:
         ]
         for lid in gone:
             del self._leases[lid]
+        return len(gone)
+
+    def get_ticket(self, ticket: str) -> TicketRecord | None:
+        return self._tickets.get(ticket)
+
+    def tickets(self) -> list[TicketRecord]:
+        return [t for _, t in sorted(self._tickets.items())]
+
+    def purge_tickets(self, *, before_s: float) -> int:
+        gone = [k for k, t in self._tickets.items() if t.ended_at is not None and t.ended_at < before_s]
+        for k in gone:
+            del self._tickets[k]
         return len(gone)
 
     def get_meta(self, key: str) -> str | None:

@@ -3,7 +3,8 @@ returned survives power loss and ``kill -9``), compare-and-set on a ``revision``
 
 Invariants:
 - one row per lease id; ``revision`` equals the JSON body's revision; ``state``/``tenant``/``ended_at``
-  are copies of body fields kept as columns for the indexes;
+  are copies of body fields kept as columns for the indexes; tickets likewise, one row per ticket id
+  (upserted inside the same transaction as the batch's lease writes);
 - ``apply`` runs inside one ``BEGIN IMMEDIATE`` transaction: every write lands or none does. Callers
   batch the writes of many concurrent requests into one call (group commit): one fsync per batch;
 - every method holds the store's lock, so one store object may be used from several threads
@@ -22,7 +23,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpupool.core.model import Lease
-from gpupool.core.ports import RevisionConflict, StoreWrite, decode_lease, encode_lease
+from gpupool.core.ports import (
+    RevisionConflict,
+    TicketRecord,
+    Write,
+    decode_lease,
+    decode_ticket,
+    encode_lease,
+    encode_ticket,
+)
 
 SCHEMA_VERSION = "1"
 
@@ -38,6 +47,12 @@ CREATE TABLE IF NOT EXISTS leases (
 CREATE INDEX IF NOT EXISTS leases_state ON leases(state);
 CREATE INDEX IF NOT EXISTS leases_tenant ON leases(tenant);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tickets (
+    id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    ended_at REAL,
+    body TEXT NOT NULL
+);
 """
 
 
@@ -66,12 +81,12 @@ class SqliteLeaseStore:
         )
         self.commits = 0
 
-    def apply(self, writes: Sequence[StoreWrite]) -> None:
+    def apply(self, writes: Sequence[Write]) -> None:
         if writes:
             self.prepare(writes)
             self.commit_prepared()
 
-    def prepare(self, writes: Sequence[StoreWrite]) -> None:
+    def prepare(self, writes: Sequence[Write]) -> None:
         """Phase 1 of `apply`: run the batch's statements in an open transaction (no fsync yet).
 
         Holds the store lock until `commit_prepared` (which may run in another thread); on a failed
@@ -82,6 +97,9 @@ class SqliteLeaseStore:
             db.execute("BEGIN IMMEDIATE")
             try:
                 for w in writes:
+                    if isinstance(w, TicketRecord):
+                        _put_ticket(db, w)
+                        continue
                     lease = w.lease
                     args = (lease.revision, lease.state.value, lease.request.tenant, lease.ended_at)
                     body = encode_lease(lease)
@@ -148,6 +166,23 @@ class SqliteLeaseStore:
             )
             return cur.rowcount
 
+    def get_ticket(self, ticket: str) -> TicketRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT body FROM tickets WHERE id=?", (ticket,)).fetchone()
+        return None if row is None else decode_ticket(row[0])
+
+    def tickets(self) -> list[TicketRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM tickets ORDER BY id").fetchall()
+        return [decode_ticket(r[0]) for r in rows]
+
+    def purge_tickets(self, *, before_s: float) -> int:
+        with self._lock:
+            cur = self._db.execute(
+                "DELETE FROM tickets WHERE ended_at IS NOT NULL AND ended_at < ?", (before_s,)
+            )
+            return cur.rowcount
+
     def get_meta(self, key: str) -> str | None:
         with self._lock:
             row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
@@ -164,3 +199,13 @@ class SqliteLeaseStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _put_ticket(db: sqlite3.Connection, t: TicketRecord) -> None:
+    """Upsert one ticket inside the caller's open transaction."""
+    db.execute(
+        "INSERT INTO tickets(id, state, ended_at, body) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT(id) DO UPDATE SET state=excluded.state, ended_at=excluded.ended_at,"
+        " body=excluded.body",
+        (t.ticket, t.state, t.ended_at, encode_ticket(t)),
+    )
