@@ -75,7 +75,11 @@ def run_mix(
     pool = mix_pool()
     total = sum(s.capacity.vram_mib for s in pool)
     c = LeaseController(
-        pool, clock=clock, store=MemoryLeaseStore(), lease_ids=seeded_lease_ids(seed), ticket_ids=seeded_lease_ids(seed + 1)
+        pool,
+        clock=clock,
+        store=MemoryLeaseStore(),
+        lease_ids=seeded_lease_ids(seed),
+        ticket_ids=seeded_lease_ids(seed + 1),
     )
     res = MixResult()
     # per client: ("idle", at) | ("wait", ticket) | ("hold", lease_id, until)
@@ -128,4 +132,3 @@ if __name__ == "__main__":
             f"{r.roomy_queued_fraction:.1%} of those answered 202; mean granted VRAM {r.mean_used:.1%}; "
             f"codes {dict(sorted(r.codes.items()))}"
         )
-

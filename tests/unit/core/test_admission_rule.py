@@ -94,9 +94,13 @@ def test_a_paused_gpu_does_not_break_a_queued_two_card_batch_request_nor_other_c
     # "need 2 distinct slice(s)" (422) out of other tenants' release and renew calls.
     slices = [a_slice(f"c{i}", gpu=f"g{i}", node="n0") for i in range(3)]
     c, clock, _ = make(slices)
-    held = [c.acquire(a_request(f"h{i}", vram_gib=20, priority=P1, tenant="t"), gpu_id=f"g{i}") for i in range(3)]
+    held = [
+        c.acquire(a_request(f"h{i}", vram_gib=20, priority=P1, tenant="t"), gpu_id=f"g{i}") for i in range(3)
+    ]
     assert all(o.granted for o in held)
-    q = c.acquire(a_request("batch", vram_gib=20, priority=P2, tenant="u", gpu_count=2, kinds=(SliceKind.WHOLE,)))
+    q = c.acquire(
+        a_request("batch", vram_gib=20, priority=P2, tenant="u", gpu_count=2, kinds=(SliceKind.WHOLE,))
+    )
     assert q.code is OutcomeCode.QUEUED
     ev = c.feed_reading(Reading("g0", vram_used_mib=79 * GIB, vram_total_mib=80 * GIB, at_s=clock.now()))
     assert ev is not None and ev.kind == "pause"
