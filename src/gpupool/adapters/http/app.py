@@ -5,9 +5,10 @@ Routes (Bearer auth on all but ``/healthz`` and ``/metrics``; a tenant sees only
 tickets and events; ``/v1/admin/*`` and the agent route need role ``admin``):
 
 - ``POST /v1/leases`` acquire; ``GET /v1/leases``; ``GET /v1/leases/{id}``; ``POST /v1/leases/{id}/renew``;
-  ``DELETE /v1/leases/{id}`` (idempotent); ``GET|DELETE /v1/tickets/{ticket}`` (``?wait_s=`` long-polls);
+  ``DELETE /v1/leases/{id}`` (idempotent); ``GET|DELETE /v1/tickets/{ticket}`` (``?wait_s=`` long-polls;
+  DELETE of a granted ticket is 409 naming its lease, which stays active);
 - ``GET /v1/pool``; ``GET /v1/events`` (server-sent events: granted, renewed, released, expired,
-  preempted, revoked, queued, shed, pause, resume);
+  preempted, revoked, queued, shed, failed, pause, resume);
 - ``POST /v1/nodes/{node}/readings`` (node agents): body ``{"gpus": [{"gpu_id", "vram_used_mib",
   "vram_total_mib", "temperature_c", "util_pct", "health": ok|degraded|failed, "xids": [..]}]}``. Each
   reading feeds the core `WatermarkBank`: at >= 88 % VRAM (or >= 80 degC) the GPU is PAUSED: P2
@@ -293,6 +294,8 @@ def outcome_response(gw: Gateway, out: Outcome) -> JSONResponse:
         body["poll"] = f"/v1/tickets/{out.ticket}"
         if st.state == "shed":
             return _err(429, st.reason or "shed", "shed", retry=gw.controller.config.retry_after_s)
+        if st.state == "failed":
+            return _err(503, st.reason or "failed", "failed")
         return JSONResponse(body, status_code=202, headers={"Location": body["poll"]})
     code = out.code.value
     return _err(status, out.reason or code, code, retry=out.retry_after_s if status == 429 else None)
@@ -451,10 +454,17 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
             st = c.ticket(ticket, tenant=scope(who))
         return JSONResponse(ticket_json(gw, st))
 
-    @app.delete("/v1/tickets/{ticket}", responses={200: {"model": s.TicketOut}, 404: {"model": s.ErrorOut}})
+    @app.delete(
+        "/v1/tickets/{ticket}",
+        responses={200: {"model": s.TicketOut}, 404: {"model": s.ErrorOut}, 409: {"model": s.ErrorOut}},
+    )
     async def cancel_ticket(ticket: str, who: Who) -> JSONResponse:
         st = c.cancel(ticket, tenant=scope(who))
         await gw.committer.durable()
+        if st.state == "granted" and st.lease is not None:  # NOTE: cancelling never ends a lease
+            lid = st.lease.id
+            msg = f"ticket {ticket} was already granted lease {lid}; release it with DELETE /v1/leases/{lid}"
+            return _err(409, msg, "already_granted")
         return JSONResponse(ticket_json(gw, st))
 
     @app.get("/v1/pool")

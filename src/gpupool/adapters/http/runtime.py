@@ -137,7 +137,7 @@ class EventHub:
             if _visible(event, who):
                 with contextlib.suppress(asyncio.QueueFull):
                     q.put_nowait(event)
-        if event.ticket and event.kind in ("granted", "shed"):
+        if event.ticket and event.kind in ("granted", "shed", "failed"):
             for fut in self._tickets.pop(event.ticket, ()):
                 if not fut.done():
                     fut.set_result(None)
