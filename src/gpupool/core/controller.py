@@ -422,26 +422,16 @@ class LeaseController:
 
     def _place(self, request: Request, gpu_id: str, *, kv: bool, avoid: frozenset[str] = NOTHING) -> Outcome:
         """Place now outside ``avoid`` (units held by queued requests that go first), or say why not."""
-        paused = self.paused_gpus() if request.priority < 0 else set()
-        preempt = not kv and not gpu_id and request.priority >= self.config.preempt_min_priority
-        if not kv and not gpu_id and not paused and not avoid:
-            return self.allocator.allocate(request, preempt=preempt)
-        alloc = self.kv if kv else self.allocator
-        kv_models = self._kv_models if kv else None
-        slice_ids, held_back = placement.fit_now(
-            alloc, request, gpu_id=gpu_id, kv_models=kv_models, paused=paused, avoid=avoid
+        return placement.place(
+            self.kv if kv else self.allocator,
+            request,
+            gpu_id=gpu_id,
+            kv_models=self._kv_models if kv else None,
+            paused=self.paused_gpus() if request.priority < 0 else frozenset(),
+            avoid=avoid,
+            preempt=not kv and not gpu_id and request.priority >= self.config.preempt_min_priority,
+            retry_after_s=self.config.retry_after_s,
         )
-        if slice_ids is not None:
-            return alloc.place(request, slice_ids)
-        if held_back:
-            return Outcome(
-                OutcomeCode.BACKPRESSURE,
-                reason="only GPUs above the VRAM/temperature watermark have room for sheddable work",
-                retry_after_s=self.config.retry_after_s,
-            )
-        if preempt and not avoid:
-            return self.allocator.allocate(request, preempt=True)
-        return Outcome(OutcomeCode.NO_CAPACITY, reason="no slice has room now")
 
     def _hold_target(self, item: Ticketed, held: frozenset[str]) -> frozenset[str]:
         alloc = self.kv if item.kv else self.allocator
@@ -452,26 +442,8 @@ class LeaseController:
         """Offer every queued item capacity (see `AdmissionQueue.drain`); again while a pass ends
         leases (preemption, expiry), at most `MAX_PUMP_PASSES` times."""
         for _ in range(MAX_PUMP_PASSES):
-            ends = self._ends
-            memo = MissMemo()
-
-            def visit(
-                item: Ticketed, avoid: frozenset[str], memo: MissMemo = memo
-            ) -> tuple[Verdict, frozenset[str]]:
-                nonlocal ends
-                if self._ends != ends:  # NOTE: a lease ended mid-pass: capacity grew, the memo is stale
-                    memo.forget()
-                    ends = self._ends
-                holds = memo.blocked(item, avoid)
-                if holds is not None:
-                    return Verdict.BLOCKED, holds
-                verdict, holds = self._try_queued(item, avoid)
-                if verdict is Verdict.BLOCKED and self._ends == ends:
-                    memo.add(item, avoid, holds)
-                return verdict, holds
-
             start = self._ends
-            self.queue.drain(visit)
+            self.queue.drain(MissMemo(self._try_queued, lambda: self._ends))
             if self._ends == start or not len(self.queue):
                 return
 
@@ -481,26 +453,27 @@ class LeaseController:
         alloc = self.kv if item.kv else self.allocator
         kv_models = self._kv_models if item.kv else None
         self._granting = item
+        why = None
         try:
-            why = placement.unresolvable(alloc, item.request, gpu_id=item.gpu_id, kv_models=kv_models)
-            out = None if why is not None else self._place(item.request, item.gpu_id, kv=item.kv, avoid=avoid)
+            out = self._place(item.request, item.gpu_id, kv=item.kv, avoid=avoid)
+            if not out.granted:
+                why = placement.unresolvable(alloc, item.request, gpu_id=item.gpu_id, kv_models=kv_models)
         except Exception as exc:  # NOTE: pumping is the gateway's own work: never raise into the caller
             why = f"placing the queued request failed: {exc}"
-            out = None
         finally:
             self._granting = None
-        if out is not None and out.granted and out.lease is not None:
+        if why is not None:
+            if st is not None:
+                self._end_ticket(st, "failed", reason=why)
+            self.outcomes[(band(item.priority), "failed")] += 1
+            return Verdict.DROPPED, NOTHING
+        if out.granted and out.lease is not None:
             if st is not None:
                 self._end_ticket(st, "granted", lease=out.lease)
             if out.victims:
                 self.preemptions += len(out.victims)
             self.outcomes[(band(item.priority), "granted_from_queue")] += 1
             return Verdict.GRANTED, NOTHING
-        if out is None or out.code is OutcomeCode.UNRESOLVABLE:
-            if st is not None:
-                self._end_ticket(st, "failed", reason=why or (out.reason if out else "failed"))
-            self.outcomes[(band(item.priority), "failed")] += 1
-            return Verdict.DROPPED, NOTHING
         return Verdict.BLOCKED, self._hold_target(item, avoid)
 
     def _end_ticket(

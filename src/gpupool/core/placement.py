@@ -2,7 +2,7 @@
 held by queued requests, and which units should it hold while it waits.
 
 Role: the capacity side of the admission rule written in `gpupool.core.admission`. Read-only over an
-`Allocator`'s ledger; the controller commits the answer (``Allocator.place``). A *scope* restricts
+`Allocator`'s ledger except `place`, which commits its answer through the allocator. A *scope* restricts
 the slices: ``gpu_id`` (one GPU), ``request.nodes``, and for request leases ``kv_models`` (KV slice
 id -> model, the request's model must match).
 
@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from gpupool.core.allocator import Allocator
 from gpupool.core.ledger import SliceState
 from gpupool.core.model import Request
+from gpupool.core.outcome import Outcome, OutcomeCode
 
 NO_UNITS: frozenset[str] = frozenset()
 
@@ -125,6 +126,39 @@ def fit_now(
     return (None, held_back) if best is None else ((best[2],), False)
 
 
+def place(
+    alloc: Allocator,
+    request: Request,
+    *,
+    gpu_id: str = "",
+    kv_models: Mapping[str, str] | None = None,
+    paused: frozenset[str] | set[str] = frozenset(),
+    avoid: frozenset[str] = NO_UNITS,
+    preempt: bool = False,
+    retry_after_s: float = 1.0,
+) -> Outcome:
+    """Grant ``request`` now outside ``avoid`` (and, for sheddable work, off ``paused`` GPUs): the
+    allocator's own search when nothing is excluded, else `fit_now`; preemption (``preempt``) only
+    when nothing is held. BACKPRESSURE when paused GPUs alone had room, else NO_CAPACITY."""
+    plain = kv_models is None and not gpu_id
+    if plain and not paused and not avoid:
+        return alloc.allocate(request, preempt=preempt)
+    slice_ids, held_back = fit_now(
+        alloc, request, gpu_id=gpu_id, kv_models=kv_models, paused=paused, avoid=avoid
+    )
+    if slice_ids is not None:
+        return alloc.place(request, slice_ids)
+    if held_back:
+        return Outcome(
+            OutcomeCode.BACKPRESSURE,
+            reason="only GPUs above the VRAM/temperature watermark have room for sheddable work",
+            retry_after_s=retry_after_s,
+        )
+    if preempt and plain and not avoid:
+        return alloc.allocate(request, preempt=True)
+    return Outcome(OutcomeCode.NO_CAPACITY, reason="no slice has room now")
+
+
 def _cards_now(
     alloc: Allocator, request: Request, paused: frozenset[str] | set[str], avoid: frozenset[str]
 ) -> tuple[tuple[str, ...] | None, bool]:
@@ -198,4 +232,4 @@ def _cards_hold(alloc: Allocator, request: Request) -> frozenset[str]:
     return frozenset(best_cards)
 
 
-__all__ = ["NO_UNITS", "fit_now", "hold_target", "unresolvable"]
+__all__ = ["NO_UNITS", "fit_now", "hold_target", "place", "unresolvable"]

@@ -8,17 +8,18 @@ Invariants:
   granted ticket has a ``lease``; ``ended_at`` is None exactly while it is queued;
 - `to_record` / `from_record` round-trip every field but ``lease`` (stored as its id) and ``kv``
   (request-lease tickets are never stored);
-- `MissMemo` answers "blocked" only when an earlier item of the same scope, no lower priority and no
-  larger demand was blocked while avoiding a subset of the units this one must avoid: capacity only
-  shrinks during one pump pass, so such an item cannot fit either (the caller calls `forget` when a
-  lease ends mid-pass).
+- `MissMemo` (one per pump pass) answers "blocked" without a search only when an earlier item of the
+  same scope, of no lower priority and no larger demand, was blocked while avoiding a subset of the
+  units this one must avoid: capacity only shrinks during a pass, so this one cannot fit either. It
+  forgets everything as soon as a lease ends mid-pass (preemption, expiry: capacity grew).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpupool.core.admission import Ticketed
+from gpupool.core.admission import Ticketed, TryGrant, Verdict
 from gpupool.core.model import Lease, Request
 from gpupool.core.ports import TicketRecord
 
@@ -71,35 +72,32 @@ _Miss = tuple[int, int, int, frozenset[str], frozenset[str]]
 
 
 class MissMemo:
-    """Blocked items of one pump pass, by scope (see the module invariants)."""
+    """A `TryGrant` that remembers the blocked items of one pump pass (see the module invariants)."""
 
     PER_SCOPE = 8
 
-    def __init__(self) -> None:
+    def __init__(self, try_grant: TryGrant, ends: Callable[[], int]) -> None:
+        self._try_grant = try_grant
+        self._ends = ends
+        self._seen = ends()
         self._misses: dict[tuple[object, ...], list[_Miss]] = {}
 
-    @staticmethod
-    def _scope(item: Ticketed) -> tuple[object, ...]:
-        r = item.request
-        return (item.kv, item.gpu_id, r.kinds, r.nodes, r.model if item.kv else "", r.gpu_count)
-
-    def blocked(self, item: Ticketed, avoid: frozenset[str]) -> frozenset[str] | None:
-        """The holds of an earlier miss that proves ``item`` cannot fit now, or None."""
+    def __call__(self, item: Ticketed, avoid: frozenset[str]) -> tuple[Verdict, frozenset[str]]:
+        if self._ends() != self._seen:
+            self._misses.clear()
+            self._seen = self._ends()
         r = item.request
         v, c = r.demand.vram_mib, r.demand.compute_milli
-        for prio, mv, mc, seen, holds in self._misses.get(self._scope(item), ()):
+        scope = (item.kv, item.gpu_id, r.kinds, r.nodes, r.model if item.kv else "", r.gpu_count)
+        for prio, mv, mc, seen, holds in self._misses.get(scope, ()):
             if r.priority <= prio and v >= mv and c >= mc and seen <= avoid:
-                return holds
-        return None
-
-    def add(self, item: Ticketed, avoid: frozenset[str], holds: frozenset[str]) -> None:
-        known = self._misses.setdefault(self._scope(item), [])
-        if len(known) < self.PER_SCOPE:
-            r = item.request
-            known.append((r.priority, r.demand.vram_mib, r.demand.compute_milli, avoid, holds))
-
-    def forget(self) -> None:
-        self._misses.clear()
+                return Verdict.BLOCKED, holds
+        verdict, holds = self._try_grant(item, avoid)
+        if verdict is Verdict.BLOCKED and self._ends() == self._seen:
+            known = self._misses.setdefault(scope, [])
+            if len(known) < self.PER_SCOPE:
+                known.append((r.priority, v, c, avoid, holds))
+        return verdict, holds
 
 
 __all__ = ["TICKET_STATES", "MissMemo", "TicketStatus", "from_record", "to_record"]
