@@ -29,7 +29,9 @@ def _bind_args(pod: dict[str, Any], node: str) -> dict[str, Any]:
     return {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
 
 
-def _bind_in_thread(server: ExtenderServer, args: dict[str, Any], out: list[dict[str, Any]]) -> threading.Thread:
+def _bind_in_thread(
+    server: ExtenderServer, args: dict[str, Any], out: list[dict[str, Any]]
+) -> threading.Thread:
     def run() -> None:
         client = Client(server)
         try:
