@@ -78,7 +78,7 @@ def _sync_inventory(pool: object, api: object, names: object, every_s: float, st
 NO_KUBE_API = "no Kubernetes API found; pass --kube-api/--kubeconfig, or --no-kube for a static dry run"
 
 
-def _kube_api(url: str, kubeconfig: str) -> KubeApi:
+def kube_api_from_options(url: str, kubeconfig: str) -> KubeApi:
     """`KubeApi` of ``--kube-api``, else in-cluster, ``--kubeconfig`` or ``$KUBECONFIG``; or `UserError`."""
     from gpupool.adapters.k8s.kubeapi import KubeApi, KubeConfigError
 
@@ -148,7 +148,7 @@ def extender(
     names = ResourceNames(domain)
     api: KubeApi | None = None
     if not no_kube:
-        api = _kube_api(kube_api, kubeconfig)
+        api = kube_api_from_options(kube_api, kubeconfig)
     try:
         slices, source = build_slices(cluster, workloads, api=api, domain=domain)
     except KubeApiError as exc:
