@@ -7,10 +7,12 @@ STAMP := $(VENV)/.installed
 .PHONY: run test lint fmt bench clean help
 
 help:
-	@echo "make run    - create .venv, install, start gpupool on the embedded defaults (simulated cluster, SQLite)"
+	@echo "make run    - create .venv, install, start gpupool on the embedded defaults (simulated cluster, SQLite);"
+	@echo "              starts from an empty lease store; make run RUN_FLAGS=--keep-state keeps the last run's leases"
 	@echo "make test   - create .venv, install dev dependencies, run the whole test suite"
 	@echo "make lint   - ruff, ruff format --check, mypy --strict on src/, import-linter layer contracts"
 	@echo "make bench  - run the benchmarks recorded in BENCHMARKS.md"
+	@echo "make clean  - remove .venv, tool caches and .gpupool/ (lease store, admin token, sim cache)"
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpupool needs Python >= 3.11")'
@@ -21,8 +23,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+RUN_FLAGS ?=
+
 run: $(STAMP)
-	$(BIN)/gpupool run
+	$(BIN)/gpupool run $(RUN_FLAGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
@@ -42,4 +46,4 @@ bench: $(STAMP)
 	$(BIN)/gpupool bench agent --json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .gpupool

@@ -8,7 +8,7 @@ import threading
 
 import typer
 
-from gpupool.cli.errors import UserError, user_errors
+from gpupool.cli.errors import UserError, check_range, user_errors
 
 
 @user_errors
@@ -63,6 +63,7 @@ def agent(
         raise UserError("invalid --token='': a token is required with --gateway (or set GPUPOOL_AGENT_TOKEN)")
     if not -1 <= metrics_port <= 65535:
         raise UserError(f"invalid --metrics-port={metrics_port}: must be in [-1, 65535]")
+    check_range("--duration-s", duration_s, lo=0)
     config = AgentConfig(
         node,
         period_s=period_ms / 1000.0,

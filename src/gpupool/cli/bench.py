@@ -7,7 +7,7 @@ import json
 
 import typer
 
-from gpupool.cli.errors import user_errors
+from gpupool.cli.errors import check_range, user_errors
 
 app = typer.Typer(help="Benchmarks; each prints one JSON object with --json.", no_args_is_help=True)
 
@@ -73,6 +73,10 @@ def gateway(
     of the same app, and the OpenAI proxy's added latency against calling the backend directly."""
     from gpupool_benchmarks import gateway_bench
 
+    for name, value in (("--clients", clients), ("--proxy-clients", proxy_clients)):
+        check_range(name, value, lo=1)
+    for name, secs in (("--duration-s", duration_s), ("--proxy-duration-s", proxy_duration_s)):
+        check_range(name, secs, lo=0, lo_open=True)
     result = gateway_bench.run(
         clients=clients, duration_s=duration_s, proxy_clients=proxy_clients, proxy_duration_s=proxy_duration_s
     )

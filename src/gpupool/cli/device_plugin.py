@@ -17,7 +17,7 @@ from types import FrameType
 
 import typer
 
-from gpupool.cli.errors import UserError, user_errors
+from gpupool.cli.errors import UserError, check_range, user_errors
 
 
 @user_errors
@@ -54,7 +54,7 @@ def device_plugin(
     from gpupool.adapters.k8s.device_plugin import DevicePlugin, PluginConfig, cards_of
     from gpupool.adapters.k8s.kubeapi import KubeApi
     from gpupool.adapters.k8s.resources import ResourceNames
-    from gpupool.cli.extender import build_slices
+    from gpupool.cli.extender import build_slices, kube_api_from_options
     from gpupool.hardware.slices import Slice
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -63,11 +63,12 @@ def device_plugin(
         raise UserError("--node is required (or set NODE_NAME)")
     if not 1 <= replicas <= 1024:
         raise UserError(f"--replicas {replicas}: must be in [1, 1024]")
+    check_range("--verify-s", verify_s, lo=0, lo_open=True)
     if not Path(plugin_dir).is_dir():
         raise UserError(f"--plugin-dir {plugin_dir}: no such directory")
     api: KubeApi | None = None
     if not no_kube:
-        api = KubeApi.for_host(kube_api) if kube_api else KubeApi.from_environment(kubeconfig or None)
+        api = kube_api_from_options(kube_api, kubeconfig)
     slices, _ = build_slices(cluster, workloads, api=api, domain=domain)
     cards = cards_of([s for s in slices if isinstance(s, Slice)], node)
     if not cards:

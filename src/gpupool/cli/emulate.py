@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from gpupool.cli.errors import UserError, user_errors
+from gpupool.cli.errors import UserError, check_port, check_range, user_errors
 
 
 def build_engine(
@@ -32,6 +32,7 @@ def build_engine(
         raise UserError(f"--compute-fraction {compute_fraction}: must be in (0, 1]")
     if kv_budget_mib < 1:
         raise UserError(f"--kv-budget-mib {kv_budget_mib}: must be >= 1")
+    check_range("--speed", speed, lo=0, lo_open=True)
     bw, flops = gpu_peaks(gpu)
     roof = Roofline(
         params=arch.param_count,
@@ -67,6 +68,7 @@ def emulate_backend(  # noqa: PLR0917 (typer options)
     """Serve an emulated OpenAI-compatible model (vLLM metric names, sleep/pause endpoints)."""
     import uvicorn
 
+    check_port("--port", port)
     app = build_backend_app(
         model,
         gpu=gpu,

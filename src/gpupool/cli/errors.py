@@ -1,8 +1,14 @@
-"""One place that turns expected user errors into a one-line message and exit code 2 (no traceback)."""
+"""One place that turns expected user errors into a one-line message and exit code 2 (no traceback).
+
+Also the shared checks of numeric options (`check_port`, `check_range`): commands call them first,
+before opening a store or binding a socket, so a bad value changes nothing. Messages name the option
+and the value: ``invalid --port=70000: must be in [0, 65535]``.
+"""
 
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
@@ -17,6 +23,35 @@ EXIT_BAD_INPUT = 2
 
 class UserError(Exception):
     """Raised by CLI code for bad input that is not a core error (missing file, malformed YAML)."""
+
+
+def check_range(
+    option: str, value: float, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False
+) -> None:
+    """`UserError` unless ``value`` is a finite number in [lo, hi] (``lo_open``: in (lo, hi])."""
+    bad = not math.isfinite(value)
+    if lo is not None:
+        bad = bad or value < lo or (lo_open and value == lo)
+    if hi is not None:
+        bad = bad or value > hi
+    if not bad:
+        return
+    if lo is not None and hi is not None:
+        want = f"in {'(' if lo_open else '['}{_num(lo)}, {_num(hi)}]"
+    elif lo is not None:
+        want = f"{'>' if lo_open else '>='} {_num(lo)}"
+    else:
+        want = f"<= {_num(hi)}"
+    raise UserError(f"invalid {option}={_num(value)}: must be {want}")
+
+
+def _num(value: float | None) -> str:
+    return str(value) if isinstance(value, int) or value is None else repr(value)
+
+
+def check_port(option: str, port: int, *, allow_off: bool = False) -> None:
+    """A TCP port option: 0..65535 (0 = any free port); ``allow_off`` also accepts -1 (= off)."""
+    check_range(option, port, lo=-1 if allow_off else 0, hi=65535)
 
 
 def fail(message: str) -> None:

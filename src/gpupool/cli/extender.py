@@ -22,10 +22,14 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from gpupool.cli.errors import UserError, user_errors
+from gpupool.cli.errors import UserError, check_port, check_range, user_errors
+
+if TYPE_CHECKING:
+    from gpupool.adapters.k8s.kubeapi import KubeApi
 
 
 def build_slices(
@@ -71,11 +75,32 @@ def _sync_inventory(pool: object, api: object, names: object, every_s: float, st
             log.info("inventory resync: %s", {k: v for k, v in report.items() if v})
 
 
+NO_KUBE_API = "no Kubernetes API found; pass --kube-api/--kubeconfig, or --no-kube for a static dry run"
+
+
+def kube_api_from_options(url: str, kubeconfig: str) -> KubeApi:
+    """`KubeApi` of ``--kube-api``, else in-cluster, ``--kubeconfig`` or ``$KUBECONFIG``; or `UserError`."""
+    from gpupool.adapters.k8s.kubeapi import KubeApi, KubeConfigError
+
+    if url:
+        if not url.startswith(("http://", "https://")):
+            raise UserError(f"invalid --kube-api={url!r}: expected an http:// or https:// URL")
+        return KubeApi.for_host(url)
+    try:
+        return KubeApi.from_environment(kubeconfig or None)
+    except KubeConfigError as exc:
+        if kubeconfig:
+            raise UserError(f"invalid --kubeconfig={kubeconfig!r}: {exc}") from None
+        raise UserError(NO_KUBE_API) from None
+
+
 @user_errors
 def extender(
     *,
     port: int = typer.Option(8888, "--port", help="TCP port (0 = pick a free one and print it)."),
-    host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on."),  # noqa: S104 - scheduler pods connect
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to listen on (kube-scheduler runs beside it in the pod)."
+    ),
     cluster: Path | None = typer.Option(None, "--cluster", help="Cluster spec YAML (static pool)."),
     workloads: Path | None = typer.Option(
         None, "--workloads", help="Workload spec YAML: use the plan's layout."
@@ -90,16 +115,20 @@ def extender(
     no_kube: bool = typer.Option(False, "--no-kube", help="No Kubernetes API: bind only commits the lease."),
     reconcile: bool = typer.Option(True, "--reconcile/--no-reconcile", help="Run the pod reconciler."),
     preempt_interval_s: float = typer.Option(
-        5.0, "--preempt-interval-s", help="Seconds between preemption rounds for pending pods (0 = off)."
+        5.0,
+        "--preempt-interval-s",
+        help="Seconds between preemption rounds for pending pods (0 = off).",
     ),
     inventory_resync_s: float = typer.Option(
-        30.0, "--inventory-resync-s", help="Seconds between re-reads of node slice annotations (0 = off)."
+        30.0,
+        "--inventory-resync-s",
+        help="Seconds between re-reads of node slice annotations (0 = off).",
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
 ) -> None:
     """Scheduler extender: filter / prioritize / bind / preempt for gpupool.io/vram-mib x compute-pct."""
     from gpupool.adapters.k8s.extender import Extender, ExtenderServer
-    from gpupool.adapters.k8s.kubeapi import KubeApi
+    from gpupool.adapters.k8s.kubeapi import KubeApiError
     from gpupool.adapters.k8s.pool import ExtenderPool
     from gpupool.adapters.k8s.preemptor import Preemptor
     from gpupool.adapters.k8s.reconciler import PodReconciler
@@ -108,14 +137,22 @@ def extender(
     from gpupool.core.policies import get_policy
     from gpupool.hardware.slices import Slice
 
+    check_port("--port", port)
+    check_range("--preempt-interval-s", preempt_interval_s, lo=0)
+    check_range("--inventory-resync-s", inventory_resync_s, lo=0)
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise UserError(f"invalid --log-level={log_level!r}: expected debug, info, warning or error")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not 0 <= port <= 65535:
-        raise UserError(f"--port {port}: must be in [0, 65535]")
+    if no_kube and (kube_api or kubeconfig):
+        raise UserError("--no-kube excludes --kube-api and --kubeconfig")
     names = ResourceNames(domain)
     api: KubeApi | None = None
     if not no_kube:
-        api = KubeApi.for_host(kube_api) if kube_api else KubeApi.from_environment(kubeconfig or None)
-    slices, source = build_slices(cluster, workloads, api=api, domain=domain)
+        api = kube_api_from_options(kube_api, kubeconfig)
+    try:
+        slices, source = build_slices(cluster, workloads, api=api, domain=domain)
+    except KubeApiError as exc:
+        raise UserError(f"cannot list nodes from the Kubernetes API: {exc}") from None
     pool = ExtenderPool(
         [s for s in slices if isinstance(s, Slice)],
         clock=FunctionClock(time.monotonic),
@@ -135,7 +172,11 @@ def extender(
         rec = PodReconciler(pool, names=names)
         ext.status["drift"] = lambda: [f"{d.pod}: {d.kind}: {d.detail}" for d in list(rec.drifts)[-20:]]
         listed_at = pool.allocator.clock.now()
-        rec.resync(api.list_pods()[0], listed_at=listed_at)  # NOTE: adopt bound pods before serving
+        try:
+            listed = api.list_pods()[0]
+        except KubeApiError as exc:
+            raise UserError(f"cannot list pods from the Kubernetes API: {exc}") from None
+        rec.resync(listed, listed_at=listed_at)  # NOTE: adopt bound pods before serving
         threading.Thread(target=rec.run, args=(api, stop), name="gpupool-reconciler", daemon=True).start()
         if preempt_interval_s > 0:
             pre = Preemptor(pool, names=names)

@@ -9,7 +9,10 @@ pool, the queues and backpressure are visibly alive:
 - P1 embeddings: ``/v1/embeddings`` to the embedding model (tenant ``retrieval``);
 - P2 batch: ``POST /v1/leases`` of 8-24 GiB held 10-20 s then released; 429s back off (tenant ``batch``).
 
-Prints the URL and the admin token, then a status line every 5 s. Ctrl-C stops everything cleanly.
+Starts from an empty lease store (the previous run's leases would otherwise be recovered and hold
+the pool) unless ``--keep-state``. Prints the URL and the admin token, then a timestamped status line
+every 5 s. Ctrl-C stops everything at once: in-flight requests get ``serve.SHUTDOWN_GRACE_S``, then the
+servers, the traffic and the node agents stop together (about a second).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import user_errors
+from gpupool.cli.console import say
+from gpupool.cli.errors import UserError, check_port, check_range, user_errors
 from gpupool.cli.serve import (
     DEFAULT_CLUSTER,
     DEFAULT_WORKLOADS,
@@ -32,6 +36,7 @@ from gpupool.cli.serve import (
     build,
     free_port,
     register_backends,
+    uvicorn_server,
 )
 
 DEMO_TENANTS = ("agent-chat", "retrieval", "batch")
@@ -39,8 +44,6 @@ DEMO_TENANTS = ("agent-chat", "retrieval", "batch")
 
 def start_emulated_backends(bundle: Bundle, *, host: str = "127.0.0.1", speed: float = 1.0) -> list[Any]:
     """One emulated backend per planned model (its first replica's slice); returns uvicorn servers."""
-    import uvicorn
-
     from gpupool.adapters.backends.app import create_backend_app
     from gpupool.cli.emulate import build_engine
 
@@ -65,7 +68,7 @@ def start_emulated_backends(bundle: Bundle, *, host: str = "127.0.0.1", speed: f
         )
         port = free_port(host)
         app = create_backend_app(engine, model=w.model)  # type: ignore[arg-type]
-        servers.append(uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")))
+        servers.append(uvicorn_server(app, host=host, port=port))
         specs.append((f"{w.name}-{pl.replica}", w.model, f"http://{host}:{port}", pl.slice))
     register_backends(bundle, specs)
     return servers
@@ -165,11 +168,37 @@ async def status_printer(bundle: Bundle, period_s: float = 5.0) -> None:
         cap, gr = v["capacity"], v["granted"]
         assert isinstance(cap, dict) and isinstance(gr, dict)
         pct = 100 * gr["vram_mib"] / max(1, cap["vram_mib"])
-        typer.echo(
+        say(
             f"pool: {gr['vram_mib'] // 1024}/{cap['vram_mib'] // 1024} GiB granted ({pct:.0f} %), "
             f"leases {v['active_leases']}, request leases {v['request_leases']}, queue {v['queue']}, "
             f"paused GPUs {v['paused_gpus'] or 'none'}"
         )
+
+
+STORE_FILES = ("leases.db", "leases.db-wal", "leases.db-shm")
+"""What a fresh `gpupool run` removes from --data-dir (the admin token stays: printed URLs keep working)."""
+
+
+def reset_state(data_dir: Path) -> list[Path]:
+    """Remove the SQLite lease store of a previous run; returns the files removed."""
+    removed = []
+    for name in STORE_FILES:
+        path = data_dir / name
+        if path.is_file():
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def stop_agents(runtimes: list[Any]) -> None:
+    """Stop the node agents in parallel (each joins its own loop thread)."""
+    import threading
+
+    threads = [threading.Thread(target=rt.stop, daemon=True) for rt in runtimes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=5)
 
 
 @user_errors
@@ -188,10 +217,26 @@ def run(  # noqa: PLR0917 (typer options)
         help="Start one node agent per simulated node (200 ms loop, readings over HTTP, vLLM KV "
         "correction from the emulated backends); --no-agents feeds raw readings in-process instead.",
     ),
+    keep_state: bool = typer.Option(
+        False,
+        "--keep-state",
+        help="Keep the leases of the previous run (default: start from an empty lease store).",
+    ),
 ) -> None:
     """Gateway + emulated backends + synthetic agent traffic on the simulated example cluster."""
     from gpupool.cli.serve import serve_forever
 
+    check_port("--port", port)
+    check_range("--tidal-speed", tidal_speed, lo=0)
+    if data_dir.exists() and not data_dir.is_dir():
+        raise UserError(f"invalid --data-dir={str(data_dir)!r}: not a directory")
+    if not keep_state:
+        removed = reset_state(data_dir)
+        if removed:
+            say(
+                f"gpupool: fresh start: removed the previous run's lease store {removed[0]} "
+                "(--keep-state keeps it)"
+            )
     demo = {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}
     bundle = build(
         data_dir=data_dir,
@@ -202,13 +247,12 @@ def run(  # noqa: PLR0917 (typer options)
     servers = start_emulated_backends(bundle, host=host)
     admin = bundle.new_admin_token or (data_dir / "admin.token").read_text().strip()
     url = f"http://{host}:{port}"
-    typer.echo(f"gpupool gateway on {url}   (docs {url}/docs, metrics {url}/metrics)")
-    typer.echo(f"admin token: {admin}   (stored in {data_dir / 'admin.token'})")
-    typer.echo(f"try: curl -H 'Authorization: Bearer {admin}' {url}/v1/pool")
+    say(f"gpupool gateway on {url}   (docs {url}/docs, metrics {url}/metrics)")
+    say(f"admin token: {admin}   (stored in {data_dir / 'admin.token'})")
+    say(f"try: curl -H 'Authorization: Bearer {admin}' {url}/v1/pool")
     for b in bundle.backends:
-        typer.echo(f"backend {b.id}: {b.model} at {b.url} on {b.slice_id} (KV budget {b.kv_budget_mib} MiB)")
-    extra: list[Any] = [s.serve() for s in servers]
-    extra.append(status_printer(bundle))
+        say(f"backend {b.id}: {b.model} at {b.url} on {b.slice_id} (KV budget {b.kv_budget_mib} MiB)")
+    extra: list[Any] = [*servers, status_printer(bundle)]
     if traffic:
         extra.append(synthetic_workload(url, demo, bundle))
     if tidal_speed > 0:
@@ -224,11 +268,10 @@ def run(  # noqa: PLR0917 (typer options)
             Engine(gpu_id=b.gpu_id, endpoint=b.url, reserved_mib=b.kv_budget_mib) for b in bundle.backends
         ]
         runtimes = start_simulated_agents(url, token=admin, cluster=bundle.sim, engines=engines)
-        typer.echo(f"node agents: {len(runtimes)} (one per simulated node, 200 ms period)")
+        say(f"node agents: {len(runtimes)} (one per simulated node, 200 ms period)")
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve_forever(bundle, host=host, port=port, extra=extra, feed_readings=not runtimes))
     finally:
-        for rt in runtimes:
-            rt.stop()
-    typer.echo("gpupool: stopped")
+        stop_agents(runtimes)
+    say("gpupool: stopped")

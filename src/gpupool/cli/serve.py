@@ -29,7 +29,8 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import UserError, user_errors
+from gpupool.cli.console import say
+from gpupool.cli.errors import UserError, check_port, user_errors
 from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import LeaseController
 from gpupool.core.errors import InvalidInput
@@ -158,9 +159,7 @@ def build(
         with contextlib.suppress(InvalidInput, TypeError, ValueError):
             controller.set_watermarks(WatermarkConfig(**json.loads(saved)))
     report = controller.recover()
-    typer.echo(
-        f"gpupool: recovered {report.restored} leases ({report.expired} expired, {report.revoked} revoked)"
-    )
+    say(f"gpupool: recovered {report.restored} leases ({report.expired} expired, {report.revoked} revoked)")
     tokens, new_admin = load_tokens(auth_file, data_dir)
     tokens = [*tokens, *extra_tokens]
     try:
@@ -296,28 +295,74 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+SHUTDOWN_GRACE_S = 1.0
+"""After Ctrl-C / SIGTERM, in-flight requests (streams, long-polls, /v1/events) get this long, then
+are cancelled: without a bound an open event stream would keep the server up forever."""
+
+
+def uvicorn_server(app: Any, *, host: str, port: int) -> Any:
+    """A uvicorn server that leaves signals to `serve_forever` (one handler stops all servers at once:
+    uvicorn's own handlers would stop them one after the other, each waiting for its connections)."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            yield
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S)
+    )
+    return _Server(config)
+
+
 async def serve_forever(
     bundle: Bundle, *, host: str, port: int, extra: Iterable[Any] = (), feed_readings: bool = True
 ) -> None:
-    """Run the gateway server (+ any extra uvicorn servers / coroutines) until Ctrl-C or SIGTERM.
+    """Run the gateway server (+ any extra `uvicorn_server`s / coroutines) until Ctrl-C or SIGTERM.
 
+    On the signal every coroutine is cancelled and every server stops at once, in-flight requests
+    bounded by `SHUTDOWN_GRACE_S`; a second Ctrl-C skips the grace period.
     ``feed_readings``: push the simulated cluster's readings in-process; `gpupool run` turns it off
     when real node agents report them over HTTP instead."""
+    import logging
+    import signal
+
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(bundle.app, host=host, port=port, log_level="warning"))
+    server = uvicorn_server(bundle.app, host=host, port=port)
     tune_gc()
-    tasks = [asyncio.create_task(server.serve())]
+    servers = [server, *(x for x in extra if isinstance(x, uvicorn.Server))]
+    serving = [asyncio.create_task(s.serve()) for s in servers]
+    tasks = []
     if bundle.sim is not None and feed_readings:
         tasks.append(asyncio.create_task(feed_simulated_readings(bundle)))
     for x in extra:
-        tasks.append(asyncio.create_task(x))
-    try:
-        await tasks[0]
-    finally:
-        for t in tasks[1:]:
+        if not isinstance(x, uvicorn.Server):
+            tasks.append(asyncio.create_task(x))
+
+    def stop() -> None:
+        if not server.should_exit:
+            say(f"gpupool: stopping (in-flight requests get {SHUTDOWN_GRACE_S:g} s)")
+        # NOTE: uvicorn logs each request it cancels at the end of the grace period with a traceback
+        logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
+        for s in servers:
+            s.force_exit = s.force_exit or s.should_exit  # NOTE: a second Ctrl-C: no grace period
+            s.should_exit = True
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks[1:], return_exceptions=True)
+
+    loop = asyncio.get_running_loop()
+    handled = (signal.SIGINT, signal.SIGTERM)
+    for sig in handled:
+        loop.add_signal_handler(sig, stop)
+    try:
+        await serving[0]
+    finally:
+        stop()
+        await asyncio.gather(*tasks, *serving[1:], return_exceptions=True)
+        for sig in handled:
+            loop.remove_signal_handler(sig)
 
 
 def _load_backends_file(path: Path) -> list[tuple[str, str, str, str]]:
@@ -350,6 +395,7 @@ def serve(  # noqa: PLR0917 (typer options)
     simulate_readings: bool = typer.Option(True, help="Feed simulated GPU readings to the watermarks."),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
+    check_port("--port", port)
     bundle = build(
         data_dir=data_dir,
         cluster=cluster,
@@ -359,10 +405,8 @@ def serve(  # noqa: PLR0917 (typer options)
     )
     if backends is not None:
         register_backends(bundle, _load_backends_file(backends))
-    typer.echo(f"gpupool gateway on http://{host}:{port}  (store {data_dir / 'leases.db'})")
+    say(f"gpupool gateway on http://{host}:{port}  (store {data_dir / 'leases.db'})")
     if bundle.new_admin_token:
-        typer.echo(
-            f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}"
-        )
+        say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_forever(bundle, host=host, port=port))

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from gpupool.cli import tidal
-from gpupool.cli.errors import UserError, user_errors
+from gpupool.cli.errors import UserError, check_range, user_errors
 
 app = typer.Typer(
     help="Trace-driven placement simulator: reproduce FGD (USENIX ATC'23) on the Alibaba GPU trace.",
@@ -27,6 +27,9 @@ def _seeds(text: str) -> list[int]:
         raise UserError(f"invalid --seeds={text!r}: expected comma-separated integers like 42,43") from None
     if not seeds:
         raise UserError(f"invalid --seeds={text!r}: no seed given")
+    for s in seeds:
+        if not 0 <= s < 2**32:
+            raise UserError(f"invalid --seeds={text!r}: seed {s} is outside [0, 4294967295]")
     return seeds
 
 
@@ -76,10 +79,11 @@ def fgd(
     from gpupool.sim.policies import SIM_POLICIES
     from gpupool.sim.report import run_experiment
 
+    seed_list = _seeds(seeds)
     if policy not in SIM_POLICIES:
         raise UserError(f"invalid --policy={policy!r}: known policies: {', '.join(SIM_POLICIES)}")
     out = run_experiment(
-        nodes, pods, policy=policy, seeds=_seeds(seeds), timings=timings, cross_check=cross_check
+        nodes, pods, policy=policy, seeds=seed_list, timings=timings, cross_check=cross_check
     )
     if as_json:
         typer.echo(json.dumps(out, sort_keys=False))
@@ -120,6 +124,8 @@ def report(
     from gpupool.sim.policies import SIM_POLICIES
     from gpupool.sim.report import authors_curves, authors_medians, markdown_table, run_matrix
 
+    seed_list = _seeds(seeds)
+    check_range("--workers", workers, lo=1)
     root = data if data is not None else _data_dir()
     trace_dir = root / "alibaba-gpu-v2023"
     authors_dir = root / "fgd-atc23-expected-results"
@@ -139,7 +145,6 @@ def report(
     for pp in pods_paths:
         if not pp.is_file():
             raise UserError(f"workload file not found: {pp}")
-    seed_list = _seeds(seeds)
     with Progress() as bar:
         task = bar.add_task("sim runs", total=None)
 

@@ -19,7 +19,9 @@ from gpupool.hardware.spec import ClusterSpec, WorkloadSet, load_cluster_spec, l
 
 
 def load_yaml(path: str | Path) -> object:
-    """Parse one YAML document; raise ``UserError`` naming the file (and line/column) on failure."""
+    """Parse one YAML document; raise ``UserError`` naming the file (and line/column) on failure.
+
+    An empty file (or one with only comments) is an error too: no spec file may be empty."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -30,7 +32,7 @@ def load_yaml(path: str | Path) -> object:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{p}: cannot read: {exc}") from None
     try:
-        return yaml.safe_load(text)
+        doc = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
@@ -38,6 +40,9 @@ def load_yaml(path: str | Path) -> object:
         raise UserError(f"{p}: malformed YAML{where}: {problem}") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{p}: malformed YAML: {' '.join(str(exc).split())}") from None
+    if doc is None:
+        raise UserError(f"{p}: empty file (no YAML document in it)")
+    return doc
 
 
 def load_cluster_file(path: str | Path) -> ClusterSpec:

@@ -8,7 +8,8 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import UserError, user_errors
+from gpupool.cli.console import say
+from gpupool.cli.errors import UserError, check_range, user_errors
 
 
 @user_errors
@@ -33,6 +34,9 @@ def sim_tidal(
     from gpupool.sim.tidal import report
     from gpupool.sim.tidal.run import RunConfig, run
 
+    check_range("--days", days, lo=1, hi=9)
+    check_range("--scale", scale, lo=0, hi=10, lo_open=True)
+    check_range("--backlog-scale", backlog_scale, lo=0, hi=1000)
     try:
         cfg = RunConfig(
             days=days,
@@ -119,7 +123,7 @@ async def tidal_live(
     c = bundle.controller
     lent: list[str] = []
     seq = 0
-    typer.echo(f"tidal: compressed clock x{speed:g} from {today:%H:%M} {cfg.timezone}; day {cfg.day_start}-"
+    say(f"tidal: compressed clock x{speed:g} from {today:%H:%M} {cfg.timezone}; day {cfg.day_start}-"
                f"{cfg.day_end}, night {cfg.night_start}-{cfg.night_end}")  # fmt: skip
     while True:
         now = clock.now()
@@ -127,7 +131,7 @@ async def tidal_live(
         tr = ctl.observe(now, live_demand(local.hour + local.minute / 60))
         if tr is not None:
             msg = f"{tr.mode_from.value} -> {tr.mode_to.value} ({tr.reason}) at {local:%a %H:%M}"
-            typer.echo(f"tidal: {msg}")
+            say(f"tidal: {msg}")
             if c.sink is not None:
                 c.sink(GatewayEvent(kind="tidal", at=c.clock.now(), reason=msg, tenant="tidal-batch"))
         still = []
@@ -135,7 +139,7 @@ async def tidal_live(
             lease = c.get(lid)
             if lease.state.ended:
                 if lease.state.value == "preempted":
-                    typer.echo(f"tidal: P2 lease {lid[:8]} preempted by online work ({lease.reason})")
+                    say(f"tidal: P2 lease {lid[:8]} preempted by online work ({lease.reason})")
             else:
                 still.append(lid)
         lent = still
@@ -167,7 +171,7 @@ async def tidal_live(
                     c.allocator.revoke(
                         lid, state=LeaseState.PREEMPTED, reason="tidal: DAY, online takes it back"
                     )
-            typer.echo(f"tidal: DAY took back {len(lent)} lent P2 leases at {local:%a %H:%M}")
+            say(f"tidal: DAY took back {len(lent)} lent P2 leases at {local:%a %H:%M}")
             lent = []
         for lid in lent:
             c.renew(lid)

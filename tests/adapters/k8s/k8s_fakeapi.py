@@ -91,6 +91,13 @@ class FakeApiServer:
         self.events: list[tuple[int, str, dict[str, Any]]] = []
         self.rv = 100
         self.fail_bindings: set[str] = set()
+        self.binding_gate = threading.Event()
+        """Binding requests wait here until it is set (it is set unless a test clears it)."""
+        self.binding_gate.set()
+        self.binding_arrivals = 0
+        self.binding_outcomes: list[str] = []
+        """Scripted outcomes of the next binding requests, in arrival order: ``ok`` (as usual),
+        ``fail`` (HTTP 500, nothing bound) or ``lost`` (bound, but the reply is an HTTP 500)."""
         self.bindings: list[dict[str, Any]] = []
         self.evictions: list[tuple[str, str]] = []
         self.requests: list[tuple[str, str]] = []
@@ -349,6 +356,11 @@ def _make_handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 return
             ns, name, _ = pp
             with api.lock:
+                api.binding_arrivals += 1
+                outcome = api.binding_outcomes.pop(0) if api.binding_outcomes else "ok"
+                api.lock.notify_all()
+            api.binding_gate.wait()
+            with api.lock:
                 pod = api.pods.get((ns, name))
                 if pod is None:
                     self._status(404, "NotFound", f'pods "{name}" not found')
@@ -357,7 +369,7 @@ def _make_handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 if uid and uid != pod["metadata"]["uid"]:
                     self._status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
                     return
-                if name in api.fail_bindings:
+                if name in api.fail_bindings or outcome == "fail":
                     self._status(500, "InternalError", "injected binding failure")
                     return
                 if pod["spec"].get("nodeName"):
@@ -369,6 +381,9 @@ def _make_handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 pod["spec"]["nodeName"] = target.get("name")
                 api.bindings.append(body)
                 api._emit("MODIFIED", pod)
+            if outcome == "lost":
+                self._status(500, "InternalError", "injected: bound, reply lost")
+                return
             self._json(201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
 
     return Handler

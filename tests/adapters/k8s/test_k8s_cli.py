@@ -209,3 +209,85 @@ def test_extender_adopts_bound_pods_before_serving() -> None:
             assert out["NodeNames"] == [] and "n1" in out["FailedAndUnresolvableNodes"]
     finally:
         api.stop()
+
+
+def _extender(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", "extender", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_without_any_kubernetes_config_the_extender_says_what_to_pass(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.update(HOME=str(tmp_path), KUBECONFIG=str(tmp_path / "no-such-kubeconfig"))
+    proc = _extender("--cluster", str(EXAMPLES / "cluster-a100-l40s.yaml"), "--port", "0", env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "gpupool: error: no Kubernetes API found; pass --kube-api/--kubeconfig, or --no-kube for a static "
+        "dry run"
+    )
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("clusters: [\n")
+    proc = _extender("--kubeconfig", str(bad), "--port", "0", env=env)
+    assert proc.returncode == 2 and f"invalid --kubeconfig='{bad}'" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_an_unreachable_kube_api_is_one_line_not_a_traceback() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _extender("--kube-api", f"http://127.0.0.1:{port}", "--port", "0")
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]  # NOTE: the HTTP client logs its retries before
+    assert last.startswith("gpupool: error: cannot list nodes from the Kubernetes API"), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_extender_binds_loopback_by_default() -> None:
+    cluster = str(EXAMPLES / "cluster-a100-l40s.yaml")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpupool.cli.main",
+            "extender",
+            "--port",
+            "0",
+            "--cluster",
+            cluster,
+            "--no-kube",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening on http://127.0.0.1:" in line, line
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_bad_numeric_options_name_the_option() -> None:
+    cluster = str(EXAMPLES / "cluster-a100-l40s.yaml")
+    for args, want in (
+        (["--port", "70000"], "invalid --port=70000: must be in [0, 65535]"),
+        (["--port", "-1"], "invalid --port=-1: must be in [0, 65535]"),
+        (["--preempt-interval-s", "-5"], "invalid --preempt-interval-s=-5.0: must be >= 0"),
+        (["--inventory-resync-s", "nan"], "invalid --inventory-resync-s=nan: must be >= 0"),
+        (["--log-level", "loud"], "invalid --log-level='loud'"),
+    ):
+        proc = _extender("--cluster", cluster, "--no-kube", *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.startswith(f"gpupool: error: {want}"), (args, proc.stderr)

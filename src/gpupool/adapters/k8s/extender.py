@@ -14,27 +14,34 @@ Contract per verb:
 - filter: no side effects besides remembering the pod's demand for bind; a reason per failed node.
 - prioritize: 0..10 per node from the core policy (see `pool`); a bad pod scores 0 everywhere.
 - bind: commit the lease (re-validated), write the placement annotation, then create the Binding;
-  any failure releases the lease, removes the annotation and returns ``Error`` so the scheduler
-  retries. Without a `KubeApi` (static dry runs) bind only commits the lease.
+  any failure releases the lease this call committed, removes the annotation and returns ``Error``
+  so the scheduler retries. Without a `KubeApi` (static dry runs) bind only commits the lease.
+  Binds of one pod (namespace/name) are serialised: a retry that arrives while the first bind is in
+  flight waits for it, then answers from the outcome (bound to that node with its lease: success;
+  bound elsewhere: ``Error``), so a pod ends with exactly one lease, on the node it is bound to.
+  A Binding that fails but exists afterwards (409, or a lost reply) counts as success.
 - preempt: per candidate node, the minimal set of preemptible strictly-lower-priority pods from
   the core planner; nodes that need no victim or cannot be helped are dropped. kube-scheduler only
   calls preempt for nodes where its in-tree plugins found victims (our VRAM/compute resources are
   ignoredByScheduler), so this verb refines, it cannot start, a preemption: `preemptor` starts them.
-Malformed JSON or a non-object body: HTTP 400 with ``{"Error": ...}``; an invalid pod: HTTP 200 with
+Malformed JSON, JSON nested deeper than `boundedjson.MAX_DEPTH` or a non-object body: HTTP 400
+with ``{"Error": ...}``; an invalid pod: HTTP 200 with
 ``Error`` naming the field. Unexpected exceptions: HTTP 500 with ``Error``; the server keeps serving.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from gpupool.adapters.k8s import boundedjson
 from gpupool.adapters.k8s.annotations import Placement, encode_placement
 from gpupool.adapters.k8s.kubeapi import KubeApi, KubeApiError
 from gpupool.adapters.k8s.pool import ExtenderPool
@@ -74,6 +81,37 @@ def _nodes_of(args: dict[str, Any]) -> tuple[list[str], dict[str, Any] | None]:
     return list(objs), objs
 
 
+class KeyedLocks:
+    """One lock per key, created on first use and dropped when its last holder or waiter leaves."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[object, tuple[threading.Lock, int]] = {}
+
+    @contextlib.contextmanager
+    def hold(self, key: object) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (None, 0))
+            if lock is None:
+                lock = threading.Lock()
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+    def in_flight(self) -> int:
+        """Holders plus waiters over all keys."""
+        with self._guard:
+            return sum(users for _, users in self._locks.values())
+
+
 class Extender:
     """The protocol logic, independent of the HTTP plumbing (used in-process by the benchmark)."""
 
@@ -91,6 +129,7 @@ class Extender:
         self.wall_clock = wall_clock
         self.status: dict[str, Callable[[], object]] = {}
         """Extra entries of ``GET <prefix>/state`` (the CLI adds reconciler drift and preemptions)."""
+        self._bind_locks = KeyedLocks()
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -169,6 +208,11 @@ class Extender:
                 return {"Error": str(InvalidInput(key, value, "must be a non-empty string"))}
             fields[key] = value
         name, ns, uid, node = fields["PodName"], fields["PodNamespace"], fields["PodUID"], fields["Node"]
+        with self._bind_locks.hold((ns, name)):
+            return self._bind_one(ns, name, uid, node)
+
+    def _bind_one(self, ns: str, name: str, uid: str, node: str) -> dict[str, Any]:
+        """One bind of one pod; the caller holds the pod's bind lock (no other bind of it runs)."""
         try:
             demand = self._demand_for_bind(ns, name, uid)
         except (InvalidInput, KubeApiError) as exc:
@@ -176,8 +220,12 @@ class Extender:
         if demand is None:
             return self._binding_only(ns, name, uid, node)
         held = self.pool.lease_of(demand.uid)
-        if held is not None and held.node != node and self._bound_to(ns, name, held.node):
-            return {"Error": f"bind {ns}/{name} to {node}: pod is already bound to {held.node}"}
+        if held is not None and self.api is not None:
+            bound = self._node_of(ns, name)
+            if bound == node and held.node == node:
+                return {"Error": ""}  # NOTE: a retried bind whose first attempt succeeded
+            if bound:
+                return {"Error": f"bind {ns}/{name} to {node}: pod is already bound to {bound}"}
         out = self.pool.reserve(demand, node)
         if not out.granted or out.lease is None:
             return {"Error": f"bind {ns}/{name} to {node}: {out.code.value}: {out.reason}"}
@@ -196,15 +244,24 @@ class Extender:
             self.api.annotate_pod(ns, name, {key: encode_placement(placement)})
             self.api.bind_pod(ns, name, uid, node)
         except KubeApiError as exc:
-            if exc.status == HTTPStatus.CONFLICT and self._bound_to(ns, name, node):
-                return {"Error": ""}  # NOTE: a retried bind whose first attempt succeeded
-            self.pool.release_pod(demand.uid, reason=f"bind failed: {exc}")
+            if self._bound_to(ns, name, node):
+                return {"Error": ""}  # NOTE: a conflict or a lost reply: the Binding exists
+            self.pool.release_pod(demand.uid, reason=f"bind failed: {exc}", lease_id=out.lease.id)
             try:
                 self.api.annotate_pod(ns, name, {key: None})
             except KubeApiError:
                 log.warning("could not remove %s from %s/%s after a failed bind", key, ns, name)
             return {"Error": f"bind {ns}/{name} to {node}: {exc}"}
         return {"Error": ""}
+
+    def _node_of(self, ns: str, name: str) -> str:
+        """The node the pod is bound to ("" when unbound or unreadable)."""
+        try:
+            pod = self.api.read_pod(ns, name) if self.api is not None else {}
+        except KubeApiError:
+            return ""
+        node = (pod.get("spec") or {}).get("nodeName")
+        return node if isinstance(node, str) else ""
 
     def _bound_to(self, ns: str, name: str, node: str) -> bool:
         try:
@@ -243,6 +300,7 @@ class Extender:
             "slices": len(slices),
             "pods": pool.pod_uids(),
             "generation": pool.generation,
+            "binds_in_flight": self._bind_locks.in_flight(),
             **{key: fn() for key, fn in sorted(self.status.items())},
         }
 
@@ -304,7 +362,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(404, {"Error": f"no route POST {self.path}"})
                 return
             try:
-                args = json.loads(raw)
+                args = boundedjson.loads(raw)
+            except boundedjson.JsonDepthError as exc:
+                raise BadRequestError(f"body: {exc}") from None
+            except RecursionError:  # NOTE: the bound's safety net (e.g. a UTF-16 body)
+                raise BadRequestError("body: JSON nested too deeply") from None
             except (UnicodeDecodeError, ValueError) as exc:
                 raise BadRequestError(f"body is not JSON: {exc}") from None
             if not isinstance(args, dict):

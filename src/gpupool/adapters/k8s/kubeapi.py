@@ -27,6 +27,10 @@ class KubeApiError(Exception):
         super().__init__(f"kubernetes API {status}: {message}")
 
 
+class KubeConfigError(Exception):
+    """No usable Kubernetes configuration: not in a cluster, and no (readable) kubeconfig."""
+
+
 class WatchExpiredError(KubeApiError):
     """The watch's resourceVersion is too old (HTTP 410 Gone): list again."""
 
@@ -58,7 +62,9 @@ class KubeApi:
 
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None) -> KubeApi:
-        """In-cluster service account when present, else ``kubeconfig`` / ``$KUBECONFIG`` / ~/.kube/config."""
+        """In-cluster service account when present, else ``kubeconfig`` / ``$KUBECONFIG`` / ~/.kube/config.
+
+        Raises `KubeConfigError` when none of them gives a configuration."""
         from kubernetes import client
         from kubernetes import config as _config
 
@@ -68,7 +74,10 @@ class KubeApi:
                 raise config.ConfigException("explicit kubeconfig")
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config(config_file=kubeconfig)
+            try:
+                config.load_kube_config(config_file=kubeconfig)
+            except Exception as exc:  # NOTE: missing file, bad YAML, incomplete kubeconfig: all one answer
+                raise KubeConfigError(" ".join(str(exc).split()) or type(exc).__name__) from None
         conf = client.Configuration.get_default_copy()
         conf.connection_pool_maxsize = POOL_CONNECTIONS
         return cls(client.ApiClient(conf))

@@ -428,12 +428,15 @@ class ExtenderPool:
                 self._pod_lease[demand.uid] = out.lease.id
             return out
 
-    def release_pod(self, uid: str, *, reason: str) -> Lease | None:
-        """End the pod's lease (idempotent). Returns the ended lease, or None if it held none."""
+    def release_pod(self, uid: str, *, reason: str, lease_id: str | None = None) -> Lease | None:
+        """End the pod's lease (idempotent). Returns the ended lease, or None if it held none.
+
+        With ``lease_id``, only that lease: a pod that meanwhile holds another one keeps it."""
         with self._lock:
-            lid = self._pod_lease.pop(uid, None)
-            if lid is None:
+            lid = self._pod_lease.get(uid)
+            if lid is None or (lease_id is not None and lid != lease_id):
                 return None
+            del self._pod_lease[uid]
             out = self.allocator.release(lid, reason=reason)
             return out.lease if out.code is OutcomeCode.RELEASED else None
 

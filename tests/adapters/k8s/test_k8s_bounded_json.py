@@ -1,0 +1,78 @@
+"""Deeply nested JSON: a 400 naming the problem on every extender verb, and the bound is exact."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.adapters.k8s.k8s_helpers import fixture_json
+
+from gpupool.adapters.k8s import boundedjson
+
+VERBS = ("filter", "prioritize", "bind", "preempt")
+
+
+def _nested(depth: int, kind: str) -> bytes:
+    if kind == "list":
+        return b'{"Pod": ' + b"[" * depth + b"]" * depth + b"}"
+    return b'{"Pod": ' + b'{"a":' * depth + b"1" + b"}" * depth + b"}"
+
+
+@pytest.mark.parametrize("verb", VERBS)
+@pytest.mark.parametrize("kind", ["list", "object"])
+def test_1000_levels_of_nesting_is_a_400_on_every_verb(extender: Any, verb: str, kind: str) -> None:
+    ext, _, client = extender
+    before = ext.state()
+    status, body = client.raw(verb, _nested(1000, kind))
+    assert status == 400, body
+    assert "nested deeper than 100 levels" in body["Error"]
+    # the connection and the server keep working, nothing changed
+    status, _ = client.raw(verb, json.dumps(fixture_json("filter_nodenames.json")).encode())
+    assert status == 200
+    assert ext.state()["pods"] == before["pods"]
+
+
+def test_nesting_at_the_limit_is_decoded(extender: Any) -> None:
+    _, _, client = extender
+    status, body = client.raw("prioritize", _nested(boundedjson.MAX_DEPTH - 1, "object"))
+    assert status == 200, body
+
+
+def _depth(doc: Any) -> int:
+    if isinstance(doc, dict):
+        return 1 + max((_depth(v) for v in doc.values()), default=0)
+    if isinstance(doc, list):
+        return 1 + max((_depth(v) for v in doc), default=0)
+    return 0
+
+
+_scalars = st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab\n\u00e9', max_size=6)
+_docs = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(alphabet='[]{}"\\k', max_size=4), inner, max_size=3)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=_docs, limit=st.integers(0, 8), ascii_only=st.booleans())
+def test_the_bound_is_exact_and_strings_do_not_count(doc: Any, limit: int, ascii_only: bool) -> None:
+    raw = json.dumps(doc, ensure_ascii=ascii_only).encode()
+    assert boundedjson.nesting_exceeds(raw, limit) == (_depth(doc) > limit)
+    if _depth(doc) <= limit:
+        assert boundedjson.loads(raw, limit) == doc
+    else:
+        with pytest.raises(boundedjson.JsonDepthError):
+            boundedjson.loads(raw, limit)
+
+
+@pytest.mark.parametrize("raw", [b"[" * 5000, b"{" * 5000, b'[{"a":' * 3000, b"[" * 200 + b"}" * 200])
+def test_unbalanced_deep_input_is_refused_before_decoding(raw: bytes) -> None:
+    with pytest.raises(boundedjson.JsonDepthError):
+        boundedjson.loads(raw)

@@ -1,0 +1,119 @@
+"""Bad numeric options and empty spec files, as a user types them: real subprocesses of the CLI.
+
+Each is exit code 2 with one line naming the option (or the file) and the value, before anything
+starts: no data directory is created, no port is bound, nothing runs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+CLUSTER = str(EXAMPLES / "cluster-a100-l40s.yaml")
+WORKLOADS = str(EXAMPLES / "workloads-agent-platform.yaml")
+
+
+def gpupool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+def assert_one_line_exit_2(out: subprocess.CompletedProcess[str], want: str) -> None:
+    assert out.returncode == 2, (out.returncode, out.stdout[-500:], out.stderr[-2000:])
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpupool: error: "), out.stderr
+    assert want in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["run", "--port", "70000"], "invalid --port=70000: must be in [0, 65535]"),
+        (["run", "--port", "-1"], "invalid --port=-1: must be in [0, 65535]"),
+        (["run", "--tidal-speed", "-5"], "invalid --tidal-speed=-5.0: must be >= 0"),
+        (["run", "--tidal-speed", "inf"], "invalid --tidal-speed=inf"),
+        (["serve", "--port", "70000"], "invalid --port=70000: must be in [0, 65535]"),
+        (["serve", "--port", "-1"], "invalid --port=-1"),
+    ],
+)
+def test_gateway_commands_check_their_options_before_starting(
+    tmp_path: Path, args: list[str], want: str
+) -> None:
+    data = tmp_path / "data"
+    assert_one_line_exit_2(gpupool(*args, "--data-dir", str(data)), want)
+    assert not data.exists()  # nothing started: no store, no token
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["emulate-backend", "--model", "qwen2.5-0.5b", "--port", "70000"], "invalid --port=70000"),
+        (
+            ["emulate-backend", "--model", "qwen2.5-0.5b", "--port", "0", "--speed", "-1"],
+            "invalid --speed=-1.0",
+        ),
+        (["sim", "fgd", "--pods", "p.csv", "--nodes", "n.csv", "--seeds", "-1"], "invalid --seeds='-1'"),
+        (["sim", "fgd", "--pods", "p.csv", "--nodes", "n.csv", "--seeds", "4294967296"], "--seeds"),
+        (["sim", "report", "--workers", "0"], "invalid --workers=0: must be >= 1"),
+        (["sim", "tidal", "--days", "0"], "invalid --days=0: must be in [1, 9]"),
+        (["sim", "tidal", "--scale", "-1"], "invalid --scale=-1.0: must be in (0, 10]"),
+        (["sim", "tidal", "--backlog-scale", "nan"], "invalid --backlog-scale=nan"),
+        (["agent", "--node", "n", "--metrics-port", "-1", "--duration-s", "-3"], "invalid --duration-s=-3.0"),
+        (["bench", "gateway", "--clients", "0"], "invalid --clients=0: must be >= 1"),
+        (["bench", "gateway", "--duration-s", "0"], "invalid --duration-s=0.0: must be > 0"),
+        (
+            ["device-plugin", "--node", "n", "--no-kube", "--cluster", CLUSTER, "--verify-s", "0"],
+            "invalid --verify-s=0.0: must be > 0",
+        ),
+    ],
+)
+def test_numeric_options_name_the_option_and_the_value(args: list[str], want: str) -> None:
+    assert_one_line_exit_2(gpupool(*args), want)
+
+
+def test_an_empty_yaml_file_says_so_naming_it(tmp_path: Path) -> None:
+    empty = tmp_path / "cluster.yaml"
+    empty.write_text("# nothing here yet\n")
+    out = gpupool("plan", "--cluster", str(empty), "--workloads", WORKLOADS)
+    assert_one_line_exit_2(out, f"{empty}: empty file")
+    empty.write_text("")
+    out = gpupool("serve", "--cluster", str(empty), "--data-dir", str(tmp_path / "d"), "--port", "0")
+    assert_one_line_exit_2(out, f"{empty}: empty file")
+
+
+def test_every_port_option_is_checked() -> None:
+    """Every ``--*port*`` option of every command refuses 70000 with a line naming it."""
+    import typer.main
+
+    from gpupool.cli.main import app
+
+    found: list[tuple[str, str]] = []
+
+    def walk(cmd: Any, path: list[str]) -> None:
+        subs = getattr(cmd, "commands", None)  # NOTE: a group (typer ships its own click classes)
+        if subs is not None:
+            for name, sub in subs.items():
+                walk(sub, [*path, name])
+            return
+        for p in cmd.params:
+            for opt in p.opts:
+                if "port" in opt and opt.startswith("--") and "socket" not in opt:
+                    found.append((" ".join(path), opt))
+
+    walk(typer.main.get_command(app), [])
+    assert ("run", "--port") in found and ("extender", "--port") in found
+    extra = {"extender": ["--cluster", CLUSTER, "--no-kube"], "agent": ["--node", "n"]}
+    extra["emulate-backend"] = ["--model", "qwen2.5-0.5b"]
+    for command, opt in found:
+        out = gpupool(*command.split(), *extra.get(command, []), opt, "70000")
+        assert_one_line_exit_2(out, f"invalid {opt}=70000")
