@@ -89,10 +89,11 @@ def test_openai_routes_stream_metrics_and_sleep() -> None:
             for line in s.iter_lines():
                 if line.startswith("data: "):
                     chunks.append(line[6:])
-        assert chunks[-1] == "[DONE]" and len(chunks) == 5
-        assert json.loads(chunks[0])["choices"][0]["delta"]["content"] == " tok1"
-        emb = cl.post("/v1/embeddings", json={"model": "qwen2.5-0.5b", "input": ["a", "b"]}).json()
-        assert len(emb["data"]) == 2 and len(emb["data"][0]["embedding"]) == 64
+        assert chunks[-1] == "[DONE]" and len(chunks) == 6
+        assert json.loads(chunks[0])["choices"][0]["delta"]["role"] == "assistant"
+        assert json.loads(chunks[1])["choices"][0]["delta"]["content"] == " tok1"
+        emb = cl.post("/v1/embeddings", json={"model": "qwen2.5-0.5b", "input": ["a", "b"]})
+        assert emb.status_code == 400 and emb.json()["error"]["param"] == "model"  # a generate model
         assert cl.post("/v1/completions", json={"model": "other", "prompt": "x"}).status_code == 404
         text = cl.get("/metrics").text
         for name in (
