@@ -225,17 +225,27 @@ def test_priority_goes_only_to_priority_backends_and_objectives_map_names(stack:
 
 def test_tokenize_is_asked_near_the_context_and_the_correction_is_learned(stack: Stack) -> None:
     sdk, surf = stack.sdk(), stack.surface
-    digits = "1234567890" * 40  # 400 characters: estimated 100 tokens, 401 exactly (one per digit + BOS)
     before = surf.tokenize_calls
     sdk.completions.create(model=SMALL, prompt="short prompt", max_tokens=4)
     assert surf.tokenize_calls == before  # far from the 256-token context: no round trip
+    digits = "1234567890" * 40  # 401 tokens exactly (one per digit + BOS)
     with pytest.raises(openai.BadRequestError) as e:
         sdk.completions.create(model=SMALL, prompt=digits, max_tokens=150)
     assert surf.tokenize_calls == before + 1 and "401 in the prompt" in e.value.body["message"]  # type: ignore[index]
-    with stack.http() as cl:
-        exact = cl.post(stack.controller.models()[SMALL][0].url + "/tokenize", json={"prompt": digits[:80]})
-    assert exact.json()["count"] == 81
-    for k in range(1, 13):  # digit-heavy prompts: the estimator under-counts them ~4x
-        sdk.completions.create(model=SMALL, prompt="1234567890" * k, max_tokens=1)
-    predicted = surf.correction.predict(SMALL, 20)  # an 80-character prompt of digits
-    assert abs(predicted - 81) <= 4, predicted
+    words = "abcdefghij " * 60  # 660 characters, estimated 165 tokens; 121 exactly
+    r = sdk.completions.create(model=SMALL, prompt=words, max_tokens=100)  # 265 estimated, 221 exact
+    assert surf.tokenize_calls == before + 2 and r.usage is not None and r.usage.prompt_tokens == 121
+
+    def exact(text: str) -> int:
+        with stack.http() as cl:
+            url = stack.controller.models()[SMALL][0].url
+            return int(cl.post(url + "/tokenize", json={"model": SMALL, "prompt": text}).json()["count"])
+
+    assert exact(words) == 121
+    for k in range(1, 16):  # ten-letter words: the characters / 4 estimate over-counts them by ~35 %
+        sdk.completions.create(model=SMALL, prompt="abcdefghij " * k, max_tokens=1)
+    probe = "abcdefghij " * 9
+    raw = -(-len(probe) // 4)
+    truth = exact(probe)
+    assert raw - truth >= 5  # the raw estimate is off ...
+    assert abs(surf.correction.predict(SMALL, raw) - truth) <= 1  # ... the corrected one is not

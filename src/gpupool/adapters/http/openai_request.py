@@ -8,9 +8,12 @@ Checks (each failure an `OpenAIError`, rendered as ``{"error": {message, type, p
 strings; ``stream`` a boolean and ``stream_options`` only with it; ``encoding_format`` float|base64;
 ``dimensions`` >= 1. Values the backend honours (``n``, ``stop``, list prompts) are passed on as sent.
 
-Prompt estimate: characters / 4 over the text the backend reads (a token id counts 1), corrected per
-model by an exponentially weighted least-squares line fitted to ``usage.prompt_tokens`` of earlier
-responses (`TokenCorrection`); the estimate is a sizing hint, the backend's ``/tokenize`` is exact.
+Prompt estimate: text units / 4 over the text the backend reads, where a character is 1 unit, a digit 4
+and a non-ASCII character ~4 (BPE vocabularies give each digit and most CJK characters a token of
+their own; counted with C-level ``str.count`` / ``encode``, no Python loop per character); a token id
+counts 1 token. It is corrected per model by an exponentially weighted least-squares line fitted to
+``usage.prompt_tokens`` of earlier responses, minimising the *relative* error (`TokenCorrection`).
+The estimate is a sizing hint; the backend's ``/tokenize`` is exact.
 Priority: ``x-gpupool-priority`` (P0|P1|P2|int) wins; else ``x-gateway-inference-objective`` names an
 objective in the gateway's table (InferenceObjective-like name -> priority); else P1.
 """
@@ -47,7 +50,7 @@ class OpenAIError(Exception):
 @dataclass(frozen=True, slots=True)
 class Shape:
     prompt_chars: int
-    """Characters the backend reads (token ids count CHARS_PER_TOKEN each)."""
+    """Text units the backend reads (`text_units`; token ids count CHARS_PER_TOKEN each)."""
     prompts: int
     """Sequences' prompts: 1, or the length of a list prompt / input."""
     n: int
@@ -58,6 +61,19 @@ class Shape:
     @property
     def prompt_estimate(self) -> int:
         return max(1, math.ceil(self.prompt_chars / CHARS_PER_TOKEN))
+
+
+_DIGITS = "0123456789"
+
+
+def text_units(s: str) -> int:
+    """Characters, with each digit and each non-ASCII character weighted ~4 (see the module doc)."""
+    n = len(s)
+    if any(d in s for d in _DIGITS):
+        n += 3 * sum(s.count(d) for d in _DIGITS)
+    if not s.isascii():
+        n += 3 * (len(s.encode("utf-8", "surrogatepass")) - len(s)) // 2
+    return n
 
 
 def _show(v: Any) -> str:
@@ -87,14 +103,14 @@ def _count_int(body: Mapping[str, Any], name: str, lo: int, hi: int) -> int | No
 def _prompt_chars(x: Any, name: str) -> tuple[int, int]:
     """(characters, number of prompts) of a prompt / input: str, [str], [int] or [[int]]."""
     if isinstance(x, str):
-        return len(x), 1
+        return text_units(x), 1
     if isinstance(x, list) and x:
         if all(type(t) is int for t in x):
             return len(x) * CHARS_PER_TOKEN, 1
         chars = 0
         for t in x:
             if isinstance(t, str):
-                chars += len(t)
+                chars += text_units(t)
             elif isinstance(t, list) and t and all(type(i) is int for i in t):
                 chars += len(t) * CHARS_PER_TOKEN
             else:
@@ -116,11 +132,11 @@ def _message_chars(msgs: Any) -> int:
             raise _bad(f"messages[{i}]", m, "must be an object with a string 'role'")
         c = m.get("content")
         if isinstance(c, str):
-            chars += len(c)
+            chars += text_units(c)
         elif isinstance(c, list):
             for part in c:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    chars += len(part["text"])
+                    chars += text_units(part["text"])
     return chars
 
 
@@ -213,9 +229,10 @@ def usage_prompt_tokens(data: bytes) -> int | None:
 
 
 class TokenCorrection:
-    """Per model, ``actual ~ a * estimate + b`` by exponentially weighted least squares (half-life of
-    ~70 observations); a plain ratio until the estimates vary enough to fit a slope. Invariant: the
-    prediction is >= 1 and the identity before any observation."""
+    """Per model, ``actual ~ a * estimate + b`` by least squares weighted by ``1 / actual**2`` (so it
+    minimises the relative error) and decayed exponentially (half-life ~70 observations); a plain
+    ratio until the estimates vary enough to fit a slope. Invariant: the prediction is >= 1 and the
+    identity before any observation."""
 
     DECAY = 0.99
 
@@ -225,19 +242,20 @@ class TokenCorrection:
     def observe(self, model: str, estimate: int, actual: int) -> None:
         if estimate < 1 or actual < 1:
             return
-        s = self._s.setdefault(model, [0.0] * 5)
+        s = self._s.setdefault(model, [0.0] * 6)
         d = self.DECAY
         x, y = float(estimate), float(actual)
-        for k, v in enumerate((1.0, x, y, x * x, x * y)):
+        w = 1.0 / (y * y)
+        for k, v in enumerate((w, w * x, w * y, w * x * x, w * x * y, 1.0)):
             s[k] = s[k] * d + v
 
     def coefficients(self, model: str) -> tuple[float, float]:
         s = self._s.get(model)
         if s is None:
             return 1.0, 0.0
-        w, sx, sy, sxx, sxy = s
+        w, sx, sy, sxx, sxy, count = s
         var = sxx * w - sx * sx
-        if w >= 8 and var > 1e-9 * max(1.0, sxx * w):
+        if count >= 8 and var > 1e-6 * sxx * w:
             a = (sxy * w - sx * sy) / var
             b = (sy - a * sx) / w
             if a > 0:
