@@ -21,6 +21,7 @@ objective in the gateway's table (InferenceObjective-like name -> priority); els
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,7 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Shape:
     prompt_chars: int
     """Text units the backend reads (`text_units`; token ids count CHARS_PER_TOKEN each)."""
@@ -64,13 +65,14 @@ class Shape:
 
 
 _DIGITS = "0123456789"
+_HAS_DIGIT = re.compile("[0-9]").search
 
 
 def text_units(s: str) -> int:
     """Characters, with each digit and each non-ASCII character weighted ~4 (see the module doc)."""
     n = len(s)
-    if any(d in s for d in _DIGITS):
-        n += 3 * sum(s.count(d) for d in _DIGITS)
+    if _HAS_DIGIT(s) is not None:
+        n += 3 * sum(map(s.count, _DIGITS))
     if not s.isascii():
         n += 3 * (len(s.encode("utf-8", "surrogatepass")) - len(s)) // 2
     return n
@@ -238,6 +240,7 @@ class TokenCorrection:
 
     def __init__(self) -> None:
         self._s: dict[str, list[float]] = {}
+        self._coef: dict[str, tuple[float, float]] = {}
 
     def observe(self, model: str, estimate: int, actual: int) -> None:
         if estimate < 1 or actual < 1:
@@ -248,11 +251,13 @@ class TokenCorrection:
         w = 1.0 / (y * y)
         for k, v in enumerate((w, w * x, w * y, w * x * x, w * x * y, 1.0)):
             s[k] = s[k] * d + v
+        self._coef[model] = self._fit(s)
 
     def coefficients(self, model: str) -> tuple[float, float]:
-        s = self._s.get(model)
-        if s is None:
-            return 1.0, 0.0
+        return self._coef.get(model, (1.0, 0.0))
+
+    @staticmethod
+    def _fit(s: list[float]) -> tuple[float, float]:
         w, sx, sy, sxx, sxy, count = s
         var = sxx * w - sx * sx
         if count >= 8 and var > 1e-6 * sxx * w:
