@@ -85,6 +85,7 @@ def stack() -> Iterator[Stack]:
         configure_backend(app, "chat", priority_scheduling=True)
         configure_backend(app, "echo-prio", priority_scheduling=True)
         configure_model(app, SMALL, max_model_len=SMALL_CTX)
+        configure_model(app, "echo-fcfs", task="generate", max_model_len=64)
         with running(app) as url:
             yield Stack(url, c, app.state.openai, seen)
             assert len(c.kv.leases) == 0
@@ -249,3 +250,10 @@ def test_tokenize_is_asked_near_the_context_and_the_correction_is_learned(stack:
     truth = exact(probe)
     assert raw - truth >= 5  # the raw estimate is off ...
     assert abs(surf.correction.predict(SMALL, raw) - truth) <= 1  # ... the corrected one is not
+
+
+def test_a_backend_without_tokenize_falls_back_to_the_estimate(stack: Stack) -> None:
+    before = stack.surface.tokenize_calls
+    stack.sdk().completions.create(model="echo-fcfs", prompt="a few words " * 12, max_tokens=20)
+    assert stack.surface.tokenize_calls == before + 1  # asked (near the 64-token context), got a 404
+    assert stack.seen[-1]["max_tokens"] == 20  # and forwarded anyway: the backend has the last word

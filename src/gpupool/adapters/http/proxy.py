@@ -24,6 +24,7 @@ backend can ever hold it, the backend's own status otherwise (502 if it cannot b
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
 
 NEAR_CONTEXT = 0.8
 """Ask ``/tokenize`` when the estimated prompt + max_tokens exceeds this share of the context."""
+TOKENIZE_TIMEOUT_S = 5.0
+"""A ``/tokenize`` that takes longer is abandoned and the estimate is used (the backend still checks)."""
 TASKS = ("generate", "embed")
 
 
@@ -216,7 +219,8 @@ def add_proxy_routes(
         if doc is None:
             return None
         surf.tokenize_calls += 1
-        try:
+
+        async def ask() -> Any:
             r = await pool.request(
                 "POST",
                 url.rstrip("/") + "/tokenize",
@@ -224,9 +228,10 @@ def add_proxy_routes(
                 headers={"content-type": "application/json"},
             )
             data = await r.read()
-            if r.status_code != 200:
-                return None
-            count = json.loads(data).get("count")
+            return json.loads(data).get("count") if r.status_code == 200 else None
+
+        try:
+            count = await asyncio.wait_for(ask(), TOKENIZE_TIMEOUT_S)
         except Exception:
             return None
         return count if type(count) is int and count >= 0 else None
