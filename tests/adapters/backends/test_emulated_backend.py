@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -119,11 +120,11 @@ def test_openai_routes_stream_metrics_and_sleep() -> None:
 
         t = threading.Thread(target=slow)
         t.start()
-        t.join(0.3)
-        assert (
-            "n" not in result
-            and 'vllm:num_requests_waiting{model_name="qwen2.5-0.5b"} 1' in cl.get("/metrics").text
-        )
+        waiting = 'vllm:num_requests_waiting{model_name="qwen2.5-0.5b"} 1'
+        deadline = time.monotonic() + 10  # wait for the request to arrive (not a timing assertion)
+        while waiting not in cl.get("/metrics").text and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "n" not in result and waiting in cl.get("/metrics").text  # asleep: it waits
         assert cl.post("/wake_up").status_code == 200
         t.join(10)
         assert result["n"] == 2

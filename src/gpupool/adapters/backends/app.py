@@ -220,12 +220,14 @@ def create_backend_app(
         created_at = int(time.time())
         texts = [""] * len(seqs)
         reasons: list[str | None] = [None] * len(seqs)
+        used = [0] * len(seqs)  # tokens taken into each choice (the engine may have run ahead)
 
         def step(i: int, tokn: int | None) -> str | None:
             """Append token ``tokn`` (None = sequence done) to choice i; return the new text piece."""
             if tokn is None:
                 reasons[i] = "length"
                 return None
+            used[i] = tokn
             piece = f" tok{tokn}"
             new = texts[i] + piece
             for s in stops:
@@ -242,7 +244,7 @@ def create_backend_app(
             return piece
 
         def usage() -> dict[str, int]:
-            done = sum(s.generated for s in seqs)
+            done = sum(used)
             return {
                 "prompt_tokens": prompt_total,
                 "completion_tokens": done,
