@@ -32,7 +32,7 @@ scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(-(2**40), 2**40),
-    st.floats(allow_nan=False),
+    st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=12),
 )
 values = st.recursive(

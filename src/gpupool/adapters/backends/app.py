@@ -233,8 +233,10 @@ def create_backend_app(
             for s in stops:
                 cut = new.find(s)
                 if cut >= 0:
+                    # a stop that began in text already streamed ends the choice there (no retraction)
+                    cut = max(cut, len(texts[i]))
                     reasons[i] = "stop"
-                    piece = new[len(texts[i]) : cut] if cut >= len(texts[i]) else ""
+                    piece = new[len(texts[i]) : cut]
                     texts[i] = new[:cut]
                     engine.abort(seqs[i])
                     return piece
