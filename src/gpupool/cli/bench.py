@@ -60,6 +60,27 @@ app.command("extender", help="Kubernetes extender: filter+prioritize latency ove
 )
 
 
+@app.command("tokens")
+@user_errors
+def tokens(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    prompts: int = typer.Option(400, "--prompts", help="Varied prompts (half train the correction)."),
+    seed: int = typer.Option(1, "--seed", help="Random seed of the prompt set."),
+) -> None:
+    """The proxy's prompt-token estimate against the backend's /tokenize, before and after correction."""
+    from gpupool.core.errors import InvalidInput
+    from gpupool_benchmarks import tokens_bench
+
+    if prompts < 10:
+        raise InvalidInput("--prompts", prompts, "must be >= 10")
+    result = tokens_bench.run(n=prompts, seed=seed)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        for k, v in result.items():
+            typer.echo(f"{k}: {v}")
+
+
 @app.command("gateway")
 @user_errors
 def gateway(

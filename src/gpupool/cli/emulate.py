@@ -45,13 +45,29 @@ def build_engine(
     return EmulatedEngine(roof, kv_budget_mib=kv_budget_mib, speed=speed, max_num_seqs=max_num_seqs)
 
 
-def build_backend_app(model: str, **kw: object) -> object:
-    from gpupool.adapters.backends.app import create_backend_app
+def build_backend_app(
+    model: str, *, scheduling_policy: str = "fcfs", max_model_len: int | None = None, **kw: object
+) -> object:
+    """The emulated server for a catalogue model: task (generate / embed) and default ``max_model_len``
+    from the catalogue; ``scheduling_policy`` as vLLM's ``--scheduling-policy`` (fcfs rejects priorities)."""
+    from gpupool.adapters.backends.app import SCHEDULING_POLICIES, create_backend_app
     from gpupool.adapters.backends.engine import EmulatedEngine
+    from gpupool.hardware.memory import resolve_model
 
+    if scheduling_policy not in SCHEDULING_POLICIES:
+        raise UserError(f"--scheduling-policy {scheduling_policy!r}: expected fcfs or priority")
+    if max_model_len is not None and max_model_len < 1:
+        raise UserError(f"--max-model-len {max_model_len}: must be >= 1")
     engine = build_engine(model, **kw)  # type: ignore[arg-type]
     assert isinstance(engine, EmulatedEngine)
-    return create_backend_app(engine, model=model)
+    arch = resolve_model(model)
+    return create_backend_app(
+        engine,
+        model=model,
+        task="generate" if arch.is_decoder else "embed",
+        max_model_len=max_model_len or arch.max_positions,
+        scheduling_policy=scheduling_policy,
+    )
 
 
 @user_errors
@@ -64,6 +80,10 @@ def emulate_backend(  # noqa: PLR0917 (typer options)
     kv_budget_mib: int = typer.Option(8192, "--kv-budget-mib", help="KV-cache budget of the instance (MiB)."),
     quant: str = typer.Option("bf16", "--quant", help="Weight format (bf16, fp8, int4, awq, ...)."),
     speed: float = typer.Option(1.0, "--speed", help="Time scale: 10 = ten times faster than the model."),
+    scheduling_policy: str = typer.Option(
+        "fcfs", "--scheduling-policy", help="fcfs (non-zero priorities are rejected, as vLLM) or priority."
+    ),
+    max_model_len: int | None = typer.Option(None, "--max-model-len", help="Context (default: the model's)."),
 ) -> None:
     """Serve an emulated OpenAI-compatible model (vLLM metric names, sleep/pause endpoints)."""
     import uvicorn
@@ -76,6 +96,8 @@ def emulate_backend(  # noqa: PLR0917 (typer options)
         kv_budget_mib=kv_budget_mib,
         quant=quant,
         speed=speed,
+        scheduling_policy=scheduling_policy,
+        max_model_len=max_model_len,
     )
     typer.echo(f"emulated backend {model} on http://{host}:{port} (gpu {gpu}, fraction {compute_fraction})")
     uvicorn.run(app, host=host, port=port, log_level="warning")  # type: ignore[arg-type]

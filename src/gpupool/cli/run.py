@@ -67,10 +67,16 @@ def start_emulated_backends(bundle: Bundle, *, host: str = "127.0.0.1", speed: f
             speed=speed,
         )
         port = free_port(host)
-        app = create_backend_app(engine, model=w.model)  # type: ignore[arg-type]
+        app = create_backend_app(
+            engine,  # type: ignore[arg-type]
+            model=w.model,
+            task="embed" if w.arch is not None and not w.arch.is_decoder else "generate",
+            max_model_len=w.max_context,
+            scheduling_policy="priority",  # and the gateway is told so below: it sends `priority`
+        )
         servers.append(uvicorn_server(app, host=host, port=port))
         specs.append((f"{w.name}-{pl.replica}", w.model, f"http://{host}:{port}", pl.slice))
-    register_backends(bundle, specs)
+    register_backends(bundle, specs, {spec[0]: {"priority_scheduling": True} for spec in specs})
     return servers
 
 

@@ -22,7 +22,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,9 +209,21 @@ def _mirror_into(sim: Any) -> Any:
     return on_event
 
 
-def register_backends(bundle: Bundle, backends: Iterable[tuple[str, str, str, str]]) -> list[Backend]:
-    """(id, model, url, slice_id) -> registered backends, each holding a placement lease on its slice."""
+def register_backends(
+    bundle: Bundle,
+    backends: Iterable[tuple[str, str, str, str]],
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Backend]:
+    """(id, model, url, slice_id) -> registered backends, each holding a placement lease on its slice.
+
+    ``options[id]`` (the OpenAI proxy's view of a backend): ``priority_scheduling`` (bool, vLLM
+    ``--scheduling-policy priority``: send it ``priority``), ``max_model_len`` (default: the workload's
+    ``max_context``, else the catalogue's), ``task`` (generate | embed, default from the catalogue)."""
+    from gpupool.adapters.http.proxy import configure_backend, configure_model
+
     c = bundle.controller
+    options = options or {}
+    ctx = {w.model: w.max_context for w in bundle.workloads or () if w.model}
     sizer = KvSizer()
     by_id = {st.slice.id: st.slice for st in c.allocator.states()}
     held = {dict(x.request.labels).get("instance"): x for x in c.leases(tenant=SYSTEM_TENANT)}
@@ -231,7 +243,21 @@ def register_backends(bundle: Bundle, backends: Iterable[tuple[str, str, str, st
             kv_budget_mib=sizer.kv_budget_mib(model, s.capacity.vram_mib, quant.get(model, "bf16")),
             slice_id=slice_id,
         )
+        opt = options.get(bid, {})
+        try:
+            configure_model(
+                bundle.app,
+                model,
+                task=opt.get("task"),
+                max_model_len=opt.get("max_model_len", ctx.get(model)),
+            )
+        except InvalidInput as exc:
+            raise UserError(f"backend {bid}: {exc}") from None
+        ps = opt.get("priority_scheduling", False)
+        if not isinstance(ps, bool):
+            raise UserError(f"backend {bid}: priority_scheduling {ps!r}: expected true or false")
         c.register_backend(b)
+        configure_backend(bundle.app, bid, priority_scheduling=ps)
         lease = held.get(bid)
         if lease is not None and lease.slice_ids == (slice_id,):
             c.renew(lease.id, ttl_s=INSTANCE_TTL_S)
@@ -365,20 +391,42 @@ async def serve_forever(
             loop.remove_signal_handler(sig)
 
 
-def _load_backends_file(path: Path) -> list[tuple[str, str, str, str]]:
+BACKEND_OPTIONS = ("priority_scheduling", "max_model_len", "task")
+
+
+def _load_backends_file(path: Path) -> tuple[list[tuple[str, str, str, str]], dict[str, dict[str, Any]]]:
+    """(specs, options by backend id); options are `register_backends`' optional keys."""
     from gpupool.cli.specfiles import load_yaml
 
     doc = load_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("backends"), list):
         raise UserError(f"{path}: expected 'backends: [{{id, model, url, slice_id}}]'")
     out = []
+    opts: dict[str, dict[str, Any]] = {}
     for i, b in enumerate(doc["backends"]):
         if not isinstance(b, dict) or not all(
             isinstance(b.get(k), str) for k in ("id", "model", "url", "slice_id")
         ):
             raise UserError(f"{path}: backends[{i}] needs string id, model, url and slice_id")
+        extra = set(b) - {"id", "model", "url", "slice_id", *BACKEND_OPTIONS}
+        if extra:
+            raise UserError(f"{path}: backends[{i}]: unknown key {sorted(extra)[0]!r}")
         out.append((b["id"], b["model"], b["url"], b["slice_id"]))
-    return out
+        opts[b["id"]] = {k: b[k] for k in BACKEND_OPTIONS if k in b}
+    return out, opts
+
+
+def _load_objectives_file(path: Path) -> dict[str, int]:
+    from gpupool.adapters.http.openai_request import objective_table
+    from gpupool.cli.specfiles import load_yaml
+
+    doc = load_yaml(path)
+    if not isinstance(doc, dict) or "objectives" not in doc:
+        raise UserError(f"{path}: expected 'objectives: [{{name, priority}}]'")
+    try:
+        return objective_table(doc["objectives"])
+    except InvalidInput as exc:
+        raise UserError(f"{path}: {exc}") from None
 
 
 @user_errors
@@ -393,9 +441,17 @@ def serve(  # noqa: PLR0917 (typer options)
         None, "--backends", help="backends: [{id, model, url, slice_id}] YAML."
     ),
     simulate_readings: bool = typer.Option(True, help="Feed simulated GPU readings to the watermarks."),
+    objectives: Path | None = typer.Option(
+        None,
+        "--objectives",
+        help="objectives: [{name, priority}] YAML for x-gateway-inference-objective "
+        "(default interactive=P0, retrieval=P1, batch=P2).",
+    ),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
     check_port("--port", port)
+    table = _load_objectives_file(objectives) if objectives is not None else None
+    backend_specs = _load_backends_file(backends) if backends is not None else None
     bundle = build(
         data_dir=data_dir,
         cluster=cluster,
@@ -403,8 +459,12 @@ def serve(  # noqa: PLR0917 (typer options)
         auth_file=auth_file,
         simulate=simulate_readings,
     )
-    if backends is not None:
-        register_backends(bundle, _load_backends_file(backends))
+    if table is not None:
+        from gpupool.adapters.http.proxy import set_objectives
+
+        set_objectives(bundle.app, table)
+    if backend_specs is not None:
+        register_backends(bundle, *backend_specs)
     say(f"gpupool gateway on http://{host}:{port}  (store {data_dir / 'leases.db'})")
     if bundle.new_admin_token:
         say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")

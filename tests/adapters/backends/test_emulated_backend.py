@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -89,10 +90,11 @@ def test_openai_routes_stream_metrics_and_sleep() -> None:
             for line in s.iter_lines():
                 if line.startswith("data: "):
                     chunks.append(line[6:])
-        assert chunks[-1] == "[DONE]" and len(chunks) == 5
-        assert json.loads(chunks[0])["choices"][0]["delta"]["content"] == " tok1"
-        emb = cl.post("/v1/embeddings", json={"model": "qwen2.5-0.5b", "input": ["a", "b"]}).json()
-        assert len(emb["data"]) == 2 and len(emb["data"][0]["embedding"]) == 64
+        assert chunks[-1] == "[DONE]" and len(chunks) == 6
+        assert json.loads(chunks[0])["choices"][0]["delta"]["role"] == "assistant"
+        assert json.loads(chunks[1])["choices"][0]["delta"]["content"] == " tok1"
+        emb = cl.post("/v1/embeddings", json={"model": "qwen2.5-0.5b", "input": ["a", "b"]})
+        assert emb.status_code == 400 and emb.json()["error"]["param"] == "model"  # a generate model
         assert cl.post("/v1/completions", json={"model": "other", "prompt": "x"}).status_code == 404
         text = cl.get("/metrics").text
         for name in (
@@ -118,11 +120,11 @@ def test_openai_routes_stream_metrics_and_sleep() -> None:
 
         t = threading.Thread(target=slow)
         t.start()
-        t.join(0.3)
-        assert (
-            "n" not in result
-            and 'vllm:num_requests_waiting{model_name="qwen2.5-0.5b"} 1' in cl.get("/metrics").text
-        )
+        waiting = 'vllm:num_requests_waiting{model_name="qwen2.5-0.5b"} 1'
+        deadline = time.monotonic() + 10  # wait for the request to arrive (not a timing assertion)
+        while waiting not in cl.get("/metrics").text and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "n" not in result and waiting in cl.get("/metrics").text  # asleep: it waits
         assert cl.post("/wake_up").status_code == 200
         t.join(10)
         assert result["n"] == 2

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 
 from gpupool.adapters.http.app import create_app
 from gpupool.adapters.http.auth import TokenTable
+from gpupool.adapters.http.proxy import configure_backend
 from gpupool.adapters.store import MemoryLeaseStore
 from gpupool.cli.demo import seed_example_pool
 from gpupool.cli.emulate import build_backend_app
@@ -43,6 +44,7 @@ def stack() -> Iterator[tuple[str, LeaseController, list[dict[str, Any]]]]:
             Backend("echo", "echo-model", echo_url, node="gpu-b", gpu_id="gpu-b/0", kv_budget_mib=1024)
         )
         app = create_app(c, tokens=TokenTable([(TOK, "t", "tenant")]), sizer=KvSizer())
+        configure_backend(app, "echo", priority_scheduling=True)
         with running(app) as url:
             yield url, c, seen
 
@@ -66,9 +68,9 @@ def test_completion_stream_and_release(stack: tuple[str, LeaseController, list[d
         }
         with cl.stream("POST", "/v1/chat/completions", headers=h(), json=chat) as s:
             lines = [x for x in s.iter_lines() if x.startswith("data: ")]
-        assert lines[-1] == "data: [DONE]" and len(lines) == 5
+        assert lines[-1] == "data: [DONE]" and len(lines) == 6  # role chunk + 4 tokens + [DONE]
         emb = cl.post("/v1/embeddings", headers=h("P1"), json={"model": MODEL, "input": "abc"})
-        assert emb.status_code == 200 and len(emb.json()["data"]) == 1
+        assert emb.status_code == 400 and emb.json()["error"]["param"] == "model"  # a chat model
     assert c.kv.leases.__len__() == 0
     c.check_invariants()
 
@@ -104,16 +106,16 @@ def test_priority_is_forwarded_inverted_and_errors(
         assert r.status_code == 200 and seen[-1]["body"]["priority"] == -100 and seen[-1]["lease"]
         cl.post(
             "/v1/completions",
-            headers={"Authorization": f"Bearer {TOK}", "x-gateway-inference-objective": "P2"},
+            headers={"Authorization": f"Bearer {TOK}", "x-gateway-inference-objective": "batch"},
             json={"model": "echo-model", "prompt": "x"},
         )
         assert seen[-1]["body"]["priority"] == 1
         assert cl.post("/v1/completions", json={"model": MODEL}).status_code == 401
-        assert cl.post("/v1/completions", headers=h(), json={"model": "nope"}).status_code == 503
+        assert cl.post("/v1/completions", headers=h(), json={"model": "nope"}).status_code == 404
         assert cl.post("/v1/completions", headers=h(), content=b"[1,2]").status_code == 400
         assert cl.post("/v1/completions", headers=h("urgent!"), json={"model": MODEL}).status_code == 400
         # a context far larger than the KV budget (64 MiB ~ 5k tokens of 12 KiB) can never be served
         big = cl.post(
-            "/v1/completions", headers=h(), json={"model": MODEL, "prompt": "x", "max_tokens": 100_000}
+            "/v1/completions", headers=h(), json={"model": MODEL, "prompt": "x", "max_tokens": 20_000}
         )
         assert big.status_code == 503

@@ -1,17 +1,28 @@
 """`create_backend_app`: an OpenAI-compatible emulated inference server over one `EmulatedEngine`.
 
-Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (``stream: true`` -> SSE chunks
-then ``data: [DONE]``), ``/v1/embeddings`` (deterministic vectors from a hash of the input), ``/health``,
-``/metrics`` (vLLM names: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
-``vllm:kv_cache_usage_perc``, ``vllm:time_to_first_token_seconds``, ``vllm:num_preemptions_total``,
-``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:cache_config_info``) and vLLM's
-sleep/pause endpoints: ``POST /sleep?level=1|2``, ``POST /wake_up``, ``GET /is_sleeping``,
-``POST /pause``, ``POST /resume``, ``GET /is_paused``. The body's ``priority`` is vLLM's (lower = more
-urgent). Prompt tokens are estimated as characters / 4, as the gateway does. No module-level state.
+Routes: ``/v1/models`` (``created``, ``max_model_len``), ``/v1/completions``, ``/v1/chat/completions``,
+``/v1/embeddings``, ``/tokenize`` (vLLM's shape: ``{model, prompt}`` or ``{model, messages,
+add_generation_prompt}`` -> ``{count, max_model_len, tokens, token_strs}``), ``/health``, ``/metrics``
+(vLLM names: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``,
+``vllm:time_to_first_token_seconds``, ``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total``,
+``vllm:generation_tokens_total``, ``vllm:cache_config_info``) and vLLM's sleep/pause endpoints:
+``POST /sleep?level=1|2``, ``POST /wake_up``, ``GET /is_sleeping``, ``POST /pause``, ``POST /resume``,
+``GET /is_paused``. No module-level state.
+
+OpenAI semantics honoured: ``n`` choices (index = prompt * n + sample), list prompts, ``stop`` (text cut
+before the stop string, ``finish_reason: stop``), ``finish_reason: length`` at ``max_tokens`` (default
+16), streaming with ``delta.role`` on the first chunk, ``finish_reason`` on each choice's last content
+chunk and, with ``stream_options.include_usage``, a final ``choices: []`` usage chunk; embeddings as
+floats or ``encoding_format: base64`` (little-endian float32), ``dimensions`` <= the model's width.
+Rejected with 400 in OpenAI's error shape: a prompt + ``max_tokens`` over ``max_model_len``, a chat or
+completion call to an embedding model (``task="embed"``) and the reverse, a non-zero ``priority`` unless
+``scheduling_policy="priority"`` (vLLM's ``--scheduling-policy``; lower = more urgent), missing
+``messages``/``prompt``/``input``. Token counts come from `EmulatedTokenizer` (not characters / 4).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -25,30 +36,82 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from gpupool.adapters.backends.engine import TTFT_BUCKETS, EmulatedEngine, Sequence
+from gpupool.adapters.backends.engine import TTFT_BUCKETS, EmulatedEngine
+from gpupool.adapters.backends.tokenizer import EmulatedTokenizer
+
+TASKS = ("generate", "embed")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+DEFAULT_MAX_TOKENS = 16
 
 
-def _tokens(x: Any) -> int:
-    if isinstance(x, str):
-        return math.ceil(len(x) / 4)
-    if isinstance(x, list):
-        return sum(_tokens(y) for y in x)
-    if isinstance(x, dict):
-        return _tokens(x.get("content", x.get("text", "")))
-    return 1 if isinstance(x, int) else 0
+class BadRequest(Exception):
+    def __init__(
+        self, msg: str, param: str | None = None, code: str | None = None, status: int = 400
+    ) -> None:
+        super().__init__(msg)
+        self.msg, self.param, self.code, self.status = msg, param, code, status
 
 
 def _embedding(text: str, dim: int) -> list[float]:
     out: list[float] = []
     i = 0
     while len(out) < dim:
-        h = hashlib.sha256(f"{i}:{text}".encode()).digest()
+        h = hashlib.sha256(f"{i}:{text}".encode("utf-8", "surrogatepass")).digest()
         out.extend((v / 2**31) - 1.0 for v in struct.unpack("<8I", h))
         i += 1
     return out[:dim]
 
 
-def create_backend_app(engine: EmulatedEngine, *, model: str, embedding_dim: int = 64) -> FastAPI:
+def _int(body: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
+    v = body.get(name)
+    if v is None:
+        return default
+    if type(v) is not int or not lo <= v <= hi:
+        raise BadRequest(f"{name} must be an integer in [{lo}, {hi}], got {json.dumps(v)[:40]}", name)
+    return v
+
+
+def _prompts(x: Any, name: str) -> list[Any]:
+    """A prompt/input field as a list of items (str or list of token ids); raises on a bad shape."""
+    if isinstance(x, str):
+        return [x]
+    if isinstance(x, list) and x:
+        if all(type(t) is int for t in x):
+            return [x]
+        if all(isinstance(t, str) or (isinstance(t, list) and all(type(i) is int for i in t)) for t in x):
+            return list(x)
+    if x is None:
+        raise BadRequest(f"Missing required parameter: '{name}'.", name, "missing_required_parameter")
+    raise BadRequest(f"{name} must be a string, a list of strings or of token ids", name)
+
+
+def _stops(body: dict[str, Any]) -> list[str]:
+    s = body.get("stop")
+    if s is None:
+        return []
+    if isinstance(s, str):
+        return [s] if s else []
+    if isinstance(s, list) and all(isinstance(x, str) for x in s):
+        return [x for x in s if x]
+    raise BadRequest("stop must be a string or a list of strings", "stop")
+
+
+def create_backend_app(
+    engine: EmulatedEngine,
+    *,
+    model: str,
+    embedding_dim: int = 64,
+    task: str = "generate",
+    max_model_len: int = 32768,
+    scheduling_policy: str = "fcfs",
+) -> FastAPI:
+    if task not in TASKS:
+        raise ValueError(f"task {task!r}: expected one of {', '.join(TASKS)}")
+    if scheduling_policy not in SCHEDULING_POLICIES:
+        raise ValueError(f"scheduling_policy {scheduling_policy!r}: expected fcfs or priority")
+    tok = EmulatedTokenizer()
+    created = int(time.time())
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
@@ -59,83 +122,190 @@ def create_backend_app(engine: EmulatedEngine, *, model: str, embedding_dim: int
 
     app = FastAPI(title=f"gpupool emulated backend ({model})", lifespan=lifespan)
 
-    def bad(msg: str, status: int = 400) -> JSONResponse:
-        return JSONResponse({"error": {"message": msg, "type": "invalid_request_error"}}, status_code=status)
+    @app.exception_handler(BadRequest)
+    async def bad_request(_: Request, exc: BadRequest) -> JSONResponse:
+        return bad(exc.msg, exc.status, param=exc.param, code=exc.code)
 
-    async def parse(request: Request) -> dict[str, Any] | JSONResponse:
+    def bad(
+        msg: str, status: int = 400, *, param: str | None = None, code: str | None = None
+    ) -> JSONResponse:
+        typ = "invalid_request_error" if status < 500 else "server_error"
+        return JSONResponse(
+            {"error": {"message": msg, "type": typ, "param": param, "code": code}}, status_code=status
+        )
+
+    async def parse(request: Request, want: str) -> dict[str, Any]:
         try:
             body = json.loads(await request.body())
-        except ValueError:
-            return bad("body must be JSON")
+        except (ValueError, RecursionError):
+            raise BadRequest("body must be JSON") from None
         if not isinstance(body, dict):
-            return bad("body must be a JSON object")
+            raise BadRequest("body must be a JSON object")
         if body.get("model", model) != model:
-            return bad(f"model {body.get('model')!r} is not served here (serving {model!r})", 404)
+            raise BadRequest(
+                f"The model `{body.get('model')}` does not exist.", "model", "model_not_found", 404
+            )
+        if want != task:
+            api = "Embeddings" if want == "embed" else "Completions / Chat Completions"
+            raise BadRequest(f"The model `{model}` does not support the {api} API (task {task}).", "model")
         return body
 
     def prio(body: dict[str, Any]) -> int:
         p = body.get("priority", 0)
-        return p if isinstance(p, int) and not isinstance(p, bool) else 0
+        if type(p) is not int:
+            raise BadRequest("priority must be an integer", "priority")
+        if p != 0 and scheduling_policy != "priority":
+            raise BadRequest(
+                f"Got priority {p} but Priority scheduling is not enabled.",
+                "priority",
+                "priority_not_enabled",
+            )
+        return p
 
-    def max_tokens(body: dict[str, Any]) -> int:
-        m = body.get("max_tokens", body.get("max_completion_tokens", 16))
-        return m if isinstance(m, int) and not isinstance(m, bool) and 0 <= m <= 1_000_000 else 16
+    def check_context(prompt: int, out: int, what: str) -> None:
+        if prompt + out > max_model_len:
+            raise BadRequest(
+                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                f"{prompt + out} tokens ({prompt} in the {what}, {out} in the completion). Please reduce "
+                f"the length of the {what} or completion.",
+                what,
+                "context_length_exceeded",
+            )
 
-    async def generate(request: Request, body: dict[str, Any], *, chat: bool) -> Response:
-        prompt = _tokens(body.get("messages" if chat else "prompt", ""))
-        seq = engine.submit(prompt, max_tokens(body), prio(body))
+    def count_prompt(item: Any) -> int:
+        return len(item) if isinstance(item, list) else tok.count(item)
+
+    async def generate(body: dict[str, Any], *, chat: bool) -> Response:
+        if chat:
+            msgs = body.get("messages")
+            if msgs is None:
+                raise BadRequest(
+                    "Missing required parameter: 'messages'.", "messages", "missing_required_parameter"
+                )
+            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+                raise BadRequest("messages must be a non-empty list of objects", "messages")
+            counts = [len(tok.encode_chat(msgs))]
+        else:
+            counts = [count_prompt(p) for p in _prompts(body.get("prompt"), "prompt")]
+        n = _int(body, "n", 1, 1, 128)
+        mt = _int(body, "max_tokens", -1, 1, 1 << 24)
+        if mt < 0:
+            mt = _int(body, "max_completion_tokens", DEFAULT_MAX_TOKENS, 1, 1 << 24)
+        stops = _stops(body)
+        p = prio(body)
+        stream = body.get("stream") is True
+        so = body.get("stream_options")
+        if so is not None and (not stream or not isinstance(so, dict)):
+            raise BadRequest("stream_options is only allowed when stream is true", "stream_options")
+        include_usage = bool(so and so.get("include_usage"))
+        for c in counts:
+            check_context(c, mt, "messages" if chat else "prompt")
+        seqs = [engine.submit(c, mt, p) for c in counts for _ in range(n)]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
+        prompt_total = sum(counts)
 
-        def piece(n: int) -> str:
-            return f" tok{n}"
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+            d: dict[str, Any] = {
+                "id": rid,
+                "object": obj + ".chunk" if chat else obj,
+                "created": created_at,
+                "model": model,
+                "choices": choices,
+            }
+            if include_usage:
+                d["usage"] = usage
+            return f"data: {json.dumps(d)}\n\n".encode()
 
-        if body.get("stream"):
+        created_at = int(time.time())
+        texts = [""] * len(seqs)
+        reasons: list[str | None] = [None] * len(seqs)
+        used = [0] * len(seqs)  # tokens taken into each choice (the engine may have run ahead)
 
-            async def stream() -> AsyncIterator[bytes]:
+        def step(i: int, tokn: int | None) -> str | None:
+            """Append token ``tokn`` (None = sequence done) to choice i; return the new text piece."""
+            if tokn is None:
+                reasons[i] = "length"
+                return None
+            used[i] = tokn
+            piece = f" tok{tokn}"
+            new = texts[i] + piece
+            for s in stops:
+                cut = new.find(s)
+                if cut >= 0:
+                    # a stop that began in text already streamed ends the choice there (no retraction)
+                    cut = max(cut, len(texts[i]))
+                    reasons[i] = "stop"
+                    piece = new[len(texts[i]) : cut]
+                    texts[i] = new[:cut]
+                    engine.abort(seqs[i])
+                    return piece
+            texts[i] = new
+            if tokn >= seqs[i].max_tokens:
+                reasons[i] = "length"
+            return piece
+
+        def usage() -> dict[str, int]:
+            done = sum(used)
+            return {
+                "prompt_tokens": prompt_total,
+                "completion_tokens": done,
+                "total_tokens": prompt_total + done,
+            }
+
+        if stream:
+
+            async def events() -> AsyncIterator[bytes]:
                 try:
-                    while (n := await seq.out.get()) is not None:
-                        delta: dict[str, Any] = (
-                            {"index": 0, "delta": {"content": piece(n)}, "finish_reason": None}
-                            if chat
-                            else {"index": 0, "text": piece(n), "finish_reason": None}
+                    if chat:
+                        yield chunk(
+                            [
+                                {
+                                    "index": i,
+                                    "delta": {"role": "assistant", "content": ""},
+                                    "finish_reason": None,
+                                }
+                                for i in range(len(seqs))
+                            ]
                         )
-                        chunk = {
-                            "id": rid,
-                            "object": obj + ".chunk" if chat else obj,
-                            "created": created,
-                            "model": model,
-                            "choices": [delta],
-                        }
-                        yield f"data: {json.dumps(chunk)}\n\n".encode()
+                    live = set(range(len(seqs)))
+                    while live:
+                        for i in sorted(live):
+                            piece = step(i, await seqs[i].out.get())
+                            if reasons[i] is not None:
+                                live.discard(i)
+                            yield chunk([_choice(chat, i, piece or "", reasons[i])])
+                    if include_usage:
+                        yield chunk([], usage())
                     yield b"data: [DONE]\n\n"
                 finally:
-                    engine.abort(seq)
+                    for s in seqs:
+                        engine.abort(s)
 
-            return StreamingResponse(stream(), media_type="text/event-stream")
+            return StreamingResponse(events(), media_type="text/event-stream")
         try:
-            text = await _collect(seq, piece)
+            for i, s in enumerate(seqs):
+                while reasons[i] is None:
+                    step(i, await s.out.get())
         finally:
-            engine.abort(seq)
-        choice: dict[str, Any] = (
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-            if chat
-            else {"index": 0, "text": text, "finish_reason": "length"}
-        )
-        usage = {
-            "prompt_tokens": prompt,
-            "completion_tokens": seq.generated,
-            "total_tokens": prompt + seq.generated,
-        }
+            for s in seqs:
+                engine.abort(s)
+        choices = [
+            (
+                {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": reasons[i]}
+                if chat
+                else {"index": i, "text": t, "finish_reason": reasons[i], "logprobs": None}
+            )
+            for i, t in enumerate(texts)
+        ]
         return JSONResponse(
             {
                 "id": rid,
                 "object": obj,
-                "created": created,
+                "created": created_at,
                 "model": model,
-                "choices": [choice],
-                "usage": usage,
+                "choices": choices,
+                "usage": usage(),
             }
         )
 
@@ -143,45 +313,86 @@ def create_backend_app(engine: EmulatedEngine, *, model: str, embedding_dim: int
     async def health() -> Response:
         return Response(status_code=200)
 
+    def card() -> dict[str, Any]:
+        return {
+            "id": model,
+            "object": "model",
+            "created": created,
+            "owned_by": "gpupool-emulator",
+            "root": model,
+            "max_model_len": max_model_len,
+        }
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse(
-            {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "gpupool-emulator"}]}
-        )
+        return JSONResponse({"object": "list", "data": [card()]})
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await parse(request)
-        return body if isinstance(body, JSONResponse) else await generate(request, body, chat=False)
+        return await generate(await parse(request, "generate"), chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        body = await parse(request)
-        return body if isinstance(body, JSONResponse) else await generate(request, body, chat=True)
+        return await generate(await parse(request, "generate"), chat=True)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, RecursionError):
+            raise BadRequest("body must be JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest("body must be a JSON object")
+        if "messages" in body:
+            msgs = body["messages"]
+            if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+                raise BadRequest("messages must be a list of objects", "messages")
+            ids = tok.encode_chat(
+                msgs, add_generation_prompt=body.get("add_generation_prompt", True) is not False
+            )
+        elif isinstance(body.get("prompt"), str):
+            ids = tok.encode(
+                body["prompt"], add_special_tokens=body.get("add_special_tokens", True) is not False
+            )
+        else:
+            raise BadRequest("prompt must be a string (or give messages)", "prompt")
+        return JSONResponse(
+            {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": None}
+        )
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
-        body = await parse(request)
-        if isinstance(body, JSONResponse):
-            return body
-        inputs = body.get("input", "")
-        items = inputs if isinstance(inputs, list) else [inputs]
-        seq = engine.submit(_tokens(items), 0, prio(body))
+        body = await parse(request, "embed")
+        items = _prompts(body.get("input"), "input")
+        fmt = body.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise BadRequest(
+                f"encoding_format must be float or base64, got {json.dumps(fmt)[:40]}", "encoding_format"
+            )
+        dim = _int(body, "dimensions", embedding_dim, 1, embedding_dim)
+        counts = [count_prompt(x) for x in items]
+        for c in counts:
+            check_context(c, 0, "input")
+        seq = engine.submit(sum(counts), 0, prio(body))
         try:
             while await seq.out.get() is not None:
                 pass
         finally:
             engine.abort(seq)
-        data = [
-            {"object": "embedding", "index": i, "embedding": _embedding(str(x), embedding_dim)}
-            for i, x in enumerate(items)
-        ]
+        data = []
+        for i, x in enumerate(items):
+            vec = _embedding(json.dumps(x) if isinstance(x, list) else x, embedding_dim)[:dim]
+            emb: list[float] | str = (
+                base64.b64encode(struct.pack(f"<{dim}f", *vec)).decode() if fmt == "base64" else vec
+            )
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        total = sum(counts)
         return JSONResponse(
             {
                 "object": "list",
                 "data": data,
                 "model": model,
-                "usage": {"prompt_tokens": seq.prompt_tokens, "total_tokens": seq.prompt_tokens},
+                "usage": {"prompt_tokens": total, "total_tokens": total},
             }
         )
 
@@ -228,11 +439,10 @@ def create_backend_app(engine: EmulatedEngine, *, model: str, embedding_dim: int
     return app
 
 
-async def _collect(seq: Sequence, piece: Any) -> str:
-    parts = []
-    while (n := await seq.out.get()) is not None:
-        parts.append(piece(n))
-    return "".join(parts)
+def _choice(chat: bool, i: int, piece: str, reason: str | None) -> dict[str, Any]:
+    if chat:
+        return {"index": i, "delta": {"content": piece} if piece else {}, "finish_reason": reason}
+    return {"index": i, "text": piece, "finish_reason": reason, "logprobs": None}
 
 
 def render_metrics(engine: EmulatedEngine, model: str) -> str:

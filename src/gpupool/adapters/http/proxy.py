@@ -1,78 +1,158 @@
 """OpenAI-compatible proxy: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
-``/v1/models``; streaming (SSE) passed through chunk by chunk.
+``/v1/models``, ``/v1/models/{id}``; streaming (SSE) passed through chunk by chunk, unchanged.
 
 Each request takes a short *request lease* on one backend's KV-cache budget, sized by the KV estimator
-from the prompt's token estimate (characters / 4) + ``max_tokens`` (default 256; 0 for embeddings),
-and releases it when the response completes or the client disconnects (the stream's ``finally``).
-Priority comes from ``x-gpupool-priority`` or ``x-gateway-inference-objective`` (P0|P1|P2|int; default
-P1), the tenant from the bearer token. The gateway's priority (higher = more urgent) is forwarded in
-the body as vLLM's ``priority`` (lower = more urgent) via `to_vllm_priority`.
+from the prompt's token count + ``n`` x ``max_tokens`` per prompt (default 256, capped by the context;
+0 for embeddings), and releases it when the response completes or the client disconnects (the
+stream's ``finally``). The prompt count is the corrected estimate of `openai_request` (characters / 4,
+fitted per model to earlier responses' ``usage.prompt_tokens``); when it comes within
+``NEAR_CONTEXT`` of the model's context the backend's ``/tokenize`` (vLLM's) gives the exact count, and
+only an exact count over the context is rejected here. Bodies are decoded depth-bounded (`jsonbody`).
 
-Statuses: 401 without a token, 400 for a body that is not a JSON object with a ``model``, 503 when no
-backend serves the model, 429 + Retry-After when admission holds the request back (queue deadline,
-band full, watermark backpressure), the backend's own status otherwise (502 if it cannot be reached).
+Priority: ``x-gpupool-priority`` (P0|P1|P2|int), else the ``x-gateway-inference-objective`` name
+looked up in the objective table (`set_objectives`; defaults interactive/retrieval/batch = P0/P1/P2),
+else P1; the tenant from the bearer token. vLLM's ``priority`` (lower = more urgent, via
+`to_vllm_priority`) is written into the body only for backends declared with priority scheduling
+(`configure_backend`): vLLM rejects non-zero priorities otherwise. Per-model facts (task generate |
+embed, ``max_model_len``) come from `configure_model` or the hardware catalogue.
+
+Errors, all in OpenAI's shape ``{"error": {message, type, param, code}}`` so the SDK raises the right
+class: 401 missing/invalid token, 400 bad body / field / task / context, 404 unknown model, 429 +
+Retry-After when admission holds the request back (queue deadline, band full, watermarks), 503 when no
+backend can ever hold it, the backend's own status otherwise (502 if it cannot be reached).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from gpupool.adapters.http.jsonbody import JsonBodyError, loads_bounded
+from gpupool.adapters.http.openai_request import (
+    CHAT,
+    COMPLETIONS,
+    DEFAULT_OBJECTIVES,
+    EMBEDDINGS,
+    OpenAIError,
+    TokenCorrection,
+    inspect,
+    priority_of,
+    usage_prompt_tokens,
+)
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.model import Request as CoreRequest
 from gpupool.core.outcome import OutcomeCode
-from gpupool.core.priority import P1, parse_priority, to_vllm_priority
+from gpupool.core.priority import to_vllm_priority
 from gpupool.hardware.units import Resources
 
 if TYPE_CHECKING:
     from gpupool.adapters.http.app import Gateway
+    from gpupool.adapters.http.auth import Principal
 
-PRIORITY_HEADERS = ("x-gpupool-priority", "x-gateway-inference-objective")
-CHARS_PER_TOKEN = 4
+NEAR_CONTEXT = 0.8
+"""Ask ``/tokenize`` when the estimated prompt + max_tokens exceeds this share of the context."""
+TOKENIZE_TIMEOUT_S = 5.0
+"""A ``/tokenize`` that takes longer is abandoned and the estimate is used (the backend still checks)."""
+TASKS = ("generate", "embed")
 
 
-def estimate_prompt_tokens(body: dict[str, Any], path: str) -> int:
-    """Characters / 4 over the text the backend will read (a deliberate, documented over-estimate)."""
-    chars = 0
+@dataclass(frozen=True, slots=True)
+class BackendOptions:
+    priority_scheduling: bool = False
+    """The backend runs vLLM ``--scheduling-policy priority``: send it the request's ``priority``."""
 
-    def add(x: Any) -> None:
-        nonlocal chars
-        if isinstance(x, str):
-            chars += len(x)
-        elif isinstance(x, list):
-            for y in x:
-                add(y)
-        elif isinstance(x, dict):
-            add(x.get("content", x.get("text", "")))
-        elif isinstance(x, int):
-            chars += CHARS_PER_TOKEN  # a token id
 
-    if path.endswith("chat/completions"):
-        add(body.get("messages", []))
-    elif path.endswith("embeddings"):
-        add(body.get("input", ""))
+@dataclass(slots=True)
+class ModelCard:
+    task: str | None
+    """``generate`` (chat / completions), ``embed`` (embeddings) or None (unknown: anything goes)."""
+    max_model_len: int | None
+    created: int
+
+
+@dataclass
+class OpenAISurface:
+    """Per-app state of the proxy (``app.state.openai``)."""
+
+    objectives: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_OBJECTIVES))
+    backends: dict[str, BackendOptions] = field(default_factory=dict)
+    models: dict[str, ModelCard] = field(default_factory=dict)
+    correction: TokenCorrection = field(default_factory=TokenCorrection)
+    tokenize_calls: int = 0
+
+    def card(self, model: str, now_s: float) -> ModelCard:
+        c = self.models.get(model)
+        if c is None:
+            task, ctx = _catalogue(model)
+            c = self.models[model] = ModelCard(task, ctx, int(now_s))
+        return c
+
+
+def _catalogue(model: str) -> tuple[str | None, int | None]:
+    from gpupool.hardware.memory import resolve_model
+
+    try:
+        arch = resolve_model(model)
+    except (ValueError, OSError):
+        return None, None
+    return ("generate" if arch.is_decoder else "embed"), arch.max_positions
+
+
+def configure_backend(app: FastAPI, backend_id: str, *, priority_scheduling: bool = False) -> None:
+    app.state.openai.backends[backend_id] = BackendOptions(priority_scheduling=priority_scheduling)
+
+
+def configure_model(
+    app: FastAPI, model: str, *, task: str | None = None, max_model_len: int | None = None
+) -> None:
+    """Declare what a model is (overrides the catalogue); raises InvalidInput naming the field."""
+    if task is not None and task not in TASKS:
+        raise InvalidInput("task", task, "expected generate or embed")
+    if max_model_len is not None and (type(max_model_len) is not int or max_model_len < 1):
+        raise InvalidInput("max_model_len", max_model_len, "must be an integer >= 1")
+    surf: OpenAISurface = app.state.openai
+    base = surf.card(model, app.state.gateway.controller.clock.now())
+    surf.models[model] = ModelCard(task or base.task, max_model_len or base.max_model_len, base.created)
+
+
+def set_objectives(app: FastAPI, table: dict[str, int]) -> None:
+    app.state.openai.objectives = dict(table)
+
+
+def _err(exc: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _tokenize_body(model: str, body: dict[str, Any], kind: str) -> bytes | None:
+    if kind == CHAT:
+        doc: dict[str, Any] = {"model": model, "messages": body["messages"], "add_generation_prompt": True}
     else:
-        add(body.get("prompt", ""))
-    return max(1, math.ceil(chars / CHARS_PER_TOKEN))
+        text = body.get("input" if kind == EMBEDDINGS else "prompt")
+        if not isinstance(text, str):
+            return None  # list prompts are not worth a round trip each
+        doc = {"model": model, "prompt": text}
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def add_proxy_routes(
     app: FastAPI, gw: Gateway, *, timeout_s: float = 300.0, inject_priority: bool = True
 ) -> None:
-    from gpupool.adapters.http.app import current_principal as auth
-
+    """``inject_priority=False`` never writes ``priority`` into bodies, whatever the backend options."""
     c = gw.controller
     from gpupool.adapters.http.upstream import UpstreamPool
 
     pool = UpstreamPool(timeout_s=timeout_s)
+    surf = OpenAISurface()
+    app.state.openai = surf
 
     async def close() -> None:
         await pool.aclose()
@@ -84,46 +164,139 @@ def add_proxy_routes(
         if retry is not None:
             headers["Retry-After"] = str(max(1, round(retry)))
             headers["x-gpupool-dropped-reason"] = code
-        return JSONResponse(
-            {"error": {"message": msg, "type": code, "code": code}}, status_code=status, headers=headers
+        typ = "requests" if status == 429 else ""
+        return _err(OpenAIError(status, msg, code=code, typ=typ), headers)
+
+    def principal(request: Request) -> Principal | JSONResponse:
+        h = request.headers.get("authorization", "")
+        who = gw.tokens.lookup(h[7:].strip()) if h[:7].lower() == "bearer " else None
+        if who is not None:
+            return who
+        msg = (
+            "Incorrect API key provided."
+            if h
+            else "You didn't provide an API key. Send it as 'Authorization: Bearer <token>'."
+        )
+        return _err(OpenAIError(401, msg, code="invalid_api_key"), {"WWW-Authenticate": "Bearer"})
+
+    def model_entry(m: str, n: int) -> dict[str, Any]:
+        card = surf.card(m, c.clock.now())
+        d: dict[str, Any] = {"id": m, "object": "model", "created": card.created, "owned_by": "gpupool"}
+        d["backends"] = n
+        if card.max_model_len is not None:
+            d["max_model_len"] = card.max_model_len
+        return d
+
+    def not_found(model: str) -> JSONResponse:
+        return _err(
+            OpenAIError(
+                404,
+                f"The model `{model}` does not exist or no backend serves it.",
+                param="model",
+                code="model_not_found",
+            )
         )
 
     @app.get("/v1/models")
-    async def models(request: Request) -> JSONResponse:
-        await auth(request)
-        data = [
-            {"id": m, "object": "model", "owned_by": "gpupool", "backends": len(bs)}
-            for m, bs in c.models().items()
-        ]
+    async def models(request: Request) -> Response:
+        who = principal(request)
+        if isinstance(who, Response):
+            return who
+        data = [model_entry(m, len(bs)) for m, bs in c.models().items()]
         return JSONResponse({"object": "list", "data": data})
 
-    async def forward(request: Request, path: str) -> Response:
-        who = await auth(request)
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> Response:
+        who = principal(request)
+        if isinstance(who, Response):
+            return who
+        bs = c.models().get(model_id)
+        return not_found(model_id) if not bs else JSONResponse(model_entry(model_id, len(bs)))
+
+    async def exact_prompt_tokens(url: str, model: str, body: dict[str, Any], kind: str) -> int | None:
+        """The backend's ``/tokenize`` count, or None when it cannot say (no such route, error)."""
+        doc = _tokenize_body(model, body, kind)
+        if doc is None:
+            return None
+        surf.tokenize_calls += 1
+
+        async def ask() -> Any:
+            r = await pool.request(
+                "POST",
+                url.rstrip("/") + "/tokenize",
+                content=doc,
+                headers={"content-type": "application/json"},
+            )
+            data = await r.read()
+            return json.loads(data).get("count") if r.status_code == 200 else None
+
+        try:
+            count = await asyncio.wait_for(ask(), TOKENIZE_TIMEOUT_S)
+        except Exception:
+            return None
+        return count if type(count) is int and count >= 0 else None
+
+    async def forward(request: Request, path: str, kind: str) -> Response:
+        who = principal(request)
+        if isinstance(who, Response):
+            return who
         raw = await request.body()
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return err(400, "body must be a JSON object", "invalid_request_error")
-        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-            return err(400, "body must be a JSON object with a string 'model'", "invalid_request_error")
-        model = body["model"]
-        if model not in c.models():
-            return err(503, f"no backend serves model {model!r}", "model_not_available")
-        prio_raw = next((request.headers[h] for h in PRIORITY_HEADERS if h in request.headers), None)
+            body = loads_bounded(raw)
+        except JsonBodyError as exc:
+            return _err(OpenAIError(400, str(exc), code="invalid_json"))
+        if not isinstance(body, dict):
+            return _err(OpenAIError(400, "body must be a JSON object", code="invalid_json"))
+        model = body.get("model")
+        if not isinstance(model, str):
+            return _err(
+                OpenAIError(
+                    400,
+                    "Missing required parameter: 'model'.",
+                    param="model",
+                    code="missing_required_parameter",
+                )
+                if model is None
+                else OpenAIError(400, "model must be a string", param="model", code="invalid_value")
+            )
+        backends = c.models().get(model)
+        if not backends:
+            return not_found(model)
+        card = surf.card(model, c.clock.now())
         try:
-            prio = P1 if prio_raw is None else parse_priority(prio_raw, field="x-gpupool-priority")
-        except InvalidInput as exc:
-            return err(400, str(exc), "invalid_request_error")
-        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-        if path.endswith("embeddings"):
+            shape = inspect(body, kind)
+            if card.task is not None and (card.task == "embed") != (kind == EMBEDDINGS):
+                api = "Embeddings" if kind == EMBEDDINGS else "Chat Completions / Completions"
+                raise OpenAIError(
+                    400,
+                    f"The model `{model}` ({card.task}) does not support the {api} API.",
+                    param="model",
+                    code="model_not_supported",
+                )
+            prio = priority_of(request.headers, surf.objectives)
+            est = shape.prompt_estimate
+            prompt = surf.correction.predict(model, est)
+            ctx = card.max_model_len
+            mt = shape.max_tokens or 0
+            if ctx is not None:
+                if mt >= ctx:
+                    raise _too_long(ctx, mt, None, kind)
+                if prompt + mt > NEAR_CONTEXT * ctx:
+                    exact = await exact_prompt_tokens(backends[0].url, model, body, kind)
+                    if exact is not None:
+                        prompt = exact
+                        if exact + mt > ctx:
+                            raise _too_long(ctx, mt, exact, kind)
+        except OpenAIError as exc:
+            return _err(exc)
+        if kind == EMBEDDINGS:
             out_tokens = 0
-        elif (
-            isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and 0 < max_tokens <= 10_000_000
-        ):
-            out_tokens = max_tokens
         else:
-            out_tokens = gw.default_max_tokens
-        tokens = estimate_prompt_tokens(body, path) + out_tokens
+            each = mt or (
+                gw.default_max_tokens if ctx is None else max(1, min(gw.default_max_tokens, ctx - prompt))
+            )
+            out_tokens = each * shape.n * shape.prompts
+        tokens = prompt + out_tokens
         try:
             mib = gw.sizer.request_mib(model, tokens) if gw.sizer is not None else max(1, tokens // 8)
         except ValueError as exc:
@@ -166,7 +339,8 @@ def add_proxy_routes(
         if backend is None:
             release()
             return err(503, f"no backend for model {model!r}", "model_not_available")
-        if inject_priority:
+        opts = surf.backends.get(backend.id)
+        if inject_priority and opts is not None and opts.priority_scheduling:
             body["priority"] = to_vllm_priority(prio)
             raw = json.dumps(body, separators=(",", ":")).encode()
         headers = {
@@ -175,7 +349,6 @@ def add_proxy_routes(
             "x-gpupool-tenant": who.tenant,
         }
         url = backend.url.rstrip("/") + path
-        stream = bool(body.get("stream"))
         try:
             upstream = await pool.request("POST", url, content=raw, headers=headers)
         except Exception as exc:
@@ -184,7 +357,7 @@ def add_proxy_routes(
                 gw.metrics.observe_proxy(model, 502, None, time.perf_counter() - t0)
             return err(502, f"backend {backend.id} unreachable: {type(exc).__name__}", "bad_gateway")
         out_headers = {"x-gpupool-lease": lease_id, "x-gpupool-backend": backend.id}
-        if not stream:
+        if not shape.stream:
             try:
                 content = await upstream.read()
             except Exception as exc:
@@ -196,6 +369,8 @@ def add_proxy_routes(
             if gw.metrics is not None:
                 dt = time.perf_counter() - t0
                 gw.metrics.observe_proxy(model, upstream.status_code, dt, dt)
+            if upstream.status_code == 200 and (actual := usage_prompt_tokens(content)) is not None:
+                surf.correction.observe(model, est, actual)
             return Response(
                 content,
                 status_code=upstream.status_code,
@@ -209,6 +384,8 @@ def add_proxy_routes(
                 async for chunk in upstream.aiter_raw():
                     if first is None:
                         first = time.perf_counter() - t0
+                    if b'"prompt_tokens"' in chunk and (actual := usage_prompt_tokens(chunk)) is not None:
+                        surf.correction.observe(model, est, actual)
                     yield chunk
             finally:
                 await upstream.aclose()
@@ -225,12 +402,30 @@ def add_proxy_routes(
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await forward(request, "/v1/chat/completions")
+        return await forward(request, "/v1/chat/completions", CHAT)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await forward(request, "/v1/completions")
+        return await forward(request, "/v1/completions", COMPLETIONS)
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
-        return await forward(request, "/v1/embeddings")
+        return await forward(request, "/v1/embeddings", EMBEDDINGS)
+
+
+def _too_long(ctx: int, max_tokens: int, prompt: int | None, kind: str) -> OpenAIError:
+    what = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input"}[kind]
+    if prompt is None:
+        msg = (
+            f"max_tokens {max_tokens} leaves no room for the {what}: this model's maximum context "
+            f"length is {ctx} tokens."
+        )
+        param = "max_tokens"
+    else:
+        msg = (
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{prompt + max_tokens} tokens ({prompt} in the {what}, {max_tokens} in the completion). "
+            f"Please reduce the length of the {what} or completion."
+        )
+        param = what
+    return OpenAIError(400, msg, param=param, code="context_length_exceeded")

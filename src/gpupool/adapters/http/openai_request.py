@@ -1,0 +1,272 @@
+"""What the OpenAI proxy checks and learns about a request body, kept cheap (no re-encoding, no
+recursion): `inspect` validates the fields the gateway needs or that a backend would 5xx on, and
+returns the request's shape; `TokenCorrection` learns a per-model correction of the prompt estimate.
+
+Checks (each failure an `OpenAIError`, rendered as ``{"error": {message, type, param, code}}``):
+``messages`` (chat), ``prompt`` (completions), ``input`` (embeddings) present and well-formed;
+``n`` in [1, 128]; ``max_tokens`` / ``max_completion_tokens`` >= 1; ``stop`` a string or list of
+strings; ``stream`` a boolean and ``stream_options`` only with it; ``encoding_format`` float|base64;
+``dimensions`` >= 1. Values the backend honours (``n``, ``stop``, list prompts) are passed on as sent.
+
+Prompt estimate: text units / 4 over the text the backend reads, where a character is 1 unit, a digit 4
+and a non-ASCII character ~4 (BPE vocabularies give each digit and most CJK characters a token of
+their own; counted with C-level ``str.count`` / ``encode``, no Python loop per character); a token id
+counts 1 token. It is corrected per model by an exponentially weighted least-squares line fitted to
+``usage.prompt_tokens`` of earlier responses, minimising the *relative* error (`TokenCorrection`).
+The estimate is a sizing hint; the backend's ``/tokenize`` is exact.
+Priority: ``x-gpupool-priority`` (P0|P1|P2|int) wins; else ``x-gateway-inference-objective`` names an
+objective in the gateway's table (InferenceObjective-like name -> priority); else P1.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.core.errors import InvalidInput
+from gpupool.core.priority import P0, P1, P2, parse_priority
+
+CHARS_PER_TOKEN = 4
+MAX_N = 128
+DEFAULT_OBJECTIVES: dict[str, int] = {"interactive": P0, "retrieval": P1, "batch": P2}
+"""The seed's three classes as objective names: online agent interaction, retrieval, offline batch."""
+CHAT, COMPLETIONS, EMBEDDINGS = "chat", "completions", "embeddings"
+
+
+class OpenAIError(Exception):
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None, typ: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = typ or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(slots=True)
+class Shape:
+    prompt_chars: int
+    """Text units the backend reads (`text_units`; token ids count CHARS_PER_TOKEN each)."""
+    prompts: int
+    """Sequences' prompts: 1, or the length of a list prompt / input."""
+    n: int
+    max_tokens: int | None
+    """Per sequence, as sent (None: not given)."""
+    stream: bool
+
+    @property
+    def prompt_estimate(self) -> int:
+        return max(1, math.ceil(self.prompt_chars / CHARS_PER_TOKEN))
+
+
+_DIGITS = "0123456789"
+_HAS_DIGIT = re.compile("[0-9]").search
+
+
+def text_units(s: str) -> int:
+    """Characters, with each digit and each non-ASCII character weighted ~4 (see the module doc)."""
+    n = len(s)
+    if _HAS_DIGIT(s) is not None:
+        n += 3 * sum(map(s.count, _DIGITS))
+    if not s.isascii():
+        n += 3 * (len(s.encode("utf-8", "surrogatepass")) - len(s)) // 2
+    return n
+
+
+def _show(v: Any) -> str:
+    s = repr(v) if not isinstance(v, str) else f'"{v}"'
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _bad(name: str, v: Any, why: str) -> OpenAIError:
+    return OpenAIError(400, f"{name}: {why}, got {_show(v)}", param=name, code="invalid_value")
+
+
+def _missing(name: str) -> OpenAIError:
+    return OpenAIError(
+        400, f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter"
+    )
+
+
+def _count_int(body: Mapping[str, Any], name: str, lo: int, hi: int) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if type(v) is not int or not lo <= v <= hi:
+        raise _bad(name, v, f"must be an integer in [{lo}, {hi}]")
+    return v
+
+
+def _prompt_chars(x: Any, name: str) -> tuple[int, int]:
+    """(characters, number of prompts) of a prompt / input: str, [str], [int] or [[int]]."""
+    if isinstance(x, str):
+        return text_units(x), 1
+    if isinstance(x, list) and x:
+        if all(type(t) is int for t in x):
+            return len(x) * CHARS_PER_TOKEN, 1
+        chars = 0
+        for t in x:
+            if isinstance(t, str):
+                chars += text_units(t)
+            elif isinstance(t, list) and t and all(type(i) is int for i in t):
+                chars += len(t) * CHARS_PER_TOKEN
+            else:
+                raise _bad(name, t, "each item must be a string or a non-empty list of token ids")
+        return chars, len(x)
+    if x is None:
+        raise _missing(name)
+    raise _bad(name, x, "must be a non-empty string or list")
+
+
+def _message_chars(msgs: Any) -> int:
+    if msgs is None:
+        raise _missing("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise _bad("messages", msgs, "must be a non-empty list of messages")
+    chars = 0
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _bad(f"messages[{i}]", m, "must be an object with a string 'role'")
+        c = m.get("content")
+        if isinstance(c, str):
+            chars += text_units(c)
+        elif isinstance(c, list):
+            for part in c:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    chars += text_units(part["text"])
+    return chars
+
+
+def inspect(body: Mapping[str, Any], kind: str) -> Shape:
+    """Validate ``body`` for a ``kind`` (CHAT, COMPLETIONS, EMBEDDINGS) call and return its shape."""
+    if kind == EMBEDDINGS:
+        chars, prompts = _prompt_chars(body.get("input"), "input")
+        fmt = body.get("encoding_format")
+        if fmt is not None and fmt not in ("float", "base64"):
+            raise _bad("encoding_format", fmt, "must be float or base64")
+        _count_int(body, "dimensions", 1, 1 << 20)
+        return Shape(chars, prompts, 1, 0, False)
+    if kind == CHAT:
+        chars, prompts = _message_chars(body.get("messages")), 1
+    else:
+        chars, prompts = _prompt_chars(body.get("prompt"), "prompt")
+    n = _count_int(body, "n", 1, MAX_N) or 1
+    mt = _count_int(body, "max_tokens", 1, 1 << 30)
+    if mt is None:
+        mt = _count_int(body, "max_completion_tokens", 1, 1 << 30)
+    stop = body.get("stop")
+    if not (stop is None or isinstance(stop, str)) and (
+        not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)
+    ):
+        raise _bad("stop", stop, "must be a string or a list of strings")
+    stream = body.get("stream", False)
+    if type(stream) is not bool:
+        raise _bad("stream", stream, "must be a boolean")
+    so = body.get("stream_options")
+    if so is not None and (not stream or not isinstance(so, dict)):
+        raise _bad("stream_options", so, "is only allowed (as an object) when stream is true")
+    return Shape(chars, prompts, n, mt, stream)
+
+
+def priority_of(headers: Mapping[str, str], objectives: Mapping[str, int]) -> int:
+    v = headers.get("x-gpupool-priority")
+    if v is not None:
+        try:
+            return parse_priority(v, field="x-gpupool-priority")
+        except InvalidInput as exc:
+            raise OpenAIError(400, str(exc), param="x-gpupool-priority", code="invalid_value") from None
+    name = headers.get("x-gateway-inference-objective")
+    if name is None:
+        return P1
+    p = objectives.get(name.strip())
+    if p is None:
+        known = ", ".join(sorted(objectives)) or "none"
+        raise OpenAIError(
+            400,
+            f"x-gateway-inference-objective: unknown objective {_show(name)} (known: {known})",
+            param="x-gateway-inference-objective",
+            code="unknown_objective",
+        )
+    return p
+
+
+def objective_table(items: Any, *, field: str = "objectives") -> dict[str, int]:
+    """``[{name, priority}]`` or InferenceObjective manifests (``metadata.name``, ``spec.priority``)."""
+    if not isinstance(items, list):
+        raise InvalidInput(field, items, "expected a list of {name, priority}")
+    out: dict[str, int] = {}
+    for i, it in enumerate(items):
+        if isinstance(it, dict) and it.get("kind") == "InferenceObjective":
+            name = (it.get("metadata") or {}).get("name")
+            prio = (it.get("spec") or {}).get("priority", 0)
+        elif isinstance(it, dict):
+            name, prio = it.get("name"), it.get("priority")
+        else:
+            raise InvalidInput(f"{field}[{i}]", it, "expected {name, priority}")
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidInput(f"{field}[{i}].name", name, "must be a non-empty string")
+        if name in out:
+            raise InvalidInput(f"{field}[{i}].name", name, "duplicate objective")
+        out[name] = parse_priority(prio, field=f"{field}[{i}].priority")
+    return out
+
+
+def usage_prompt_tokens(data: bytes) -> int | None:
+    """``usage.prompt_tokens`` from a response body or SSE chunk, found without decoding the JSON."""
+    i = data.rfind(b'"prompt_tokens":')
+    if i < 0:
+        return None
+    j = i + 16
+    while j < len(data) and data[j] == 0x20:
+        j += 1
+    k = j
+    while k < len(data) and 0x30 <= data[k] <= 0x39:
+        k += 1
+    return int(data[j:k]) if k > j else None
+
+
+class TokenCorrection:
+    """Per model, ``actual ~ a * estimate + b`` by least squares weighted by ``1 / actual**2`` (so it
+    minimises the relative error) and decayed exponentially (half-life ~70 observations); a plain
+    ratio until the estimates vary enough to fit a slope. Invariant: the prediction is >= 1 and the
+    identity before any observation."""
+
+    DECAY = 0.99
+
+    def __init__(self) -> None:
+        self._s: dict[str, list[float]] = {}
+        self._coef: dict[str, tuple[float, float]] = {}
+
+    def observe(self, model: str, estimate: int, actual: int) -> None:
+        if estimate < 1 or actual < 1:
+            return
+        s = self._s.setdefault(model, [0.0] * 6)
+        d = self.DECAY
+        x, y = float(estimate), float(actual)
+        w = 1.0 / (y * y)
+        for k, v in enumerate((w, w * x, w * y, w * x * x, w * x * y, 1.0)):
+            s[k] = s[k] * d + v
+        self._coef[model] = self._fit(s)
+
+    def coefficients(self, model: str) -> tuple[float, float]:
+        return self._coef.get(model, (1.0, 0.0))
+
+    @staticmethod
+    def _fit(s: list[float]) -> tuple[float, float]:
+        w, sx, sy, sxx, sxy, count = s
+        var = sxx * w - sx * sx
+        if count >= 8 and var > 1e-6 * sxx * w:
+            a = (sxy * w - sx * sy) / var
+            b = (sy - a * sx) / w
+            if a > 0:
+                return a, b
+        return (sy / sx if sx > 0 else 1.0), 0.0
+
+    def predict(self, model: str, estimate: int) -> int:
+        a, b = self.coefficients(model)
+        return max(1, math.ceil(a * estimate + b))
