@@ -205,6 +205,7 @@ def run(  # noqa: PLR0917 (typer options)
     typer.echo(f"gpupool gateway on {url}   (docs {url}/docs, metrics {url}/metrics)")
     typer.echo(f"admin token: {admin}   (stored in {data_dir / 'admin.token'})")
     typer.echo(f"try: curl -H 'Authorization: Bearer {admin}' {url}/v1/pool")
+    typer.echo(f"console: {url}/?token={admin}")
     for b in bundle.backends:
         typer.echo(f"backend {b.id}: {b.model} at {b.url} on {b.slice_id} (KV budget {b.kv_budget_mib} MiB)")
     extra: list[Any] = [s.serve() for s in servers]
