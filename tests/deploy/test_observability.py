@@ -35,7 +35,9 @@ RULES = ROOT / "deploy" / "prometheus" / "gpupool-rules.yaml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "gpupool-rules.test.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "gpupool.json"
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (apt-get install prometheus)")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool is not installed (apt-get install prometheus)"
+)
 
 # Series that gpupool queries but does not export: Prometheus' own scrape health and kube-scheduler's
 # scheduling-attempt metrics for the gpupool profile (the extender's errors and latency show there).
@@ -76,10 +78,43 @@ def _dashboard_exprs() -> list[str]:
 
 
 _FUNCS_AND_KEYWORDS = {
-    "sum", "max", "min", "avg", "count", "by", "without", "rate", "increase", "irate", "and", "or",
-    "unless", "histogram_quantile", "le", "label_values", "on", "ignoring", "group_left", "clamp_min",
-    "clamp_max", "topk", "bottomk", "changes", "delta", "deriv", "abs", "time", "vector", "bool",
-    "offset", "max_over_time", "min_over_time", "avg_over_time", "resets", "sort_desc", "count_over_time",
+    "sum",
+    "max",
+    "min",
+    "avg",
+    "count",
+    "by",
+    "without",
+    "rate",
+    "increase",
+    "irate",
+    "and",
+    "or",
+    "unless",
+    "histogram_quantile",
+    "le",
+    "label_values",
+    "on",
+    "ignoring",
+    "group_left",
+    "clamp_min",
+    "clamp_max",
+    "topk",
+    "bottomk",
+    "changes",
+    "delta",
+    "deriv",
+    "abs",
+    "time",
+    "vector",
+    "bool",
+    "offset",
+    "max_over_time",
+    "min_over_time",
+    "avg_over_time",
+    "resets",
+    "sort_desc",
+    "count_over_time",
 }
 
 
@@ -146,7 +181,9 @@ def _exported(registry: Any) -> set[str]:
 
 def _promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     assert PROMTOOL is not None
-    return subprocess.run([PROMTOOL, *args], input=stdin, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [PROMTOOL, *args], check=False, input=stdin, capture_output=True, text=True, timeout=60
+    )
 
 
 @needs_promtool
@@ -204,7 +241,8 @@ def test_metric_name_extraction() -> None:
     """The extractor the test above relies on: names yes, labels, functions, ranges and strings no."""
     e = 'sum by (node, gpu) (rate(gpupool_lease_events_total{kind="granted",band=~"P0|P1"}[5m])) / up'
     assert metric_names(e) == {"gpupool_lease_events_total", "up"}
-    assert metric_names('histogram_quantile(0.99, sum by (le) (rate(x_bucket{a="b"}[$__rate_interval])))') == {
-        "x_bucket"
+    q = 'histogram_quantile(0.99, sum by (le) (rate(x_bucket{a="b"}[$__rate_interval])))'
+    assert metric_names(q) == {"x_bucket"}
+    assert metric_names("label_values(gpupool_gpu_granted_vram_mib, node)") == {
+        "gpupool_gpu_granted_vram_mib"
     }
-    assert metric_names("label_values(gpupool_gpu_granted_vram_mib, node)") == {"gpupool_gpu_granted_vram_mib"}
