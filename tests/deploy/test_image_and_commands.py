@@ -136,3 +136,12 @@ def test_the_flag_check_tells_commands_apart() -> None:
     serve = set(re.findall(r"--[a-z][a-z0-9-]*", _help("serve").stdout))
     assert "--metrics-port" in agent and "--metrics-port" not in serve
     assert _help("no-such-command").returncode != 0
+
+
+def test_deployed_gateway_takes_readings_from_the_agents_only() -> None:
+    """In a cluster the node agents report real readings: a gateway that also fed the simulated
+    cluster's readings into the watermarks would pause and resume GPUs on made-up numbers."""
+    serves = [a for a in _image_runs()[:-1] if a[0] == "serve"]
+    assert serves, "no gateway in the manifests"
+    for args in serves:
+        assert "--no-simulate-readings" in args, args
