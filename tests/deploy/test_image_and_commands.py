@@ -145,3 +145,18 @@ def test_deployed_gateway_takes_readings_from_the_agents_only() -> None:
     assert serves, "no gateway in the manifests"
     for args in serves:
         assert "--no-simulate-readings" in args, args
+
+
+def test_node_containers_run_as_root_although_the_image_does_not() -> None:
+    """The image's user is 10001; the agent (signals, cgroup freezer, NVML) and the device plugin (its
+    socket in kubelet's root-owned directory) cannot work as that user, so the DaemonSet says root."""
+    users = [rest for op, rest in _instructions() if op == "USER"]
+    assert users[-1].split(":")[0] != "0"
+    texts = [(ROOT / "deploy" / "kubernetes" / "node-daemonset.yaml").read_text()]
+    texts.append(render_chart(ROOT / "deploy" / "helm" / "gpupool")["node-daemonset.yaml"])
+    for text in texts:
+        (ds,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "DaemonSet"]
+        containers = ds["spec"]["template"]["spec"]["containers"]
+        assert {c["name"] for c in containers} == {"agent", "device-plugin"}
+        for c in containers:
+            assert c["securityContext"]["runAsUser"] == 0, c["name"]
