@@ -3,7 +3,8 @@ real gateway on the simulated example cluster: the page signs in from ``?token=`
 address bar, loads with no console error, shows every GPU of ``/v1/pool``, a GPU past the high
 watermark as paused, its heat map follows a grant within 1 s (the SSE event triggers the refresh; the
 periodic poll alone is 2 s), a drain from the page changes ``/v1/pool``, it has no horizontal overflow
-at 800 px, and a tenant token sees only its own leases and no admin controls. Screenshots go to
+at 800 px, a tenant token sees only its own leases and no admin controls, and the event stream
+reconnects after failures. Screenshots go to
 ``.gpupool/artifacts/console/`` (gitignored).
 
 Skipped when chromium or playwright is absent (``.ci/run`` installs chromium).
@@ -193,6 +194,17 @@ def test_console_tenant_sees_own_leases_and_bad_token_is_refused(
     assert bob.post("/v1/leases", json={"priority": "P1", "vram_mib": 2048}).status_code == 201
 
     page = browser.new_page(viewport={"width": 1280, "height": 900})
+    # the event stream fails twice (as through a restarting proxy); the page retries until it is live
+    failures = [0]
+
+    def flaky(route: Any) -> None:
+        if failures[0] < 2:
+            failures[0] += 1
+            route.abort()
+        else:
+            route.continue_()
+
+    page.route("**/v1/events", flaky)
     page.goto(f"{url}/ui")
     page.wait_for_selector("#signin-form", state="visible")
     page.fill("#token", "not-a-real-token")
