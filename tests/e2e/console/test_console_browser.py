@@ -155,8 +155,21 @@ def test_console_live_heat_map_and_drain(gateway: tuple[str, Any], browser: Any)
         timeout=1000,
     )
     page.wait_for_selector("#events li[data-kind='granted']", timeout=2000)
+    # ... and exactly once: after the refreshes that follow, the figure is still the granted total
+    page.wait_for_timeout(300)
+    assert int(page.get_attribute(f".gpu[data-gpu-id='{target['gpu_id']}']", "data-granted-mib")) == want
     assert page.locator("#lease-bands tr[data-tenant='alice']").count() == 1
     assert page.locator("#lease-bands tr[data-tenant='bob']").count() == 1
+    # a release moves it back
+    assert alice.delete(f"/v1/leases/{r.json()['id']}").status_code == 200
+    page.wait_for_function(
+        "([id, want]) => Number(document.querySelector(`.gpu[data-gpu-id='${id}']`).dataset.grantedMib)"
+        " === want",
+        arg=[target["gpu_id"], want - 4096],
+        timeout=5000,
+    )
+    page.wait_for_selector("#lease-bands tr[data-tenant='alice']", state="detached", timeout=5000)
+    assert alice.post("/v1/leases", json={"priority": "P1", "vram_mib": 4096}).status_code == 201
 
     # drain from the page: button, confirmation, result; /v1/pool changes
     victim = gpus[-1]["gpu_id"]

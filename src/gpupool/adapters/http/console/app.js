@@ -22,6 +22,7 @@
     tickets: new Map(),
     lastEventId: "",
     tidal: null,
+    shown: new Set(), // ids of the active leases the rendered pool already counts
     stream: null,
     refreshing: false,
     again: false,
@@ -174,6 +175,7 @@
       const [pool, leases] = await Promise.all([api("GET", "/v1/pool"), api("GET", "/v1/leases")]);
       state.pool = pool;
       state.leases = leases.leases || [];
+      state.shown = new Set(state.leases.map((l) => l.id));
       render();
     } finally {
       state.refreshing = false;
@@ -453,6 +455,34 @@
     return parts.join(" ");
   }
 
+  // Apply a lease event to the rendered pool at once (the refresh that follows confirms it), so that
+  // the heat map moves as soon as the event arrives rather than one API round trip later.
+  function applyLeaseEvent(e) {
+    const l = e.lease;
+    if (!state.pool || !l || !l.grants) return false;
+    let sign = 0;
+    if (e.kind === "granted" && !state.shown.has(l.id)) sign = 1;
+    else if (["released", "expired", "preempted", "revoked"].includes(e.kind) && state.shown.has(l.id)) sign = -1;
+    if (!sign) return false;
+    const slices = new Map();
+    for (const n of state.pool.nodes) for (const g of n.gpus) for (const sl of g.slices) slices.set(sl.slice_id, sl);
+    let hit = false;
+    for (const gr of l.grants) {
+      const sl = slices.get(gr.slice_id);
+      if (!sl) continue;
+      hit = true;
+      sl.granted.vram_mib += sign * gr.vram_mib;
+      sl.granted.compute_milli += sign * gr.compute_milli;
+      sl.free.vram_mib -= sign * gr.vram_mib;
+      sl.free.compute_milli -= sign * gr.compute_milli;
+      sl.leases += sign;
+      state.pool.granted.vram_mib += sign * gr.vram_mib;
+    }
+    if (sign > 0) state.shown.add(l.id);
+    else state.shown.delete(l.id);
+    return hit;
+  }
+
   function onEvent(kind, data) {
     let e;
     try {
@@ -472,6 +502,10 @@
       }
     }
     if (e.kind === "tidal") state.tidal = e;
+    if (applyLeaseEvent(e)) {
+      renderSummary();
+      renderHeatmap();
+    }
     const li = h(
       "li",
       { class: `ev ${e.kind}`, "data-kind": e.kind },
