@@ -32,13 +32,20 @@ def test_page_is_served_without_token(url: str, path: str) -> None:
     assert r.headers["content-type"].startswith("text/html")
     assert "default-src 'none'" in r.headers["content-security-policy"]
     assert r.headers["referrer-policy"] == "no-referrer"
-    assert '<script src="/ui/app.js"' in r.text
+    for name in ("dom.js", "events.js", "app.js"):
+        assert f'<script src="/ui/{name}"' in r.text
     assert "http://" not in r.text and "https://" not in r.text.replace("http://www.w3.org", "")
 
 
 @pytest.mark.parametrize(
     ("name", "ctype"),
-    [("app.js", "text/javascript"), ("app.css", "text/css"), ("favicon.svg", "image/svg+xml")],
+    [
+        ("app.js", "text/javascript"),
+        ("dom.js", "text/javascript"),
+        ("events.js", "text/javascript"),
+        ("app.css", "text/css"),
+        ("favicon.svg", "image/svg+xml"),
+    ],
 )
 def test_assets(url: str, name: str, ctype: str) -> None:
     r = httpx.get(f"{url}/ui/{name}")

@@ -23,6 +23,8 @@ from fastapi.responses import Response
 ASSETS: dict[str, str] = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
+    "dom.js": "text/javascript; charset=utf-8",
+    "events.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
 }
 

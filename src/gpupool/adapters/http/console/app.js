@@ -31,46 +31,7 @@
     wmDirty: false,
   };
 
-  // ------------------------------------------------------------------ helpers
-  function h(tag, attrs, ...children) {
-    const el = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === null || v === undefined || v === false) continue;
-      if (k === "class") el.className = v;
-      else if (k === "text") el.textContent = v;
-      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-      else if (k.startsWith("data-")) el.setAttribute(k, String(v));
-      else if (k === "width") el.style.width = v;
-      else if (k === "grow") el.style.flexGrow = String(v);
-      else if (k === "bg") el.style.backgroundColor = v;
-      else el.setAttribute(k, v === true ? "" : String(v));
-    }
-    for (const c of children.flat()) {
-      if (c === null || c === undefined || c === false) continue;
-      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-    }
-    return el;
-  }
-
-  const gib = (mib) => (mib / 1024).toFixed(mib >= 10240 ? 0 : 1);
-  const pct = (x) => `${Math.round(100 * x)} %`;
-  const widthOf = (x) => `${(100 * Math.max(0, Math.min(1, x))).toFixed(1)}%`;
-  const band = (p) => (p >= 100 ? "P0" : p >= 0 ? "P1" : "P2");
-  const clock = (at) => new Date(at * 1000).toLocaleTimeString([], { hour12: false });
-  const short = (id) => (id && id.length > 12 ? id.slice(0, 8) : id || "");
-  const pathOf = (id) => id.split("/").map(encodeURIComponent).join("/");
-
-  // Green (0) -> amber -> red (1): the heat colour of a fill fraction.
-  function heat(f) {
-    const x = Math.max(0, Math.min(1, f));
-    return `hsl(${Math.round(130 - 130 * x)}, 62%, ${Math.round(44 - 6 * x)}%)`;
-  }
-
-  function toast(text, ok) {
-    const t = h("div", { class: `toast ${ok ? "ok" : "bad"}`, role: "status", text });
-    $("toasts").append(t);
-    setTimeout(() => t.remove(), ok ? 5000 : 9000);
-  }
+  const { h, gib, pct, widthOf, band, clock, short, pathOf, heat, toast, describe } = window.gpupoolDom;
 
   // ------------------------------------------------------------------ API
   class ApiError extends Error {
@@ -439,22 +400,6 @@
     el.textContent = text || (on ? "live" : "reconnecting");
   }
 
-  function describe(e) {
-    const l = e.lease;
-    const parts = [];
-    if (l) {
-      parts.push(`${l.tenant} ${band(l.priority)} ${gib(l.vram_mib)} GiB`);
-      if (l.slice_id) parts.push(`on ${l.slice_id}`);
-      parts.push(`lease ${short(l.id)}`);
-      if (l.victims && l.victims.length) parts.push(`victims ${l.victims.map(short).join(", ")}`);
-    }
-    if (e.ticket) parts.push(`ticket ${short(e.ticket)}`);
-    if (e.gpu_id) parts.push(`GPU ${e.gpu_id}${e.lease_ids ? ` (${e.lease_ids.length} P2 lease(s))` : ""}`);
-    if (e.wait_s) parts.push(`waited ${e.wait_s.toFixed(2)} s`);
-    if (e.reason || (l && l.reason && e.kind !== "granted")) parts.push(`\u2014 ${e.reason || l.reason}`);
-    return parts.join(" ");
-  }
-
   // Apply a lease event to the rendered pool at once (the refresh that follows confirms it), so that
   // the heat map moves as soon as the event arrives rather than one API round trip later.
   function applyLeaseEvent(e) {
@@ -517,67 +462,25 @@
     ol.prepend(li);
     while (ol.children.length > MAX_EVENTS) ol.lastChild.remove();
     $("event-count").textContent = `${state.events.length} since this page opened`;
-    if (LEASE_KINDS.has(e.kind) || ["queued", "shed", "pause", "resume", "tidal"].includes(e.kind)) schedule(30);
-  }
-
-  function parseBlock(block) {
-    let kind = "message";
-    let id = null;
-    const data = [];
-    for (const line of block.split("\n")) {
-      if (!line || line.startsWith(":")) continue;
-      const i = line.indexOf(":");
-      const field = i < 0 ? line : line.slice(0, i);
-      let value = i < 0 ? "" : line.slice(i + 1);
-      if (value.startsWith(" ")) value = value.slice(1);
-      if (field === "event") kind = value;
-      else if (field === "data") data.push(value);
-      else if (field === "id") id = value;
-    }
-    if (id !== null) state.lastEventId = id;
-    if (data.length) onEvent(kind, data.join("\n"));
+    if (LEASE_KINDS.has(e.kind) || ["queued", "shed", "pause", "resume", "tidal", "lagged"].includes(e.kind)) schedule(30);
   }
 
   function startEvents() {
     if (state.stream) state.stream.abort();
-    const ctrl = new AbortController();
-    state.stream = ctrl;
-    (async () => {
-      let backoff = 500;
-      while (!ctrl.signal.aborted) {
-        try {
-          const headers = { Authorization: `Bearer ${state.token}`, Accept: "text/event-stream" };
-          if (state.lastEventId) headers["Last-Event-ID"] = state.lastEventId;
-          const r = await fetch("/v1/events", { headers, signal: ctrl.signal, cache: "no-store" });
-          if (r.status === 401) {
-            signOut("The gateway rejected this token.");
-            return;
-          }
-          if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}`);
-          setLive(true);
-          backoff = 500;
-          schedule(0); // catch up on what happened while disconnected
-          const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
-          let buf = "";
-          for (;;) {
-            const { value, done } = await reader.read();
-            if (done) break;
-            buf += value.replace(/\r\n?/g, "\n");
-            let i;
-            while ((i = buf.indexOf("\n\n")) >= 0) {
-              parseBlock(buf.slice(0, i));
-              buf = buf.slice(i + 2);
-            }
-          }
-        } catch (_) {
-          if (ctrl.signal.aborted) return;
-        }
-        if (ctrl.signal.aborted) return;
-        setLive(false);
-        await new Promise((res) => setTimeout(res, backoff));
-        backoff = Math.min(backoff * 2, 10000);
-      }
-    })();
+    state.stream = window.gpupoolEvents.open({
+      token: () => state.token,
+      lastEventId: () => state.lastEventId,
+      onId: (id) => {
+        state.lastEventId = id;
+      },
+      onEvent,
+      onConnected: () => {
+        setLive(true);
+        schedule(0); // catch up on what happened while disconnected
+      },
+      onDisconnected: () => setLive(false),
+      onUnauthorized: () => signOut("The gateway rejected this token."),
+    });
   }
 
   // ------------------------------------------------------------------ admin actions
