@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint fmt bench clean help
+.PHONY: run test lint fmt bench clean help image
 
 help:
 	@echo "make run    - create .venv, install, start gpupool on the embedded defaults (simulated cluster, SQLite);"
@@ -13,6 +13,7 @@ help:
 	@echo "make lint   - ruff, ruff format --check, mypy --strict on src/, import-linter layer contracts"
 	@echo "make bench  - run the benchmarks recorded in BENCHMARKS.md"
 	@echo "make clean  - remove .venv, tool caches and .gpupool/ (lease store, admin token, sim cache)"
+	@echo "make image  - build the container image $(IMAGE) (docker with BuildKit)"
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpupool needs Python >= 3.11")'
@@ -44,6 +45,12 @@ fmt: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/gpupool bench allocator --json
 	$(BIN)/gpupool bench agent --json
+
+IMAGE ?= gpupool/gpupool:0.1.0
+DOCKER ?= docker
+
+image:
+	DOCKER_BUILDKIT=1 $(DOCKER) build -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .gpupool

@@ -256,6 +256,7 @@ def run(  # noqa: PLR0917 (typer options)
     say(f"gpupool gateway on {url}   (docs {url}/docs, metrics {url}/metrics)")
     say(f"admin token: {admin}   (stored in {data_dir / 'admin.token'})")
     say(f"try: curl -H 'Authorization: Bearer {admin}' {url}/v1/pool")
+    say(f"console: {url}/?token={admin}")
     for b in bundle.backends:
         say(f"backend {b.id}: {b.model} at {b.url} on {b.slice_id} (KV budget {b.kv_budget_mib} MiB)")
     extra: list[Any] = [*servers, status_printer(bundle)]

@@ -1,0 +1,248 @@
+"""deploy/prometheus and deploy/grafana against the real code and the real ``promtool``:
+
+- ``promtool check rules`` and ``promtool test rules`` pass, and every alert has a unit test that
+  expects it to fire (and one that expects it not to);
+- ``promtool check metrics`` accepts the gateway's and a node agent's real ``/metrics`` pages (the
+  agent's dcgm-exporter label names ``UUID``/``modelName``/``GPU_I_*`` are camelCase on purpose, for
+  compatibility, and that one lint message is the only one allowed);
+- every metric the rules and the dashboard query is one the gateway or the agent exports (names read
+  from their live registries), or one of the few named kube-scheduler / Prometheus series;
+- the chart's PrometheusRule and Grafana ConfigMap carry exactly these files.
+
+The promtool tests skip when promtool is absent (Debian package ``prometheus``; ``.ci/run`` installs it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from gpupool.cli.serve import build
+from tests.adapters.http.servers import running
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "deploy" / "prometheus" / "gpupool-rules.yaml"
+RULE_TESTS = ROOT / "deploy" / "prometheus" / "gpupool-rules.test.yaml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "gpupool.json"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool is not installed (apt-get install prometheus)"
+)
+
+# Series that gpupool queries but does not export: Prometheus' own scrape health and kube-scheduler's
+# scheduling-attempt metrics for the gpupool profile (the extender's errors and latency show there).
+EXTERNAL = {
+    "up",
+    "scheduler_schedule_attempts_total",
+    "scheduler_scheduling_attempt_duration_seconds_bucket",
+}
+CAMEL_OK = "label names should be written in 'snake_case' not 'camelCase'"
+_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _alerts() -> set[str]:
+    doc = yaml.safe_load(RULES.read_text())
+    return {r["alert"] for g in doc["groups"] for r in g["rules"] if "alert" in r}
+
+
+def _rule_exprs() -> list[str]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [r["expr"] for g in doc["groups"] for r in g["rules"]]
+
+
+def _dashboard_exprs() -> list[str]:
+    dash = json.loads(DASHBOARD.read_text())
+    out = []
+    for p in dash["panels"]:
+        out.extend(t["expr"] for t in p.get("targets", []) if t.get("expr"))
+    for v in dash.get("templating", {}).get("list", []):
+        if v.get("type") != "query":
+            continue  # the datasource picker's "query" is a plugin type, not PromQL
+        q = v.get("query")
+        if isinstance(q, dict):
+            q = q.get("query")
+        if isinstance(q, str) and q:
+            out.append(q)
+    return out
+
+
+_FUNCS_AND_KEYWORDS = {
+    "sum",
+    "max",
+    "min",
+    "avg",
+    "count",
+    "by",
+    "without",
+    "rate",
+    "increase",
+    "irate",
+    "and",
+    "or",
+    "unless",
+    "histogram_quantile",
+    "le",
+    "label_values",
+    "on",
+    "ignoring",
+    "group_left",
+    "clamp_min",
+    "clamp_max",
+    "topk",
+    "bottomk",
+    "changes",
+    "delta",
+    "deriv",
+    "abs",
+    "time",
+    "vector",
+    "bool",
+    "offset",
+    "max_over_time",
+    "min_over_time",
+    "avg_over_time",
+    "resets",
+    "sort_desc",
+    "count_over_time",
+}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The series names a PromQL expression selects (label names inside {} and by () are dropped)."""
+    e = _STRING.sub('""', expr)
+    e = re.sub(r"label_values\(([^,()]+),[^)]*\)", r"\1", e)  # Grafana: label_values(metric, label)
+    e = re.sub(r"\{[^}]*\}", "", e)  # label matchers
+    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
+    e = re.sub(r"\[[^\]]*\]", "", e)  # ranges
+    e = re.sub(r"\$\w+", "", e)  # Grafana variables ($__rate_interval, $node)
+    names = {m.group(0) for m in _NAME.finditer(e)}
+    return {n for n in names if n not in _FUNCS_AND_KEYWORDS and not n.replace("_", "").isdigit()}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A real gateway on the example cluster with one simulated node agent per node; a lease, a queue
+    wait and a pause so that the optional series appear too."""
+    from gpupool.agent.runtime import start_simulated_agents
+
+    bundle = build(data_dir=tmp_path_factory.mktemp("obs"), simulate=True)
+    token = bundle.new_admin_token
+    assert token
+    with running(bundle.app) as url:
+        c = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert c.post("/v1/leases", json={"priority": "P2", "vram_mib": 1024}).status_code == 201
+        runtimes = start_simulated_agents(url, token=token, cluster=bundle.sim, metrics=True)
+        try:
+            deadline = time.monotonic() + 20
+            agent_text = ""
+            while time.monotonic() < deadline:
+                port = runtimes[0].metrics_port
+                agent_text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+                if "gpupool_agent_gateway_connected" in agent_text and "DCGM_FI_DEV_FB_USED" in agent_text:
+                    break
+                time.sleep(0.2)
+            gateway_text = httpx.get(f"{url}/metrics", timeout=5).text
+            yield {
+                "gateway_text": gateway_text,
+                "agent_text": agent_text,
+                "gateway_registry": bundle.app.state.gateway.metrics.registry,
+                "agent_registry": runtimes[0].metrics.registry,
+            }
+        finally:
+            for rt in runtimes:
+                rt.stop()
+
+
+def _exported(registry: Any) -> set[str]:
+    """Every sample name a registry can expose, from its families' names and types."""
+    out: set[str] = set()
+    for fam in registry.collect():
+        n = fam.name
+        if fam.type == "counter":
+            out |= {f"{n}_total", f"{n}_created"}
+        elif fam.type == "histogram":
+            out |= {f"{n}_bucket", f"{n}_sum", f"{n}_count", f"{n}_created"}
+        else:
+            out.add(n)
+        out |= {s.name for s in fam.samples}
+    return out
+
+
+def _promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run(
+        [PROMTOOL, *args], check=False, input=stdin, capture_output=True, text=True, timeout=60
+    )
+
+
+@needs_promtool
+def test_promtool_check_rules() -> None:
+    r = _promtool("check", "rules", str(RULES))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"SUCCESS: {len(_rule_exprs())} rules found" in r.stdout
+
+
+@needs_promtool
+def test_promtool_unit_tests_of_every_alert() -> None:
+    r = _promtool("test", "rules", str(RULE_TESTS))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
+    doc = yaml.safe_load(RULE_TESTS.read_text())
+    fires: set[str] = set()
+    quiet: set[str] = set()
+    for t in doc["tests"]:
+        for a in t.get("alert_rule_test", []):
+            (fires if a.get("exp_alerts") else quiet).add(a["alertname"])
+    assert fires == _alerts()
+    assert quiet >= _alerts() - {"GpupoolAgentDown"}  # AgentDown's quiet case: a second agent that is up
+    assert doc["rule_files"] == [RULES.name]
+
+
+@needs_promtool
+def test_promtool_check_metrics_on_the_gateway(live: dict[str, Any]) -> None:
+    text = live["gateway_text"]
+    assert "gpupool_slice_granted_vram_mib" in text
+    r = _promtool("check", "metrics", stdin=text)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
+def test_promtool_check_metrics_on_the_agent(live: dict[str, Any]) -> None:
+    text = live["agent_text"]
+    assert "DCGM_FI_DEV_FB_USED" in text and "gpupool_agent_gateway_connected" in text
+    r = _promtool("check", "metrics", stdin=text)
+    problems = {line.split(" ", 1)[1] for line in (r.stdout + r.stderr).splitlines() if " " in line}
+    assert problems <= {CAMEL_OK}, problems
+
+
+def test_rules_and_dashboard_query_only_exported_metrics(live: dict[str, Any]) -> None:
+    exported = _exported(live["gateway_registry"]) | _exported(live["agent_registry"])
+    for where, exprs in (("rules", _rule_exprs()), ("dashboard", _dashboard_exprs())):
+        assert exprs, where
+        for e in exprs:
+            unknown = metric_names(e) - exported - EXTERNAL
+            assert not unknown, f"{where}: {e!r} queries {sorted(unknown)}, which nothing exports"
+
+
+def test_metric_name_extraction() -> None:
+    """The extractor the test above relies on: names yes, labels, functions, ranges and strings no."""
+    e = 'sum by (node, gpu) (rate(gpupool_lease_events_total{kind="granted",band=~"P0|P1"}[5m])) / up'
+    assert metric_names(e) == {"gpupool_lease_events_total", "up"}
+    q = 'histogram_quantile(0.99, sum by (le) (rate(x_bucket{a="b"}[$__rate_interval])))'
+    assert metric_names(q) == {"x_bucket"}
+    assert metric_names("label_values(gpupool_gpu_granted_vram_mib, node)") == {
+        "gpupool_gpu_granted_vram_mib"
+    }
