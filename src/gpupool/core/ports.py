@@ -114,6 +114,10 @@ class Backend:
 class Batch:
     writes: tuple[StoreWrite, ...]
     events: tuple[GatewayEvent, ...]
+    before: tuple[tuple[str, Lease | None], ...] = ()
+    """Per written lease id, its version before the batch (None: new): what an undo puts back."""
+    tickets: tuple[str, ...] = ()
+    """Tickets queued or ended by the batch's changes."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -373,7 +373,9 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
 
     @app.get("/healthz", include_in_schema=True)
     async def healthz() -> dict[str, Any]:
-        return {"ok": gw.committer.failed is None}
+        if gw.committer.healthy():
+            return {"ok": True}
+        return {"ok": False, "store_error": str(gw.committer.failed)}
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
