@@ -2,7 +2,8 @@
 and a SQLite lease store. This module is a composition root: it wires the store, HTTP, metrics,
 simulated-device and backend adapters around one core `LeaseController`.
 
-Start-up: plan the cluster for the workloads (`gpupool.hardware.planner`), build the inventory, open
+Start-up: validate every argument (port, backends file, auth file, cluster and workloads files) and
+plan the cluster for the workloads (`gpupool.hardware.planner`), build the inventory; only then open
 the store (``DATA_DIR/leases.db``, WAL + durable commits), recover leases (expired ones are reclaimed;
 the ledger is rebuilt from the stored leases), register backends (``--backends`` YAML or, for
 ``gpupool run``, emulated ones) each with a placement lease on its planned slice, then serve.
@@ -147,6 +148,13 @@ def build(
     from gpupool.adapters.store import open_store
 
     cspec, wset, p, slices = plan_cluster(cluster, workloads)
+    tokens, new_admin = load_tokens(auth_file, data_dir)
+    tokens = [*tokens, *extra_tokens]
+    try:
+        table = TokenTable(tokens)
+    except InvalidInput as exc:
+        raise UserError(f"{auth_file or 'tokens'}: {exc}") from None
+    # every other argument is valid by now: only then open (and recover) the store
     store = open_store(store_url or f"sqlite:{data_dir / 'leases.db'}")
     controller = LeaseController(slices, clock=FunctionClock(time.time), store=store)
     saved = store.get_meta("watermarks")
@@ -161,12 +169,6 @@ def build(
     typer.echo(
         f"gpupool: recovered {report.restored} leases ({report.expired} expired, {report.revoked} revoked)"
     )
-    tokens, new_admin = load_tokens(auth_file, data_dir)
-    tokens = [*tokens, *extra_tokens]
-    try:
-        table = TokenTable(tokens)
-    except InvalidInput as exc:
-        raise UserError(f"{auth_file or 'tokens'}: {exc}") from None
     commits: list[Any] = []
     metrics = GatewayMetrics(controller, commits=lambda: (commits[0].batches, commits[0].writes))
     sizer = KvSizer({w.model: w.quant for w in wset if w.model})
@@ -350,6 +352,9 @@ def serve(  # noqa: PLR0917 (typer options)
     simulate_readings: bool = typer.Option(True, help="Feed simulated GPU readings to the watermarks."),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"invalid --port={port}: must be in 0..65535 (0: any free port)")
+    backend_list = _load_backends_file(backends) if backends is not None else None
     bundle = build(
         data_dir=data_dir,
         cluster=cluster,
@@ -357,8 +362,8 @@ def serve(  # noqa: PLR0917 (typer options)
         auth_file=auth_file,
         simulate=simulate_readings,
     )
-    if backends is not None:
-        register_backends(bundle, _load_backends_file(backends))
+    if backend_list is not None:
+        register_backends(bundle, backend_list)
     typer.echo(f"gpupool gateway on http://{host}:{port}  (store {data_dir / 'leases.db'})")
     if bundle.new_admin_token:
         typer.echo(

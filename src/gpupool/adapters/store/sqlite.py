@@ -14,9 +14,10 @@ Invariants:
   measured too and doubled the median commit time, so it is not used.)
 - a failed ``apply`` leaves no transaction open and raises the error SQLite reported (e.g.
   ``database or disk is full``): when SQLite has already rolled back on its own, nothing hides it;
-- damage is named, never a raw traceback: a file that is not a database, a malformed page or a row
-  whose body does not decode raises `StoreCorrupt` naming the file, the table/row and the repair
-  command (``gpupool store check|repair``, see `gpupool.adapters.store.repair`).
+- damage is named, never a raw traceback: a file that is not a database, a malformed page (every
+  page is verified with ``PRAGMA quick_check`` at open) or a row whose body does not decode raises
+  `StoreCorrupt` naming the file, the table/row and the repair command (``gpupool store
+  check|repair``, see `gpupool.adapters.store.repair`).
 """
 
 from __future__ import annotations
@@ -92,7 +93,10 @@ class SqliteLeaseStore:
         durable: bool = True,
         busy_timeout_ms: int = 10_000,
         wal_autocheckpoint_pages: int = 10_000,
+        verify: bool = True,
     ) -> None:
+        """``verify``: run SQLite's ``quick_check`` over every page at open (a damaged page is found at
+        start-up, not by whichever request first reads it)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -109,6 +113,10 @@ class SqliteLeaseStore:
                 self._db.execute(
                     "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
                 )
+                if verify:
+                    found = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
+                    if found != ["ok"]:
+                        raise StoreCorrupt(self.path, "pages", " ".join(found[0].split()))
         except BaseException:
             self._db.close()
             raise
@@ -160,30 +168,32 @@ class SqliteLeaseStore:
         self._lock.acquire()
         db = self._db
         try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                for w in writes:
-                    lease = w.lease
-                    args = (lease.revision, lease.state.value, lease.request.tenant, lease.ended_at)
-                    body = encode_lease(lease)
-                    if w.expected_revision is None:
-                        cur = db.execute(
-                            "INSERT OR IGNORE INTO leases(revision, state, tenant, ended_at, body, id)"
-                            " VALUES (?, ?, ?, ?, ?, ?)",
-                            (*args, body, lease.id),
-                        )
-                    else:
-                        cur = db.execute(
-                            "UPDATE leases SET revision=?, state=?, tenant=?, ended_at=?, body=?"
-                            " WHERE id=? AND revision=?",
-                            (*args, body, lease.id, w.expected_revision),
-                        )
-                    if cur.rowcount != 1:
-                        row = db.execute("SELECT revision FROM leases WHERE id=?", (lease.id,)).fetchone()
-                        raise RevisionConflict(lease.id, w.expected_revision, None if row is None else row[0])
-            except BaseException:
-                self._rollback()
-                raise
+            with self._named_damage("table leases"):
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    for w in writes:
+                        lease = w.lease
+                        args = (lease.revision, lease.state.value, lease.request.tenant, lease.ended_at)
+                        body = encode_lease(lease)
+                        if w.expected_revision is None:
+                            cur = db.execute(
+                                "INSERT OR IGNORE INTO leases(revision, state, tenant, ended_at, body, id)"
+                                " VALUES (?, ?, ?, ?, ?, ?)",
+                                (*args, body, lease.id),
+                            )
+                        else:
+                            cur = db.execute(
+                                "UPDATE leases SET revision=?, state=?, tenant=?, ended_at=?, body=?"
+                                " WHERE id=? AND revision=?",
+                                (*args, body, lease.id, w.expected_revision),
+                            )
+                        if cur.rowcount != 1:
+                            row = db.execute("SELECT revision FROM leases WHERE id=?", (lease.id,)).fetchone()
+                            actual = None if row is None else row[0]
+                            raise RevisionConflict(lease.id, w.expected_revision, actual)
+                except BaseException:
+                    self._rollback()
+                    raise
         except BaseException:
             self._lock.release()
             raise
@@ -193,7 +203,8 @@ class SqliteLeaseStore:
         worker thread running it hands the GIL back and forth only once."""
         try:
             try:
-                self._db.execute("COMMIT")
+                with self._named_damage("commit"):
+                    self._db.execute("COMMIT")
             except BaseException:
                 self._rollback()
                 raise
