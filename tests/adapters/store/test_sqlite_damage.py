@@ -84,7 +84,8 @@ def test_check_and_repair_quarantine_bad_rows_in_place(tmp_path: Path) -> None:
     db.commit()
     db.close()
     found = check(path)
-    assert [p.where for p in found] == ["table leases, row id='lease-003'", "table leases, row id='lease-004'"]
+    assert [p.lease_id for p in found] == ["lease-003", "lease-004"]
+    assert found[0].where == "table leases, row id='lease-003'"
     assert "tenant column 'someone-else' != body 't'" in found[1].what
     report = repair(path)
     assert [p.lease_id for p in report.quarantined] == ["lease-003", "lease-004"]
