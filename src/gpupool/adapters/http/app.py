@@ -561,8 +561,11 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
     async def watermarks(body: s.WatermarksIn, who: Who) -> JSONResponse:
         admin(who)
         cfg = WatermarkConfig(**body.model_dump())
+        try:  # stored first: a store that refuses leaves the old thresholds in force
+            c.store.set_meta("watermarks", json.dumps(body.model_dump()))
+        except Exception as exc:
+            raise StoreUnavailable(str(exc)) from exc
         c.set_watermarks(cfg)
-        c.store.set_meta("watermarks", json.dumps(body.model_dump()))
         return JSONResponse(body.model_dump())
 
 

@@ -76,7 +76,7 @@ class LeaseOut(BaseModel):
 
 class TicketOut(BaseModel):
     ticket: str
-    state: Literal["queued", "granted", "shed", "cancelled"]
+    state: Literal["queued", "granted", "shed", "cancelled", "failed"]
     enqueued_at: float
     deadline_at: float
     lease: LeaseOut | None = None
