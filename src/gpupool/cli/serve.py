@@ -155,7 +155,13 @@ def build(
     except InvalidInput as exc:
         raise UserError(f"{auth_file or 'tokens'}: {exc}") from None
     # every other argument is valid by now: only then open (and recover) the store
-    store = open_store(store_url or f"sqlite:{data_dir / 'leases.db'}")
+    import sqlite3
+
+    url = store_url or f"sqlite:{data_dir / 'leases.db'}"
+    try:
+        store = open_store(url)
+    except (OSError, sqlite3.Error) as exc:  # (damage is StoreCorrupt: one line already)
+        raise UserError(f"cannot open the lease store {url}: {exc}") from None
     controller = LeaseController(slices, clock=FunctionClock(time.time), store=store)
     saved = store.get_meta("watermarks")
     if saved:
@@ -165,7 +171,10 @@ def build(
 
         with contextlib.suppress(InvalidInput, TypeError, ValueError):
             controller.set_watermarks(WatermarkConfig(**json.loads(saved)))
-    report = controller.recover()
+    try:
+        report = controller.recover()
+    except (OSError, sqlite3.Error) as exc:
+        raise UserError(f"cannot recover the leases of {url}: {exc}") from None
     typer.echo(
         f"gpupool: recovered {report.restored} leases ({report.expired} expired, {report.revoked} revoked)"
     )

@@ -100,3 +100,11 @@ def test_serve_validates_its_arguments_before_opening_the_store(tmp_path: Path) 
     a_store(stocked / "leases.db")
     r = serve(stocked, "--auth-file", str(tmp_path / "missing.yaml"))
     assert r.returncode == 2 and "missing.yaml" in one_line(r) and "recovered" not in r.stdout
+
+
+def test_a_store_that_cannot_be_opened_is_one_line_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    r = serve(blocker / "data", "--auth-file", str(_auth(tmp_path)))
+    line = one_line(r)
+    assert r.returncode == 2 and "lease store" in line and str(blocker / "data" / "leases.db") in line
