@@ -79,12 +79,13 @@ class GroupCommitter:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         c = self.controller
+        err: BaseException | None = None
         try:
             while c.dirty:
                 batch = c.take_batch()
                 gen = self._next_gen
                 self._next_gen += 1
-                err: BaseException | None = None
+                err = None
                 if batch.writes:
                     try:
                         prepare = getattr(c.store, "prepare", None)
@@ -97,7 +98,8 @@ class GroupCommitter:
                             await loop.run_in_executor(self._executor, c.store.apply, batch.writes)
                     except Exception as exc:
                         err = self.failed = exc
-                        c.undo(batch, _describe(exc))
+                if err is not None:
+                    c.undo(batch, _describe(err))  # (should it raise, `finally` fails every waiter)
                 self.batches += 1
                 self.writes += len(batch.writes)
                 self._done_gen = gen
@@ -117,10 +119,14 @@ class GroupCommitter:
                                 fut.set_exception(failed)
         finally:
             self._running = False
-            for gen in [g for g in self._waiters if g <= self._done_gen]:
+            done = None if err is None else StoreUnavailable(_describe(err))
+            for gen in [g for g in self._waiters if g <= self._done_gen or done is not None]:
                 for fut in self._waiters.pop(gen):
                     if not fut.done():
-                        fut.set_result(None)
+                        if done is None:
+                            fut.set_result(None)
+                        else:
+                            fut.set_exception(done)
             if c.dirty:
                 self.kick()
 
