@@ -11,6 +11,7 @@ from gpupool.cli import device_plugin as k8s_device_plugin
 from gpupool.cli import extender as k8s_extender
 from gpupool.cli import run as cli_run
 from gpupool.cli import serve as cli_serve
+from gpupool.cli import store as cli_store
 
 app = typer.Typer(
     name="gpupool",
@@ -49,6 +50,7 @@ app.command(
 )(demo.demo)
 app.add_typer(bench.app, name="bench")
 app.add_typer(sim.app, name="sim")
+app.add_typer(cli_store.app, name="store")
 app.command("plan", help="Partition a cluster for workloads (MIG/MPS layout, mig-parted).")(plan.plan)
 app.command("extender", help="Kubernetes scheduler extender (filter/bind/...).")(k8s_extender.extender)
 app.command("device-plugin", help="Kubelet device plugin (gpupool.io/gpu).")(k8s_device_plugin.device_plugin)

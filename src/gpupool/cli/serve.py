@@ -2,7 +2,8 @@
 and a SQLite lease store. This module is a composition root: it wires the store, HTTP, metrics,
 simulated-device and backend adapters around one core `LeaseController`.
 
-Start-up: plan the cluster for the workloads (`gpupool.hardware.planner`), build the inventory, open
+Start-up: validate every argument (port, backends file, auth file, cluster and workloads files) and
+plan the cluster for the workloads (`gpupool.hardware.planner`), build the inventory; only then open
 the store (``DATA_DIR/leases.db``, WAL + durable commits), recover leases (expired ones are reclaimed;
 the ledger is rebuilt from the stored leases), register backends (``--backends`` YAML or, for
 ``gpupool run``, emulated ones) each with a placement lease on its planned slice, then serve.
@@ -148,7 +149,20 @@ def build(
     from gpupool.adapters.store import open_store
 
     cspec, wset, p, slices = plan_cluster(cluster, workloads)
-    store = open_store(store_url or f"sqlite:{data_dir / 'leases.db'}")
+    tokens, new_admin = load_tokens(auth_file, data_dir)
+    tokens = [*tokens, *extra_tokens]
+    try:
+        table = TokenTable(tokens)
+    except InvalidInput as exc:
+        raise UserError(f"{auth_file or 'tokens'}: {exc}") from None
+    # every other argument is valid by now: only then open (and recover) the store
+    import sqlite3
+
+    url = store_url or f"sqlite:{data_dir / 'leases.db'}"
+    try:
+        store = open_store(url)
+    except (OSError, sqlite3.Error) as exc:  # (damage is StoreCorrupt: one line already)
+        raise UserError(f"cannot open the lease store {url}: {exc}") from None
     controller = LeaseController(slices, clock=FunctionClock(time.time), store=store)
     saved = store.get_meta("watermarks")
     if saved:
@@ -158,14 +172,11 @@ def build(
 
         with contextlib.suppress(InvalidInput, TypeError, ValueError):
             controller.set_watermarks(WatermarkConfig(**json.loads(saved)))
-    report = controller.recover()
-    say(f"gpupool: recovered {report.restored} leases ({report.expired} expired, {report.revoked} revoked)")
-    tokens, new_admin = load_tokens(auth_file, data_dir)
-    tokens = [*tokens, *extra_tokens]
     try:
-        table = TokenTable(tokens)
-    except InvalidInput as exc:
-        raise UserError(f"{auth_file or 'tokens'}: {exc}") from None
+        report = controller.recover()
+    except (OSError, sqlite3.Error) as exc:
+        raise UserError(f"cannot recover the leases of {url}: {exc}") from None
+    say(f"gpupool: recovered {report.restored} leases ({report.expired} expired, {report.revoked} revoked)")
     commits: list[Any] = []
     metrics = GatewayMetrics(controller, commits=lambda: (commits[0].batches, commits[0].writes))
     sizer = KvSizer({w.model: w.quant for w in wset if w.model})

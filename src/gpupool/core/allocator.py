@@ -48,6 +48,8 @@ class LeaseEvent:
     kind: str  # granted | renewed | released | expired | preempted | revoked | restored
     lease: Lease
     at: float
+    previous: Lease | None = None
+    """The lease as it was just before this change (None for a grant or a restore)."""
 
 
 EventSink = Callable[[LeaseEvent], None]
@@ -180,7 +182,7 @@ class Allocator:
         ttl = lease.request.ttl_s if ttl_s is None else float(ttl_s)
         renewed = lease.renewed(self.clock.now() + ttl)
         self.leases.replace(renewed)
-        self._emit("renewed", renewed)
+        self._emit("renewed", renewed, lease)
         return Outcome(OutcomeCode.RENEWED, lease=renewed)
 
     def expire_due(self) -> tuple[Lease, ...]:
@@ -212,6 +214,31 @@ class Allocator:
         tx.commit()
         self._count_preemptible(lease, +1)
         self._emit("restored", lease)
+
+    def rewind(self, versions: Iterable[tuple[str, Lease | None]]) -> None:
+        """Put each lease id back to the given version (None: never existed), without events.
+
+        For undoing changes a store could not make durable: every current version leaves the books
+        first, then the given versions come back, so any set of versions that was consistent
+        together fits again (on unhealthy slices too: a lease may sit on a slice marked unhealthy
+        without revocation)."""
+        wanted = list(versions)
+        for lid, _ in wanted:
+            cur = self.leases.forget(lid)
+            if cur is not None and cur.state is LeaseState.ACTIVE:
+                for g in cur.grants:
+                    self.ledger.ungrant(g.slice_id, g.resources, preemptible=cur.request.is_preemptible)
+                self._count_preemptible(cur, -1)
+        for _, old in wanted:
+            if old is None:
+                continue
+            if old.state is not LeaseState.ACTIVE:
+                self.leases.remember_ended(old)
+                continue
+            for g in old.grants:
+                self.ledger.grant(g.slice_id, g.resources, preemptible=old.request.is_preemptible)
+            self.leases.add(old)
+            self._count_preemptible(old, +1)
 
     # ================================================================== queries
     def get(self, lease_id: str) -> Lease:
@@ -420,7 +447,7 @@ class Allocator:
             self.ledger.ungrant(g.slice_id, g.resources, preemptible=lease.request.is_preemptible)
         self.leases.end(ended)
         self._count_preemptible(lease, -1)
-        self._emit(state.value, ended)
+        self._emit(state.value, ended, lease)
         return ended
 
     def _count_preemptible(self, lease: Lease, delta: int) -> None:
@@ -430,9 +457,9 @@ class Allocator:
             if self._preemptible_priorities[p] <= 0:
                 del self._preemptible_priorities[p]
 
-    def _emit(self, kind: str, lease: Lease) -> None:
+    def _emit(self, kind: str, lease: Lease, previous: Lease | None = None) -> None:
         if self._on_event is not None:
-            self._on_event(LeaseEvent(kind=kind, lease=lease, at=self.clock.now()))
+            self._on_event(LeaseEvent(kind=kind, lease=lease, at=self.clock.now(), previous=previous))
 
     def _unresolvable(self, request: Request) -> Outcome:
         kinds = sorted(k.value for k in request.kinds) if request.kinds else "any"

@@ -27,6 +27,11 @@ and the events that go with it wait in the same pending batch. `flush` (or `take
 its events are delivered, so every event describes durable state. Request leases (KV budgets) live
 in memory only: they end with the process that serves their request.
 
+A batch the store refuses (full disk, I/O error) is undone (`undo`): every lease it or any later
+pending change touched goes back to its last durable version in the allocator, its events are
+dropped, and tickets it queued or granted end as ``failed`` naming the store's error; so memory
+always equals the store, whatever the store's fault.
+
 Recovery (`recover`): active leases are read back from the store; those past expiry are ended as
 EXPIRED, those that no longer fit (slice gone, shrunk or overbooked) are ended as REVOKED, the rest
 are restored; afterwards the ledger equals a recomputation from the stored active leases.
@@ -119,6 +124,10 @@ class LeaseController:
         self._models: dict[str, list[Backend]] = {}
         self._ticket_ids = ticket_ids
         self._pending: OrderedDict[str, Write] = OrderedDict()
+        self._before: dict[str, Lease | None] = {}
+        """Per pending lease id, its last durable version (None: not in the allocator before)."""
+        self._touched: dict[str, None] = {}
+        """Tickets queued or ended since the last `take_batch`."""
         self._events: list[GatewayEvent] = []
         self._tickets: OrderedDict[str, TicketStatus] = OrderedDict()
         self._ticket_memory = ticket_memory
@@ -318,10 +327,42 @@ class LeaseController:
 
     # ================================================================== durability
     def take_batch(self) -> Batch:
-        b = Batch(tuple(self._pending.values()), tuple(self._events))
+        b = Batch(
+            tuple(self._pending.values()),
+            tuple(self._events),
+            before=tuple(self._before.items()),
+            tickets=tuple(self._touched),
+        )
         self._pending = OrderedDict()
+        self._before = {}
+        self._touched = {}
         self._events = []
         return b
+
+    def undo(self, batch: Batch, error: str) -> None:
+        """The store could not make ``batch`` durable: undo it and every change made since.
+
+        Leases go back to their last durable versions (new ones vanish, ended ones are active
+        again, renewals are rolled back), the events of the undone changes are never delivered,
+        and tickets queued or granted by them end as ``failed`` with ``error`` as the reason."""
+        versions = dict(batch.before)
+        for lid, old in self._before.items():
+            versions.setdefault(lid, old)
+        tickets = dict.fromkeys((*batch.tickets, *self._touched))
+        self._pending = OrderedDict()
+        self._before = {}
+        self._touched = {}
+        self._events = []
+        self.allocator.rewind(versions.items())
+        why = f"lease store unavailable: {error}"
+        for t in tickets:
+            st = self._tickets.get(t)
+            if st is None:
+                continue
+            waiting = st.state == "queued" and self.queue.remove(t) is not None
+            if waiting or (st.state == "granted" and st.lease is not None and st.lease.id in versions):
+                self._end_ticket(st, "failed", reason=why)
+        self._freed = True
 
     def deliver(self, batch: Batch) -> None:
         if self.sink is not None:
@@ -329,9 +370,15 @@ class LeaseController:
                 self.sink(e)
 
     def flush(self) -> int:
+        """Make the pending batch durable, then deliver its events. On a store error the batch is
+        undone (`undo`) and the store's exception propagates."""
         b = self.take_batch()
         if b.writes:
-            self.store.apply(b.writes)
+            try:
+                self.store.apply(b.writes)
+            except Exception as exc:
+                self.undo(b, str(exc))
+                raise
         self.deliver(b)
         return len(b.writes)
 
@@ -495,6 +542,7 @@ class LeaseController:
         return new
 
     def _remember(self, st: TicketStatus, *, write: bool = True) -> None:
+        self._touched[st.ticket] = None
         self._tickets[st.ticket] = st
         self._tickets.move_to_end(st.ticket)
         if write and not st.kv:
@@ -545,7 +593,7 @@ class LeaseController:
         lease = ev.lease
         if ev.kind == "restored":
             return
-        self._write(lease, None if ev.kind == "granted" else lease.revision - 1)
+        self._write(lease, None if ev.kind == "granted" else lease.revision - 1, ev.previous)
         if lease.state.ended:
             self._freed = True
             self._ends += 1
@@ -567,8 +615,11 @@ class LeaseController:
             self._freed = True
             self._ends += 1
 
-    def _write(self, lease: Lease, expected: int | None) -> None:
+    def _write(self, lease: Lease, expected: int | None, previous: Lease | None = None) -> None:
+        """Queue the write; ``previous`` is the allocator's version before it (None: not held)."""
         prev = self._pending.get(lease.id)
+        if prev is None:
+            self._before[lease.id] = previous
         if isinstance(prev, StoreWrite):
             expected = prev.expected_revision
         self._pending[lease.id] = StoreWrite(lease, expected)

@@ -67,6 +67,27 @@ class LeaseTable:
         if len(self._ended) > self._ended_capacity:
             self._ended.popitem(last=False)
 
+    def forget(self, lease_id: str) -> Lease | None:
+        """Drop a lease (active or ended) as if it had never been added; return what was there.
+        Its heap entries go stale (skipped when popped)."""
+        lease = self._active.pop(lease_id, None)
+        if lease is None:
+            return self._ended.pop(lease_id, None)
+        for sid in lease.slice_ids:
+            members = self._by_slice[sid]
+            del members[lease_id]
+            if not members:
+                del self._by_slice[sid]
+        return lease
+
+    def remember_ended(self, ended: Lease) -> None:
+        """Put an ended lease back into the recent endings (undo of a change to it)."""
+        if ended.id in self._active or not ended.state.ended:
+            raise InvariantViolation(f"lease {ended.id}: cannot remember as ended (state {ended.state})")
+        self._ended[ended.id] = ended
+        if len(self._ended) > self._ended_capacity:
+            self._ended.popitem(last=False)
+
     def get(self, lease_id: str) -> Lease | None:
         return self._active.get(lease_id) or self._ended.get(lease_id)
 

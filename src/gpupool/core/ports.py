@@ -148,6 +148,10 @@ class Backend:
 class Batch:
     writes: tuple[Write, ...]
     events: tuple[GatewayEvent, ...]
+    before: tuple[tuple[str, Lease | None], ...] = ()
+    """Per written lease id, its version before the batch (None: new): what an undo puts back."""
+    tickets: tuple[str, ...] = ()
+    """Tickets queued or ended by the batch's changes."""
 
 
 @dataclass(frozen=True, slots=True)

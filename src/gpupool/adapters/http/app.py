@@ -379,7 +379,9 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
 
     @app.get("/healthz", include_in_schema=True)
     async def healthz() -> dict[str, Any]:
-        return {"ok": gw.committer.failed is None}
+        if gw.committer.healthy():
+            return {"ok": True}
+        return {"ok": False, "store_error": str(gw.committer.failed)}
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
@@ -572,8 +574,11 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
     async def watermarks(body: s.WatermarksIn, who: Who) -> JSONResponse:
         admin(who)
         cfg = WatermarkConfig(**body.model_dump())
+        try:  # stored first: a store that refuses leaves the old thresholds in force
+            c.store.set_meta("watermarks", json.dumps(body.model_dump()))
+        except Exception as exc:
+            raise StoreUnavailable(str(exc)) from exc
         c.set_watermarks(cfg)
-        c.store.set_meta("watermarks", json.dumps(body.model_dump()))
         return JSONResponse(body.model_dump())
 
 

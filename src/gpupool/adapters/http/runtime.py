@@ -11,6 +11,12 @@ while the requests that arrive meanwhile queue in the kernel and form the next b
 the COMMIT in the thread: 650-1260 round trips/s against 740-920 inline in alternating runs on the
 shared machine, the same within noise, so inline stays the default.
 
+A batch the store refuses is undone in the controller (`LeaseController.undo`: memory goes back to
+what the store holds, the batch's events are dropped) and every handler waiting on it or on a later
+change gets `StoreUnavailable` carrying the store's own error text (HTTP 503 + Retry-After). The
+committer is unhealthy from then on until the store takes a write again: the next batch that
+commits, or a probe write made by `healthy` (``/healthz``).
+
 `EventHub` filters events per subscriber: an admin sees everything; a tenant sees events of its own
 leases and tickets, and pause/resume events naming one of its leases. Slow subscribers lose events
 (bounded queues) rather than slowing the gateway; they get a ``lagged`` event.
@@ -73,12 +79,13 @@ class GroupCommitter:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         c = self.controller
+        err: BaseException | None = None
         try:
             while c.dirty:
                 batch = c.take_batch()
                 gen = self._next_gen
                 self._next_gen += 1
-                err: BaseException | None = None
+                err = None
                 if batch.writes:
                     try:
                         prepare = getattr(c.store, "prepare", None)
@@ -91,25 +98,52 @@ class GroupCommitter:
                             await loop.run_in_executor(self._executor, c.store.apply, batch.writes)
                     except Exception as exc:
                         err = self.failed = exc
+                if err is not None:
+                    c.undo(batch, _describe(err))  # (should it raise, `finally` fails every waiter)
                 self.batches += 1
                 self.writes += len(batch.writes)
                 self._done_gen = gen
                 if err is None:
+                    if batch.writes:
+                        self.failed = None
                     c.deliver(batch)
-                for fut in self._waiters.pop(gen, ()):
-                    if not fut.done():
-                        if err is None:
+                    for fut in self._waiters.pop(gen, ()):
+                        if not fut.done():
                             fut.set_result(None)
-                        else:
-                            fut.set_exception(StoreUnavailable(str(err)))
+                else:
+                    # the undo also took back every change made after this batch: fail all waiters
+                    failed = StoreUnavailable(_describe(err))
+                    for g in list(self._waiters):
+                        for fut in self._waiters.pop(g):
+                            if not fut.done():
+                                fut.set_exception(failed)
         finally:
             self._running = False
-            for gen in [g for g in self._waiters if g <= self._done_gen]:
+            done = None if err is None else StoreUnavailable(_describe(err))
+            for gen in [g for g in self._waiters if g <= self._done_gen or done is not None]:
                 for fut in self._waiters.pop(gen):
                     if not fut.done():
-                        fut.set_result(None)
+                        if done is None:
+                            fut.set_result(None)
+                        else:
+                            fut.set_exception(done)
             if c.dirty:
                 self.kick()
+
+    def healthy(self) -> bool:
+        """False while the last store write failed; then one probe write per call tells whether the
+        store has recovered (space freed, disk back), and a success clears the failure."""
+        if self.failed is None:
+            return True
+        if self._running:
+            return False
+        try:
+            self.controller.store.set_meta("health_probe", "ok")
+        except Exception as exc:
+            self.failed = exc
+            return False
+        self.failed = None
+        return True
 
     async def close(self) -> None:
         while self._running or self.controller.dirty:
@@ -119,7 +153,11 @@ class GroupCommitter:
 
 
 class StoreUnavailable(Exception):
-    pass
+    """The lease store refused a write; the message is the store's own error text."""
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 class EventHub:

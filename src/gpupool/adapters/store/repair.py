@@ -1,0 +1,240 @@
+"""`check` and `repair` of a SQLite lease store (``gpupool store check|repair``).
+
+Role: find what makes a store unusable at start-up and, on request, set it aside so the gateway can
+start: damage is quarantined, never silently dropped.
+
+- `check` lists problems: a file that is not a readable SQLite database, pages that fail
+  ``PRAGMA integrity_check``, a ``leases`` row whose body does not decode or whose columns disagree
+  with its body, a missing or unknown ``schema_version``. It never writes.
+- `repair` of row damage moves each bad row, in one transaction, into the ``quarantine`` table
+  (``tbl, id, body, problem, moved_at``) of the same file and deletes it from ``leases``. Repair of
+  file damage renames the file (with its ``-wal``/``-shm``) to ``NAME.damaged-STAMP``, creates a
+  fresh store in its place and copies into it every lease row and meta entry that can still be
+  read (bad ones into ``quarantine``). Either way the report says what moved where; a second
+  `check` is clean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpupool.adapters.store.sqlite import SCHEMA_VERSION, SqliteLeaseStore, decode_row
+from gpupool.core.errors import InvalidInput
+from gpupool.core.ports import StoreWrite
+
+QUARANTINE = """
+CREATE TABLE IF NOT EXISTS quarantine (
+    tbl TEXT NOT NULL, id TEXT, body TEXT, problem TEXT NOT NULL, moved_at TEXT NOT NULL
+);
+"""
+_MAX_LISTED = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    where: str
+    """``file``, ``table meta`` or ``table leases, row id='...'``."""
+    what: str
+    rowid: int | None = None
+    lease_id: str | None = None
+    body: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.what}"
+
+
+@dataclass
+class RepairReport:
+    quarantined: list[Problem] = field(default_factory=list)
+    damaged_copy: Path | None = None
+    salvaged: int = 0
+    salvaged_meta: int = 0
+
+    def lines(self, path: Path) -> list[str]:
+        out = []
+        if self.damaged_copy is not None:
+            out.append(
+                f"{path}: unreadable file moved to {self.damaged_copy}; new store with {self.salvaged} "
+                f"lease row(s) and {self.salvaged_meta} meta entr(y/ies) salvaged from it"
+            )
+        out.extend(f"{path}: quarantined {p.where}: {p.what}" for p in self.quarantined)
+        if not out:
+            out.append(f"{path}: nothing to repair")
+        return out
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    if not path.is_file():
+        raise InvalidInput("--data-dir", str(path.parent), f"no lease store at {path}")
+    return sqlite3.connect(str(path), isolation_level=None)
+
+
+def check(path: Path) -> list[Problem]:
+    """Every problem found in the store file at ``path`` (empty: clean). Reads only."""
+    db = _connect(path)
+    try:
+        try:
+            found = [r[0] for r in db.execute("PRAGMA integrity_check").fetchall()]
+        except sqlite3.DatabaseError as exc:
+            return [Problem("file", f"{exc} (not a readable SQLite database)")]
+        problems = [Problem("file", f"integrity check: {msg}") for msg in found if msg != "ok"]
+        if problems:
+            return problems
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "leases" not in tables or "meta" not in tables:
+            return [Problem("file", f"missing table(s) {sorted({'leases', 'meta'} - tables)}")]
+        problems.extend(_row_problems(db))
+        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None or row[0] != SCHEMA_VERSION:
+            have = "none" if row is None else repr(row[0])
+            problems.append(Problem("table meta", f"schema_version is {have}, expected {SCHEMA_VERSION!r}"))
+        return problems
+    finally:
+        db.close()
+
+
+def _row_problems(db: sqlite3.Connection) -> Iterator[Problem]:
+    for rowid, lid, rev, state, tenant, body in db.execute(
+        "SELECT rowid, id, revision, state, tenant, body FROM leases ORDER BY rowid"
+    ):
+        where = f"table leases, row id={lid!r}"
+        try:
+            lease = decode_row(str(lid), body)
+        except InvalidInput as exc:
+            yield Problem(where, exc.reason, rowid, lid, body)
+            continue
+        cols = {"id": lid, "revision": rev, "state": state, "tenant": tenant}
+        body_vals = {
+            "id": lease.id,
+            "revision": lease.revision,
+            "state": lease.state.value,
+            "tenant": lease.request.tenant,
+        }
+        wrong = [f"{k} column {cols[k]!r} != body {v!r}" for k, v in body_vals.items() if cols[k] != v]
+        if wrong:
+            yield Problem(where, "; ".join(wrong), rowid, lid, body)
+
+
+def repair(path: Path) -> RepairReport:
+    """Quarantine what `check` finds (see the module docstring); return what moved where."""
+    problems = check(path)
+    if any(p.where == "file" for p in problems):
+        return _salvage(path)
+    rows = [p for p in problems if p.rowid is not None]
+    report = RepairReport(quarantined=rows)
+    db = _connect(path)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(QUARANTINE)
+            now = _stamp()
+            for p in rows:
+                db.execute(
+                    "INSERT INTO quarantine(tbl, id, body, problem, moved_at) VALUES ('leases', ?, ?, ?, ?)",
+                    (p.lease_id, p.body, p.what, now),
+                )
+                db.execute("DELETE FROM leases WHERE rowid=?", (p.rowid,))
+            if any(p.where == "table meta" for p in problems):
+                db.execute(
+                    "INSERT INTO meta(key, value) VALUES ('schema_version', ?)"
+                    " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                    (SCHEMA_VERSION,),
+                )
+                report.quarantined.append(Problem("table meta", f"schema_version set to {SCHEMA_VERSION!r}"))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+    finally:
+        db.close()
+    return report
+
+
+def _stamp() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _salvage(path: Path) -> RepairReport:
+    copy = path.with_name(f"{path.name}.damaged-{_stamp()}")
+    path.rename(copy)
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            side.rename(copy.with_name(copy.name + suffix))
+    leases, meta = _readable(copy)
+    report = RepairReport(damaged_copy=copy)
+    store = SqliteLeaseStore(path)
+    try:
+        good = []
+        for lid, body in leases:
+            try:
+                good.append(StoreWrite(decode_row(lid, body), None))
+            except InvalidInput as exc:
+                where = f"table leases, row id={lid!r}"
+                report.quarantined.append(Problem(where, exc.reason, None, lid, body))
+        if good:
+            store.apply(good)
+        report.salvaged = len(good)
+        for key, value in meta:
+            if key != "schema_version":
+                store.set_meta(key, value)
+                report.salvaged_meta += 1
+    finally:
+        store.close()
+    if report.quarantined:
+        db = sqlite3.connect(str(path), isolation_level=None)
+        try:
+            db.execute(QUARANTINE)
+            now = _stamp()
+            db.executemany(
+                "INSERT INTO quarantine(tbl, id, body, problem, moved_at) VALUES ('leases', ?, ?, ?, ?)",
+                [(p.lease_id, p.body, p.what, now) for p in report.quarantined],
+            )
+        finally:
+            db.close()
+    return report
+
+
+def _readable(path: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The lease rows and meta entries that can still be read from a damaged file (row by row
+    when a full scan fails)."""
+    leases: list[tuple[str, str]] = []
+    meta: list[tuple[str, str]] = []
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return leases, meta
+    try:
+        for table, cols, out in (("leases", "id, body", leases), ("meta", "key, value", meta)):
+            try:
+                out.extend((str(a), str(b)) for a, b in db.execute(f"SELECT {cols} FROM {table}"))  # noqa: S608
+                continue
+            except sqlite3.DatabaseError:
+                out.clear()
+            with contextlib.suppress(sqlite3.DatabaseError):
+                top = db.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0] or 0  # noqa: S608
+                for rowid in range(1, min(int(top), 1_000_000) + 1):
+                    with contextlib.suppress(sqlite3.DatabaseError):
+                        row = db.execute(f"SELECT {cols} FROM {table} WHERE rowid=?", (rowid,)).fetchone()  # noqa: S608
+                        if row is not None:
+                            out.append((str(row[0]), str(row[1])))
+    finally:
+        db.close()
+    return leases, meta
+
+
+def summary(problems: list[Problem], path: Path) -> list[str]:
+    """At most `_MAX_LISTED` lines, then a count of the rest."""
+    lines = [f"{path}: {p}" for p in problems[:_MAX_LISTED]]
+    if len(problems) > _MAX_LISTED:
+        lines.append(f"{path}: ... and {len(problems) - _MAX_LISTED} more problem(s)")
+    return lines
+
+
+__all__ = ["Problem", "RepairReport", "check", "repair", "summary"]

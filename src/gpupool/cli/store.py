@@ -1,0 +1,56 @@
+"""`gpupool store check|repair`: inspect and repair the gateway's SQLite lease store offline.
+
+``check`` prints one line per problem (file damage, a row whose body does not decode or disagrees
+with its columns, a bad schema version) and exits 1 if there is any, 0 if the store is clean.
+``repair`` quarantines what ``check`` finds (see `gpupool.adapters.store.repair`) and prints what it
+moved where. Run either with the gateway stopped. Bad arguments (no store there) exit 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from gpupool.cli.errors import user_errors
+
+app = typer.Typer(
+    help="Check or repair the lease store (DATA_DIR/leases.db); run with the gateway stopped.",
+    no_args_is_help=True,
+)
+
+_DATA_DIR = typer.Option(Path(".gpupool"), "--data-dir", help="The gateway's data directory.")
+_DB = typer.Option(None, "--db", help="The store file (default: DATA_DIR/leases.db).")
+
+
+def _path(data_dir: Path, db: Path | None) -> Path:
+    return db if db is not None else data_dir / "leases.db"
+
+
+@app.command("check")
+@user_errors
+def check(data_dir: Path = _DATA_DIR, db: Path | None = _DB) -> None:
+    """List problems: exit 1 if there are any, 0 if the store is clean."""
+    from gpupool.adapters.store.repair import check as check_store
+    from gpupool.adapters.store.repair import summary
+
+    path = _path(data_dir, db)
+    problems = check_store(path)
+    if not problems:
+        typer.echo(f"{path}: ok")
+        return
+    for line in summary(problems, path):
+        typer.echo(line)
+    typer.echo(f"{len(problems)} problem(s); `gpupool store repair` quarantines them")
+    raise typer.Exit(1)
+
+
+@app.command("repair")
+@user_errors
+def repair(data_dir: Path = _DATA_DIR, db: Path | None = _DB) -> None:
+    """Quarantine bad rows (or set a damaged file aside, salvaging what can be read); say what moved."""
+    from gpupool.adapters.store.repair import repair as repair_store
+
+    path = _path(data_dir, db)
+    for line in repair_store(path).lines(path):
+        typer.echo(line)

@@ -1,0 +1,110 @@
+"""`gpupool serve` on a damaged store and `gpupool store check|repair`, as real subprocesses; and
+`serve` validating every other argument before it opens (or creates, or recovers) the store."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.adapters.store.damage import a_store, bad_json_row, overwrite, truncate
+
+
+def gpupool(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def serve(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A `serve` that must refuse to start (one that starts anyway is killed: TimeoutExpired)."""
+    return gpupool("serve", "--data-dir", str(data), "--port", "0", *args, timeout_s=40)
+
+
+def one_line(r: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_serve_on_a_bad_row_names_file_row_and_fix_then_repair_lets_it_start(tmp_path: Path) -> None:
+    path = tmp_path / "leases.db"
+    a_store(path)
+    bad_json_row(path, "lease-012")
+    r = serve(tmp_path, "--auth-file", str(_auth(tmp_path)), "--port", "70000")
+    assert r.returncode == 2 and "--port" in r.stderr  # (the port is checked before the store)
+    r = serve(tmp_path)
+    line = one_line(r)
+    assert r.returncode == 2 and "recovered" not in r.stdout
+    assert str(path) in line and "row id='lease-012'" in line and "gpupool store repair" in line
+
+    r = gpupool("store", "check", "--data-dir", str(tmp_path))
+    assert r.returncode == 1 and "row id='lease-012'" in r.stdout and "not valid JSON" in r.stdout
+    r = gpupool("store", "repair", "--data-dir", str(tmp_path))
+    assert r.returncode == 0 and "quarantined table leases, row id='lease-012'" in r.stdout
+    r = gpupool("store", "check", "--data-dir", str(tmp_path))
+    assert r.returncode == 0 and r.stdout.strip() == f"{path}: ok"
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT id FROM quarantine").fetchall() == [("lease-012",)]
+    db.close()
+
+
+@pytest.mark.parametrize("damage", [truncate, overwrite])
+def test_serve_on_a_damaged_file_is_one_line_naming_it(tmp_path: Path, damage) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "leases.db"
+    a_store(path)
+    damage(path)
+    r = serve(tmp_path)
+    line = one_line(r)
+    assert r.returncode == 2 and str(path) in line and "damaged" in line and "gpupool store check" in line
+    r = gpupool("store", "check", "--data-dir", str(tmp_path))
+    assert r.returncode == 1 and f"{path}: file:" in r.stdout
+    r = gpupool("store", "repair", "--data-dir", str(tmp_path))
+    assert r.returncode == 0 and "moved to" in r.stdout and "salvaged" in r.stdout
+    assert gpupool("store", "check", "--data-dir", str(tmp_path)).returncode == 0
+
+
+def test_store_check_without_a_store_is_exit_2(tmp_path: Path) -> None:
+    r = gpupool("store", "check", "--data-dir", str(tmp_path / "nothing"))
+    assert r.returncode == 2 and "no lease store at" in one_line(r)
+
+
+def _auth(tmp_path: Path) -> Path:
+    auth = tmp_path / "auth.yaml"
+    auth.write_text("tokens:\n  - {token: a-long-enough-token-01, tenant: a, role: tenant}\n")
+    return auth
+
+
+def test_serve_validates_its_arguments_before_opening_the_store(tmp_path: Path) -> None:
+    data = tmp_path / "fresh"
+    r = serve(data, "--auth-file", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and "missing.yaml" in one_line(r)
+    r = serve(data, "--backends", str(tmp_path / "no-backends.yaml"))
+    assert r.returncode == 2 and "no-backends.yaml" in one_line(r)
+    bad = tmp_path / "bad-auth.yaml"
+    bad.write_text("tokens: 3\n")
+    assert serve(data, "--auth-file", str(bad)).returncode == 2
+    assert serve(data, "--port", "-1").returncode == 2
+    assert not (data / "leases.db").exists()  # never opened, let alone created
+
+    stocked = tmp_path / "stocked"
+    stocked.mkdir()
+    a_store(stocked / "leases.db")
+    r = serve(stocked, "--auth-file", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and "missing.yaml" in one_line(r) and "recovered" not in r.stdout
+
+
+def test_a_store_that_cannot_be_opened_is_one_line_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    r = serve(blocker / "data", "--auth-file", str(_auth(tmp_path)))
+    line = one_line(r)
+    assert r.returncode == 2 and "lease store" in line and str(blocker / "data" / "leases.db") in line

@@ -1,0 +1,185 @@
+"""The gateway over real HTTP on a store that runs out of space: a refused write is a 503 carrying
+SQLite's own error and Retry-After, memory stays equal to the store (nothing listed that is not
+stored, a refused DELETE leaves the lease active), and /healthz recovers with the store.
+
+Two stores: a fault-injecting wrapper over real SQLite (always runs) and, where a tmpfs can be
+mounted (root), the real ``gpupool serve`` on a 1 MiB filesystem that is filled up for real."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpupool.adapters.http.app import create_app
+from gpupool.adapters.http.auth import TokenTable
+from gpupool.adapters.store import SqliteLeaseStore
+from gpupool.cli.demo import seed_example_pool
+from gpupool.cli.serve import free_port
+from gpupool.core.clock import FunctionClock
+from gpupool.core.controller import LeaseController
+from tests.adapters.http.servers import running
+from tests.adapters.store.faulty import DISK_FULL, FaultyStore
+
+ADMIN, A = "admin-token-0001", "tenant-a-token-1"
+LEASE = {"priority": "P1", "vram_mib": 1024, "compute_pct": 5, "kinds": ["mig"]}
+
+
+def h(tok: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tok}"}
+
+
+@pytest.fixture
+def gw(tmp_path: Path) -> Iterator[tuple[str, LeaseController, FaultyStore, Path]]:
+    path = tmp_path / "leases.db"
+    store = FaultyStore(SqliteLeaseStore(path))
+    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=store)
+    c.recover()
+    tokens = TokenTable([(ADMIN, "ops", "admin"), (A, "a", "tenant")])
+    with running(create_app(c, tokens=tokens, tick_s=0.05)) as url:
+        yield url, c, store, path
+    store.close()
+
+
+def stored_active(path: Path) -> list[str]:
+    s = SqliteLeaseStore(path)
+    try:
+        return [x.id for x in s.active()]
+    finally:
+        s.close()
+
+
+def test_refused_writes_are_503_with_the_real_error_and_undone(
+    gw: tuple[str, LeaseController, FaultyStore, Path],
+) -> None:
+    url, c, store, path = gw
+    with httpx.Client(base_url=url, headers=h(A)) as cl:
+        kept = cl.post("/v1/leases", json=LEASE)
+        assert kept.status_code == 201, kept.text
+        kid = kept.json()["id"]
+        store.disk_full()
+        r = cl.post("/v1/leases", json=LEASE)
+        assert r.status_code == 503 and DISK_FULL in r.text, r.text
+        assert "rollback" not in r.text and int(r.headers["Retry-After"]) >= 1
+        assert [x["id"] for x in cl.get("/v1/leases").json()["leases"]] == [kid]
+        d = cl.delete(f"/v1/leases/{kid}")
+        assert d.status_code == 503 and DISK_FULL in d.text, d.text
+        assert cl.get(f"/v1/leases/{kid}").json()["state"] == "active"
+        health = cl.get("/healthz").json()
+        assert health["ok"] is False and DISK_FULL in health["store_error"]
+        c.check_invariants()
+        assert [x.id for x in c.leases()] == stored_active(path) == [kid]
+        store.heal()
+        assert cl.get("/healthz").json() == {"ok": True}  # no write needed to notice the recovery
+        d = cl.delete(f"/v1/leases/{kid}")
+        assert d.status_code == 200 and d.json()["state"] == "released"
+        assert cl.get(f"/v1/leases/{kid}").json()["state"] == "released"
+        assert stored_active(path) == [] and c.leases() == []
+
+
+def test_refused_watermark_change_keeps_the_old_thresholds(
+    gw: tuple[str, LeaseController, FaultyStore, Path],
+) -> None:
+    url, c, store, _ = gw
+    before = c.bank.config
+    store.disk_full()
+    with httpx.Client(base_url=url, headers=h(ADMIN)) as cl:
+        r = cl.put("/v1/admin/watermarks", json={"vram_high": 0.8})
+        assert r.status_code == 503 and DISK_FULL in r.text, r.text
+        assert c.bank.config == before and store.inner.get_meta("watermarks") is None
+        store.heal()
+        assert cl.put("/v1/admin/watermarks", json={"vram_high": 0.8}).status_code == 200
+        assert c.bank.config.vram_high == 0.8 and store.inner.get_meta("watermarks") is not None
+
+
+# ------------------------------------------------------------------ a real full filesystem
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(where: Path, size: str = "1m") -> Iterator[Path]:
+    where.mkdir()
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root on Linux")
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, check=False
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(fs: Path) -> Path:
+    """Write one file until the filesystem has no block left."""
+    filler = fs / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with contextlib.suppress(OSError):
+            while os.write(fd, b"\0" * 4096):
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def _serve(data: Path, auth: Path, port: int) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "gpupool.cli.main", "serve", "--port", str(port), "--data-dir", str(data)]
+    p = subprocess.Popen(
+        [*cmd, "--auth-file", str(auth), "--no-simulate-readings"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise RuntimeError(f"serve exited {p.returncode}: {p.stderr.read().decode() if p.stderr else ''}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=0.5).status_code == 200:
+                return p
+        time.sleep(0.1)
+    p.kill()
+    raise RuntimeError("serve did not come up")
+
+
+@pytest.mark.slow
+def test_real_serve_on_a_full_tmpfs(tmp_path: Path) -> None:
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(f"tokens:\n  - {{token: {A}, tenant: a, role: tenant}}\n")
+    with tiny_tmpfs(tmp_path / "fs") as fs:
+        data = fs / "data"
+        port = free_port()
+        p = _serve(data, auth, port)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=h(A), timeout=10) as cl:
+                kept = cl.post("/v1/leases", json=LEASE)
+                assert kept.status_code == 201, kept.text
+                filler = fill(fs)
+                refused = [cl.post("/v1/leases", json={**LEASE, "labels": {"n": str(i)}}) for i in range(200)]
+                assert refused[-1].status_code == 503, refused[-1].text
+                assert DISK_FULL in refused[-1].text and "rollback" not in refused[-1].text
+                acked = {kept.json()["id"]} | {r.json()["id"] for r in refused if r.status_code == 201}
+                listed = {x["id"] for x in cl.get("/v1/leases").json()["leases"]}
+                assert listed == acked
+                assert cl.get("/healthz").json()["ok"] is False
+                filler.unlink()
+                assert cl.get("/healthz").json() == {"ok": True}
+                assert cl.post("/v1/leases", json=LEASE).status_code == 201
+                listed = {x["id"] for x in cl.get("/v1/leases").json()["leases"]}
+            p.send_signal(signal.SIGKILL)
+            p.wait(10)
+            p = _serve(data, auth, port)
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=h(A), timeout=10) as cl:
+                assert {x["id"] for x in cl.get("/v1/leases").json()["leases"]} == listed
+        finally:
+            p.kill()
+            p.wait(10)
