@@ -83,17 +83,18 @@ class MissMemo:
         self._misses: dict[tuple[object, ...], list[_Miss]] = {}
 
     def __call__(self, item: Ticketed, avoid: frozenset[str]) -> tuple[Verdict, frozenset[str]]:
-        if self._ends() != self._seen:
+        ends = self._ends()
+        if ends != self._seen:
             self._misses.clear()
-            self._seen = self._ends()
+            self._seen = ends
         r = item.request
         v, c = r.demand.vram_mib, r.demand.compute_milli
-        scope = (item.kv, item.gpu_id, r.kinds, r.nodes, r.model if item.kv else "", r.gpu_count)
+        scope = item.scope
         for prio, mv, mc, seen, holds in self._misses.get(scope, ()):
-            if r.priority <= prio and v >= mv and c >= mc and seen <= avoid:
+            if r.priority <= prio and v >= mv and c >= mc and (seen is avoid or seen <= avoid):
                 return Verdict.BLOCKED, holds
         verdict, holds = self._try_grant(item, avoid)
-        if verdict is Verdict.BLOCKED and self._ends() == self._seen:
+        if verdict is Verdict.BLOCKED and self._ends() == ends:
             known = self._misses.setdefault(scope, [])
             if len(known) < self.PER_SCOPE:
                 known.append((r.priority, v, c, avoid, holds))
