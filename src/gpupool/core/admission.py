@@ -22,8 +22,8 @@ Ordering (total, written down):
   A grant is charged to the deficit; a blocked item costs nothing and the next item is offered.
 - one `drain` is one pass over every item in that order. An item is offered with the units held by
   the items before it in the pass (higher bands, and its own band earlier in the round); a new
-  request (`avoid`) counts as the last item of its band. Holds are recomputed by every pass, so a
-  hold never outlives the pass after its item left.
+  request (`avoid`) counts as the last item of its band. Every pass recomputes the holds; a hold
+  goes with its item (grant, cancel, deadline).
 - minimum share: a sheddable (negative priority) item ignores the holds of online (priority >= 0)
   items while sheddable work holds less than ``p2_min_share`` of the last ``share_window`` grants
   (direct grants count too, via `record_grant`): batch gets a trickle under online load.
