@@ -22,8 +22,8 @@ Ordering (total, written down):
   A grant is charged to the deficit; a blocked item costs nothing and the next item is offered.
 - one `drain` is one pass over every item in that order. An item is offered with the units held by
   the items before it in the pass (higher bands, and its own band earlier in the round); a new
-  request (`avoid`) counts as the last item of its band. Holds are recomputed by every pass, so a
-  hold never outlives the pass after its item left.
+  request (`avoid`) counts as the last item of its band. Every pass recomputes the holds; a hold
+  goes with its item (grant, cancel, deadline).
 - minimum share: a sheddable (negative priority) item ignores the holds of online (priority >= 0)
   items while sheddable work holds less than ``p2_min_share`` of the last ``share_window`` grants
   (direct grants count too, via `record_grant`): batch gets a trickle under online load.
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -76,6 +76,13 @@ class Ticketed:
     """Placement restricted to this GPU ('' = any)."""
     kv: bool = False
     """A request lease on a model instance's KV budget (not a slice lease)."""
+    scope: tuple[object, ...] = field(init=False, repr=False, compare=False)
+    """Everything but priority and demand that decides where it may go (memo key of a pump pass)."""
+
+    def __post_init__(self) -> None:
+        r = self.request
+        scope = (self.kv, self.gpu_id, r.kinds, r.nodes, r.model if self.kv else "", r.gpu_count)
+        object.__setattr__(self, "scope", scope)
 
     @property
     def cost(self) -> int:
@@ -116,7 +123,8 @@ class _Band:
     fifo: dict[str, deque[Ticketed]] = field(default_factory=dict)
     rr: deque[str] = field(default_factory=deque)
     deficit: dict[str, int] = field(default_factory=dict)
-    held: Counter[str] = field(default_factory=Counter)
+    held: dict[str, int] = field(default_factory=dict)
+    """Unit -> number of this band's items holding it."""
     size: int = 0
 
 
@@ -131,6 +139,8 @@ class AdmissionQueue:
         self._recent: deque[bool] = deque(maxlen=self.config.share_window)
         self._recent_sheddable = 0
         self._seq = 0
+        self._avoid_cache: dict[tuple[int, bool], frozenset[str]] = {}
+        """(priority, ignoring online holds) -> `avoid` answer; cleared whenever a hold changes."""
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -173,6 +183,10 @@ class AdmissionQueue:
         """Units a new request of ``priority`` must not take: those held by queued items of its band
         or a higher one (a sheddable newcomer ignores online holds while `share_ok` holds)."""
         skip_online = priority < 0 and self.share_ok()
+        key = (priority, skip_online)
+        hit = self._avoid_cache.get(key)
+        if hit is not None:
+            return hit
         out: set[str] = set()
         for neg in self._order:
             prio = -neg
@@ -180,8 +194,9 @@ class AdmissionQueue:
                 break
             if skip_online and prio >= 0:
                 continue
-            out.update(k for k, n in self._bands[prio].held.items() if n > 0)
-        return frozenset(out)
+            out.update(self._bands[prio].held)
+        self._avoid_cache[key] = ans = frozenset(out)
+        return ans
 
     # ------------------------------------------------------------------ changes
     def push(self, item: Ticketed, holds: frozenset[str] = NOTHING) -> bool:
@@ -238,24 +253,22 @@ class AdmissionQueue:
     def drain(self, try_grant: TryGrant) -> list[Ticketed]:
         """One pass over every item in the documented order; return the granted items."""
         granted: list[Ticketed] = []
-        held_all: set[str] = set()
-        held_shed: set[str] = set()
-        for b in self._bands.values():
-            b.held.clear()
-        self._holds.clear()
+        held_all = held_shed = NOTHING
         for neg in list(self._order):
             prio = -neg
             b = self._bands[prio]
             gone: set[str] = set()
             for item in self._round(b):
                 shed_pass = prio < 0 and self.share_ok()
-                avoid = frozenset(held_shed if shed_pass else held_all)
-                verdict, holds = try_grant(item, avoid)
+                verdict, holds = try_grant(item, held_shed if shed_pass else held_all)
                 if verdict is Verdict.BLOCKED:
-                    self._hold(b, item.ticket, holds)
-                    held_all |= holds
-                    if prio < 0:
-                        held_shed |= holds
+                    if self._holds.get(item.ticket, NOTHING) != holds:  # NOTE: the common case is "same"
+                        self._hold(b, item.ticket, holds)
+                    if holds:
+                        if not holds <= held_all:  # NOTE: one set object per change, not per item
+                            held_all = held_all | holds
+                        if prio < 0 and not holds <= held_shed:
+                            held_shed = held_shed | holds
                     continue
                 if verdict is Verdict.GRANTED:
                     b.deficit[item.request.tenant] -= item.cost
@@ -310,11 +323,19 @@ class AdmissionQueue:
 
     def _hold(self, b: _Band, ticket: str, holds: frozenset[str]) -> None:
         old = self._holds.pop(ticket, NOTHING)
-        if old:
-            b.held.subtract(old)
+        held = b.held
+        for u in old:
+            n = held[u] - 1
+            if n:
+                held[u] = n
+            else:
+                del held[u]
         if holds:
             self._holds[ticket] = holds
-            b.held.update(holds)
+            for u in holds:
+                held[u] = held.get(u, 0) + 1
+        if old or holds:
+            self._avoid_cache.clear()
 
     def _forget(self, item: Ticketed) -> None:
         """Drop ``item`` (already out of its FIFO) from the books; its heap entry goes stale."""

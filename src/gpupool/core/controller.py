@@ -578,7 +578,8 @@ class LeaseController:
                 self._end_ticket(st, "shed", reason=f"queue of band {band(rec.request.priority)} is full")
                 continue
             self._remember(st, write=False)
-        self._freed = True
+        if len(self.queue):
+            self._pump()  # NOTE: before any newcomer: the restored tickets were there first
 
     def _finish(self, out: Outcome | None) -> Outcome:
         if self._freed and len(self.queue):

@@ -10,8 +10,9 @@ Invariants:
   (request-lease tickets are never stored);
 - `MissMemo` (one per pump pass) answers "blocked" without a search only when an earlier item of the
   same scope, of no lower priority and no larger demand, was blocked while avoiding a subset of the
-  units this one must avoid: capacity only shrinks during a pass, so this one cannot fit either. It
-  forgets everything as soon as a lease ends mid-pass (preemption, expiry: capacity grew).
+  units this one must avoid: capacity only shrinks during a pass, so this one cannot fit either. Such
+  an item holds nothing this pass (the earlier one, still queued, holds its target). The memo forgets
+  everything as soon as a lease ends mid-pass (preemption, expiry: capacity grew).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpupool.core.admission import Ticketed, TryGrant, Verdict
+from gpupool.core.admission import NOTHING, Ticketed, TryGrant, Verdict
 from gpupool.core.model import Lease, Request
 from gpupool.core.ports import TicketRecord
 
@@ -68,7 +69,7 @@ def from_record(rec: TicketRecord, lease: Lease | None) -> TicketStatus:
     )
 
 
-_Miss = tuple[int, int, int, frozenset[str], frozenset[str]]
+_Miss = tuple[int, int, int, frozenset[str]]
 
 
 class MissMemo:
@@ -83,20 +84,21 @@ class MissMemo:
         self._misses: dict[tuple[object, ...], list[_Miss]] = {}
 
     def __call__(self, item: Ticketed, avoid: frozenset[str]) -> tuple[Verdict, frozenset[str]]:
-        if self._ends() != self._seen:
+        ends = self._ends()
+        if ends != self._seen:
             self._misses.clear()
-            self._seen = self._ends()
+            self._seen = ends
         r = item.request
         v, c = r.demand.vram_mib, r.demand.compute_milli
-        scope = (item.kv, item.gpu_id, r.kinds, r.nodes, r.model if item.kv else "", r.gpu_count)
-        for prio, mv, mc, seen, holds in self._misses.get(scope, ()):
-            if r.priority <= prio and v >= mv and c >= mc and seen <= avoid:
-                return Verdict.BLOCKED, holds
+        scope = item.scope
+        for prio, mv, mc, seen in self._misses.get(scope, ()):
+            if r.priority <= prio and v >= mv and c >= mc and (seen is avoid or seen <= avoid):
+                return Verdict.BLOCKED, NOTHING  # NOTE: the earlier item holds what this one would
         verdict, holds = self._try_grant(item, avoid)
-        if verdict is Verdict.BLOCKED and self._ends() == self._seen:
+        if verdict is Verdict.BLOCKED and self._ends() == ends:
             known = self._misses.setdefault(scope, [])
             if len(known) < self.PER_SCOPE:
-                known.append((r.priority, v, c, avoid, holds))
+                known.append((r.priority, v, c, avoid))
         return verdict, holds
 
 

@@ -69,3 +69,17 @@ def test_recover_brings_tickets_back() -> None:
     assert again.state == "granted" and again.lease == granted.lease
     assert len(c3.queue) == 0
     c3.check_invariants()
+
+
+def test_capacity_freed_while_down_goes_to_the_restored_tickets_first() -> None:
+    store, clock = MemoryLeaseStore(), ManualClock(1000.0)
+    c = controller(store, clock)
+    assert c.acquire(a_request("short-lived", vram_gib=70, priority=P1, ttl_s=5), gpu_id="g0").granted
+    assert c.acquire(a_request("long-lived", vram_gib=70, priority=P1, ttl_s=600), gpu_id="g1").granted
+    q = c.acquire(a_request("waiting", vram_gib=60, priority=P1, tenant="u"), wait_s=600.0)
+    assert q.code is OutcomeCode.QUEUED and q.ticket
+    clock.advance(10.0)  # down while the short-lived lease expires
+    c2 = controller(store, clock, seed=2)
+    st = c2.ticket(q.ticket)
+    assert st.state == "granted" and st.lease is not None and st.lease.slice_ids == ("c0",)
+    assert c2.acquire(a_request("newcomer", vram_gib=60, priority=P1, tenant="n")).code is OutcomeCode.QUEUED
