@@ -6,9 +6,12 @@ Inventory, first match wins:
 - neither: the ``<domain>/slices`` annotations that node agents write on the cluster's nodes.
 
 Kubernetes API: in-cluster service account, else ``--kubeconfig`` / ``$KUBECONFIG``, or an explicit
-``--kube-api URL``. ``--no-kube`` runs without one (bind then only commits the lease: a dry run for
-trying the protocol locally). With an API the pod reconciler and the preemptor (evicts P2 pods for
-pending higher-priority pods that fit nowhere) run in background threads.
+``--kube-api URL``; when none is found the command exits 2 saying so (`NO_KUBE_API`), and an API
+that cannot be listed at start-up is one line too. ``--no-kube`` runs without one (bind then only
+commits the lease: a dry run for trying the protocol locally). The server listens on 127.0.0.1
+unless ``--host`` says otherwise (kube-scheduler runs beside it, in the same pod). With an API the
+pod reconciler and the preemptor (evicts P2 pods for pending higher-priority pods that fit nowhere)
+run in background threads.
 
 The extender owns its `Allocator` (single process, one replica). Sharing the gateway's lease store
 is the next step: the pool would commit through the gateway's store with compare-and-set on the

@@ -243,42 +243,43 @@ def run(  # noqa: PLR0917 (typer options)
                 f"gpupool: fresh start: removed the previous run's lease store {removed[0]} "
                 "(--keep-state keeps it)"
             )
-    demo = {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}
-    bundle = build(
-        data_dir=data_dir,
-        cluster=cluster,
-        workloads=workloads,
-        extra_tokens=[(tok, t, "tenant") for t, tok in demo.items()],
-    )
-    servers = start_emulated_backends(bundle, host=host)
-    admin = bundle.new_admin_token or (data_dir / "admin.token").read_text().strip()
-    url = f"http://{host}:{port}"
-    say(f"gpupool gateway on {url}   (docs {url}/docs, metrics {url}/metrics)")
-    say(f"admin token: {admin}   (stored in {data_dir / 'admin.token'})")
-    say(f"try: curl -H 'Authorization: Bearer {admin}' {url}/v1/pool")
-    say(f"console: {url}/?token={admin}")
-    for b in bundle.backends:
-        say(f"backend {b.id}: {b.model} at {b.url} on {b.slice_id} (KV budget {b.kv_budget_mib} MiB)")
-    extra: list[Any] = [*servers, status_printer(bundle)]
-    if traffic:
-        extra.append(synthetic_workload(url, demo, bundle))
-    if tidal_speed > 0:
-        from gpupool.cli.tidal import tidal_live
-
-        extra.append(tidal_live(bundle, speed=tidal_speed))
     runtimes: list[Any] = []
-    if agents and bundle.sim is not None:
-        from gpupool.agent.engines import Engine
-        from gpupool.agent.runtime import start_simulated_agents
-
-        engines = [
-            Engine(gpu_id=b.gpu_id, endpoint=b.url, reserved_mib=b.kv_budget_mib) for b in bundle.backends
-        ]
-        runtimes = start_simulated_agents(url, token=admin, cluster=bundle.sim, engines=engines)
-        say(f"node agents: {len(runtimes)} (one per simulated node, 200 ms period)")
     try:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve_forever(bundle, host=host, port=port, extra=extra, feed_readings=not runtimes))
+        demo = {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}
+        bundle = build(
+            data_dir=data_dir,
+            cluster=cluster,
+            workloads=workloads,
+            extra_tokens=[(tok, t, "tenant") for t, tok in demo.items()],
+        )
+        servers = start_emulated_backends(bundle, host=host)
+        admin = bundle.new_admin_token or (data_dir / "admin.token").read_text().strip()
+        url = f"http://{host}:{port}"
+        say(f"gpupool gateway on {url}   (docs {url}/docs, metrics {url}/metrics)")
+        say(f"admin token: {admin}   (stored in {data_dir / 'admin.token'})")
+        say(f"try: curl -H 'Authorization: Bearer {admin}' {url}/v1/pool")
+        say(f"console: {url}/?token={admin}")
+        for b in bundle.backends:
+            say(f"backend {b.id}: {b.model} at {b.url} on {b.slice_id} (KV budget {b.kv_budget_mib} MiB)")
+        extra: list[Any] = [*servers, status_printer(bundle)]
+        if traffic:
+            extra.append(synthetic_workload(url, demo, bundle))
+        if tidal_speed > 0:
+            from gpupool.cli.tidal import tidal_live
+
+            extra.append(tidal_live(bundle, speed=tidal_speed))
+        if agents and bundle.sim is not None:
+            from gpupool.agent.engines import Engine
+            from gpupool.agent.runtime import start_simulated_agents
+
+            engines = [
+                Engine(gpu_id=b.gpu_id, endpoint=b.url, reserved_mib=b.kv_budget_mib) for b in bundle.backends
+            ]
+            runtimes = start_simulated_agents(url, token=admin, cluster=bundle.sim, engines=engines)
+            say(f"node agents: {len(runtimes)} (one per simulated node, 200 ms period)")
+        asyncio.run(serve_forever(bundle, host=host, port=port, extra=extra, feed_readings=not runtimes))
+    except KeyboardInterrupt:
+        pass  # NOTE: Ctrl-C during start-up; once serving, serve_forever handles the signal itself
     finally:
         stop_agents(runtimes)
     say("gpupool: stopped")

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.adapters.k8s.k8s_helpers import fixture_json
+from tests.adapters.k8s.k8s_helpers import Client, fixture_json, make_pool
 
 from gpupool.adapters.k8s import boundedjson
+from gpupool.adapters.k8s.extender import Extender, ExtenderServer
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
+
+
+@pytest.fixture(scope="module")
+def extender_http() -> Iterator[Client]:
+    """One extender without a Kubernetes API for all examples (bind then only commits leases)."""
+    server = ExtenderServer(Extender(make_pool())).start()
+    client = Client(server)
+    yield client
+    client.close()
+    server.stop()
 
 
 def _nested(depth: int, kind: str) -> bytes:
@@ -76,3 +88,34 @@ def test_the_bound_is_exact_and_strings_do_not_count(doc: Any, limit: int, ascii
 def test_unbalanced_deep_input_is_refused_before_decoding(raw: bytes) -> None:
     with pytest.raises(boundedjson.JsonDepthError):
         boundedjson.loads(raw)
+
+
+_values = st.recursive(
+    _scalars | st.floats(allow_nan=False),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                ["metadata", "spec", "containers", "resources", "limits", "name", "uid", "items"]
+            ),
+            inner,
+            max_size=3,
+        )
+    ),
+    max_leaves=20,
+)
+_args = st.dictionaries(
+    st.sampled_from(
+        ["Pod", "Nodes", "NodeNames", "NodeNameToVictims", "NodeNameToMetaVictims", "PodName",
+         "PodNamespace", "PodUID", "Node"]
+    ),
+    _values,
+    max_size=5,
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(verb=st.sampled_from(VERBS), args=_args)
+def test_no_json_object_is_a_5xx_on_any_verb(extender_http: Any, verb: str, args: dict[str, Any]) -> None:
+    status, body = extender_http.raw(verb, json.dumps(args).encode())
+    assert status == 200, body

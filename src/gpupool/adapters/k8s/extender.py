@@ -264,11 +264,7 @@ class Extender:
         return node if isinstance(node, str) else ""
 
     def _bound_to(self, ns: str, name: str, node: str) -> bool:
-        try:
-            pod = self.api.read_pod(ns, name) if self.api is not None else {}
-        except KubeApiError:
-            return False
-        return bool((pod.get("spec") or {}).get("nodeName") == node)
+        return self._node_of(ns, name) == node
 
     def _demand_for_bind(self, ns: str, name: str, uid: str) -> PodDemand | None:
         demand = self.pool.demand_of(uid) if uid else None
