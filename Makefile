@@ -4,13 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint fmt bench clean help
+.PHONY: run test lint fmt bench mutate clean help
 
 help:
 	@echo "make run    - create .venv, install, start gpupool on the embedded defaults (simulated cluster, SQLite)"
 	@echo "make test   - create .venv, install dev dependencies, run the whole test suite"
 	@echo "make lint   - ruff, ruff format --check, mypy --strict on src/, import-linter layer contracts"
 	@echo "make bench  - run the benchmarks recorded in BENCHMARKS.md"
+	@echo "make mutate - mutation testing (cosmic-ray) of the core modules; one module: make mutate MODULE=core/ledger.py"
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpupool needs Python >= 3.11")'
@@ -40,6 +41,13 @@ fmt: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/gpupool bench allocator --json
 	$(BIN)/gpupool bench agent --json
+
+# Mutation testing (BENCHMARKS.md, section "mutation"); MODULE=core/ledger.py runs one module,
+# MUTATE_ARGS="--mode rerun-survivors" runs only the last session's survivors again.
+MODULE ?=
+MUTATE_ARGS ?=
+mutate: $(STAMP)
+	nice -n 19 $(BIN)/python tests/mutation/mutate.py $(if $(MODULE),--module $(MODULE)) $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
