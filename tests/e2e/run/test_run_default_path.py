@@ -43,7 +43,7 @@ def _get(url: str, token: str) -> bytes:
 def _proxied_ok(metrics: str) -> dict[str, float]:
     """model -> count of proxied requests answered 200."""
     out: dict[str, float] = {}
-    for m in re.finditer(r'^gpupool_proxy_requests_total\{([^}]*)\} (\S+)$', metrics, re.MULTILINE):
+    for m in re.finditer(r"^gpupool_proxy_requests_total\{([^}]*)\} (\S+)$", metrics, re.MULTILINE):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
         if labels.get("status") == "200":
             out[labels["model"]] = out.get(labels["model"], 0.0) + float(m.group(2))
