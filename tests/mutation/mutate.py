@@ -3,7 +3,7 @@
 Role: for each listed module, copy the repository's sources and tests into a scratch folder, let
 cosmic-ray mutate the module there (the working tree is never touched, even if the run is
 interrupted), run only the tests that cover that module against each mutant (``pytest -x``, no
-xdist), and print generated / killed / survived / timed out. Survivors' diffs are written to
+plugins), and print generated / killed / survived / timed out. Survivors' diffs are written to
 ``out/mutation/<module>.survivors.txt`` (the session beside it, ``<module>.sqlite``) so each can be
 judged (equivalent mutant, or a missing test).
 
@@ -108,7 +108,12 @@ def _copy_tree(dest: Path) -> None:
 
 def _config(module: str, timeout_s: int) -> str:
     tests = " ".join(t for t in MODULE_TESTS[module] if (REPO / t).exists())
-    command = f"{sys.executable} -m pytest -x -q -p no:xdist -p no:cacheprovider {tests}"
+    # plugins off (PYTEST_DISABLE_PLUGIN_AUTOLOAD, set by run_module): importing hypothesis' pytest
+    # plugin, anyio and xdist costs more CPU than most of these test files; cosmic-ray times out
+    # hanging mutants itself, and ``@given`` tests run without the plugin.
+    command = (
+        f"{sys.executable} -m pytest -x -q -p no:cacheprovider -o addopts= --import-mode=importlib {tests}"
+    )
     excluded = ", ".join(json.dumps(e) for e in EXCLUDED_OPERATORS)
     return (
         "[cosmic-ray]\n"
@@ -222,6 +227,7 @@ def run_module(module: str, timeout_s: int, out: Path, mode: str) -> dict[str, i
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(work / "src"), str(work / "benchmarks")])
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 
         def step(*argv: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, check=False)
