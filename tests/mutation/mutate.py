@@ -50,6 +50,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "core/allocator.py": [
         "tests/unit/core/test_allocator.py",
         "tests/unit/core/test_preemption.py",
+        "tests/unit/core/test_preemption_edges.py",
         "tests/scenarios/test_scenarios.py",
     ],
     "core/preemption.py": [
@@ -60,6 +61,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "core/watermarks.py": [
         "tests/unit/core/test_watermarks.py",
+        "tests/unit/core/test_watermarks_edges.py",
         "tests/unit/core/test_controller.py",
     ],
     "core/admission.py": [

@@ -3,7 +3,9 @@
 - a plan is an immutable value (frozen, slotted): the allocator keeps plans while comparing them;
 - a lease that holds nothing on the slice being planned frees nothing there;
 - whole-card preemption keeps looking past a card it cannot clear (a pinned lease on the first card
-  of a node does not hide the node's other cards).
+  of a node does not hide the node's other cards), and never targets an unhealthy card;
+- among equal priorities the youngest lease is the victim, and pruning reconsiders every earlier
+  pick, so no lease is evicted for nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import dataclasses
 import pytest
 
 from gpupool.core import P0, P1, OutcomeCode
-from gpupool.core.preemption import PreemptionPlan, plan_slice
+from gpupool.core.preemption import PreemptionPlan, plan_slice, plan_whole_node
 from tests.builders import a_pool, a_request, a_slice
 
 
@@ -53,3 +55,42 @@ def test_whole_card_preemption_looks_past_a_card_it_cannot_clear() -> None:
     assert out.lease is not None and out.lease.slice_ids == ("n0/1", "n0/2")
     assert sorted(v.request.id for v in out.victims) == ["b1", "b2"]
     alloc.check_invariants()
+
+
+def test_equal_priority_victims_go_youngest_first() -> None:
+    # One 40 GiB slice: "old" then "young" (10 GiB each, P2), 20 GiB free. P0 wants 30 GiB: one
+    # victim is enough, and it must be the youngest (latest granted_at), not the oldest.
+    alloc, clock = a_pool(a_slice("A", vram_gib=40))
+    alloc.allocate(a_request("old", vram_gib=10))
+    clock.advance(1)
+    alloc.allocate(a_request("young", vram_gib=10))
+    out = alloc.allocate(a_request("p0", vram_gib=30, priority=P0))
+    assert out.code is OutcomeCode.PREEMPTED_VICTIMS
+    assert [v.request.id for v in out.victims] == ["young"]
+
+
+def test_pruning_considers_every_earlier_victim() -> None:
+    # One 40 GiB slice holding, in grant order, y3 (20 GiB), y2 (10 GiB), y1 (5 GiB); 5 GiB free.
+    # P0 wants 25 GiB: youngest first it takes y1 (10 free), y2 (20), y3 (40). Pruning then drops
+    # y2 (30 left >= 25) and y1 (25 left >= 25): one victim, y3. Every earlier pick is reconsidered.
+    alloc, clock = a_pool(a_slice("A", vram_gib=40))
+    for rid, gib in (("y3", 20), ("y2", 10), ("y1", 5)):
+        alloc.allocate(a_request(rid, vram_gib=gib))
+        clock.advance(1)
+    out = alloc.allocate(a_request("p0", vram_gib=25, priority=P0))
+    assert [v.request.id for v in out.victims] == ["y3"]
+    assert sorted(x.request.id for x in alloc.leases) == ["p0", "y1", "y2"]
+
+
+def test_whole_card_preemption_skips_unhealthy_cards() -> None:
+    # n0 has two cards holding preemptible P2 leases; n0/0 turns unhealthy. A P0 for two whole cards
+    # cannot be placed on n0: an unhealthy card is never a target, even if clearing it would fit.
+    alloc, _ = a_pool(*(a_slice(f"n0/{i}") for i in range(2)))
+    alloc.place(a_request("b0", vram_gib=10), ("n0/0",))
+    alloc.place(a_request("b1", vram_gib=10), ("n0/1",))
+    alloc.mark_unhealthy("n0/0")
+    states = [(alloc.ledger.state(s), alloc.leases.on_slice(s)) for s in ("n0/0", "n0/1")]
+    p0 = a_request("p0x2", vram_gib=80, compute=1000, priority=P0, gpu_count=2)
+    assert plan_whole_node("n0", states, p0) is None
+    assert alloc.allocate(p0).code is not OutcomeCode.PREEMPTED_VICTIMS
+    assert sorted(x.request.id for x in alloc.leases) == ["b0", "b1"]
