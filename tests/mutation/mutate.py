@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 # for it, and the unit tests already call ``check_invariants`` after each scenario.
 MODULE_TESTS: dict[str, list[str]] = {
     "core/ledger.py": [
+        "tests/unit/core/test_ledger_edges.py",
         "tests/unit/core/test_indexes.py",
         "tests/unit/core/test_allocator.py",
         "tests/unit/core/test_preemption.py",
@@ -51,6 +52,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/unit/core/test_allocator.py",
         "tests/unit/core/test_preemption.py",
         "tests/unit/core/test_preemption_edges.py",
+        "tests/unit/core/test_allocator_edges.py",
         "tests/scenarios/test_scenarios.py",
     ],
     "core/preemption.py": [
