@@ -37,9 +37,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 # The tests that cover each module, fastest and most targeted first (pytest -x stops at the first
-# failure, so a mutant is usually killed in the first file). The stateful property test of the
-# allocator (tests/unit/core/test_properties.py, ~10 s) is left out: every surviving mutant would pay
-# for it, and the unit tests already call ``check_invariants`` after each scenario.
+# failure, so a mutant is usually killed in the first file; the stateful property test of the
+# allocator, ~10 s, comes last).
 MODULE_TESTS: dict[str, list[str]] = {
     "core/ledger.py": [
         "tests/unit/core/test_ledger_edges.py",
@@ -47,6 +46,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/unit/core/test_allocator.py",
         "tests/unit/core/test_preemption.py",
         "tests/scenarios/test_scenarios.py",
+        "tests/unit/core/test_properties.py",
     ],
     "core/allocator.py": [
         "tests/unit/core/test_allocator.py",
@@ -54,12 +54,14 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/unit/core/test_preemption_edges.py",
         "tests/unit/core/test_allocator_edges.py",
         "tests/scenarios/test_scenarios.py",
+        "tests/unit/core/test_properties.py",
     ],
     "core/preemption.py": [
         "tests/unit/core/test_preemption.py",
         "tests/unit/core/test_preemption_edges.py",
         "tests/unit/core/test_allocator.py",
         "tests/scenarios/test_scenarios.py",
+        "tests/unit/core/test_properties.py",
     ],
     "core/watermarks.py": [
         "tests/unit/core/test_watermarks.py",
