@@ -94,3 +94,27 @@ def test_whole_card_preemption_skips_unhealthy_cards() -> None:
     assert plan_whole_node("n0", states, p0) is None
     assert alloc.allocate(p0).code is not OutcomeCode.PREEMPTED_VICTIMS
     assert sorted(x.request.id for x in alloc.leases) == ["b0", "b1"]
+
+
+def test_pruning_keeps_the_victims_that_are_needed() -> None:
+    # One 40 GiB slice holding a, b, c (10 GiB each, in grant order); 10 GiB free. P0 wants 35 GiB:
+    # all three must go (dropping any leaves 30 < 35), so pruning keeps every one of them.
+    alloc, clock = a_pool(a_slice("A", vram_gib=40))
+    for rid in ("a", "b", "c"):
+        alloc.allocate(a_request(rid, vram_gib=10))
+        clock.advance(1)
+    out = alloc.allocate(a_request("p0", vram_gib=35, priority=P0))
+    assert out.code is OutcomeCode.PREEMPTED_VICTIMS
+    assert sorted(v.request.id for v in out.victims) == ["a", "b", "c"]
+
+
+def test_a_foreign_lease_in_the_candidates_changes_nothing() -> None:
+    # plan_slice is pure over what it is given: a lease without a grant on the slice frees nothing
+    # and costs nothing. A (20 GiB) holds x (10 GiB); y on B is younger, so it is looked at first.
+    alloc, clock = a_pool(a_slice("A", vram_gib=20, gpu="gA"), a_slice("B", vram_gib=20, gpu="gB"))
+    alloc.place(a_request("x", vram_gib=10), ("A",))
+    clock.advance(1)
+    alloc.place(a_request("y", vram_gib=5), ("B",))
+    candidates = [*alloc.leases.on_slice("A"), *alloc.leases.on_slice("B")]
+    plan = plan_slice(alloc.ledger.state("A"), candidates, a_request("p0", vram_gib=20, priority=P0))
+    assert plan is not None and [v.request.id for v in plan.victims] == ["x"]
