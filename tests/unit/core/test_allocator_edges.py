@@ -8,9 +8,10 @@ import dataclasses
 
 import pytest
 
-from gpupool.core import P0, P1, Allocator, ManualClock, OutcomeCode, Resources, SliceKind
+from gpupool.core import P0, P1, Allocator, LeaseState, ManualClock, OutcomeCode, Resources, SliceKind
 from gpupool.core.allocator import LeaseEvent
 from gpupool.core.errors import InvalidInput, InvariantViolation
+from gpupool.core.ids import seeded_lease_ids
 from tests.builders import a_pool, a_request, a_slice
 
 
@@ -115,3 +116,73 @@ def test_reasons_name_the_kinds_and_the_largest_free_slice() -> None:
     busy = alloc.allocate(a_request("five", vram_gib=5, priority=P1, preemptible=False))
     assert busy.code is OutcomeCode.NO_CAPACITY
     assert "largest free: 4096 MiB on A" in busy.reason
+
+
+def test_release_and_revoke_reasons_and_states() -> None:
+    alloc, _ = a_pool(a_slice("A"))
+    a = alloc.allocate(a_request("a")).lease
+    b = alloc.allocate(a_request("b")).lease
+    assert a is not None and b is not None
+    assert alloc.release(a.id).lease.reason == "released"  # type: ignore[union-attr]
+    with pytest.raises(InvalidInput) as err:
+        alloc.revoke(b.id, state=LeaseState.ACTIVE, reason="x")
+    assert err.value.field == "state"
+    out = alloc.revoke(b.id, reason="drain")
+    assert out.lease is not None and out.lease.state is LeaseState.REVOKED and out.lease.reason == "drain"
+
+
+def test_a_restored_preemptible_lease_can_be_preempted_and_is_counted_once() -> None:
+    first, _ = a_pool(a_slice("A", vram_gib=40))
+    lease = first.allocate(a_request("batch", vram_gib=30)).lease
+    assert lease is not None
+    # a restart: the store hands the lease back (new lease ids must not collide with it)
+    again = Allocator([a_slice("A", vram_gib=40)], clock=ManualClock(0.0), lease_ids=seeded_lease_ids(2))
+    again.restore(lease)
+    out = again.allocate(a_request("p0", vram_gib=20, priority=P0))
+    assert out.code is OutcomeCode.PREEMPTED_VICTIMS and [v.id for v in out.victims] == [lease.id]
+    assert dict(again._preemptible_priorities) == {}
+
+
+def test_a_multi_gpu_lease_takes_each_card_whole() -> None:
+    alloc, _ = a_pool(*(a_slice(f"n0/{i}") for i in range(2)))
+    out = alloc.allocate(a_request("x2", vram_gib=10, compute=100, gpu_count=2))
+    assert out.lease is not None
+    assert [g.resources for g in out.lease.grants] == [Resources(80 * 1024, 1000)] * 2
+
+
+def test_free_whole_cards_are_granted_without_the_preemption_path() -> None:
+    # exactly two free cards on n0 and preemption off: the direct path must find them
+    alloc, _ = a_pool(*(a_slice(f"{n}/{i}", node=n) for n in ("n0", "n1") for i in range(2)))
+    alloc.place(a_request("busy", vram_gib=10), ("n1/0",))
+    out = alloc.allocate(a_request("x2", vram_gib=80, compute=1000, gpu_count=2), preempt=False)
+    assert out.code is OutcomeCode.GRANTED and out.lease is not None and out.lease.node == "n0"
+
+
+def test_single_gpu_requests_honour_the_node_constraint() -> None:
+    # A on n0 is the best fit (tightest); the request may only use n1
+    alloc, _ = a_pool(a_slice("A", vram_gib=20, node="n0"), a_slice("B", vram_gib=80, node="n1"))
+    out = alloc.allocate(a_request("r", vram_gib=10, nodes=("n1",)))
+    assert out.lease is not None and out.lease.slice_ids == ("B",)
+
+
+def test_preemption_keeps_looking_past_a_slice_it_cannot_clear() -> None:
+    # A and B hold 40 GiB each; A's lease is P1 (a P1 request may not preempt it), B's is P2.
+    alloc, _ = a_pool(a_slice("A", vram_gib=40, gpu="gA"), a_slice("B", vram_gib=40, gpu="gB"))
+    alloc.place(a_request("p1", vram_gib=40, priority=P1, preemptible=True), ("A",))
+    alloc.place(a_request("p2", vram_gib=40), ("B",))
+    out = alloc.allocate(a_request("want", vram_gib=20, priority=P1))
+    assert out.code is OutcomeCode.PREEMPTED_VICTIMS and [v.request.id for v in out.victims] == ["p2"]
+
+
+def test_unresolvable_reason_names_the_gpu_count_only_for_multi_gpu() -> None:
+    alloc, _ = a_pool(a_slice("A"))
+    multi = alloc.allocate(a_request("x3", vram_gib=80, compute=1000, gpu_count=3))
+    assert multi.code is OutcomeCode.UNRESOLVABLE and "x 3 GPUs on one node" in multi.reason
+    single = alloc.allocate(a_request("big", vram_gib=100))
+    assert single.code is OutcomeCode.UNRESOLVABLE and "GPUs on one node" not in single.reason
+
+
+def test_mark_unhealthy_flags_are_keyword_only() -> None:
+    alloc, _ = a_pool(a_slice("A"))
+    with pytest.raises(TypeError):
+        alloc.mark_unhealthy("A", True)  # type: ignore[misc]

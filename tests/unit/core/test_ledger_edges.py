@@ -95,3 +95,41 @@ def test_check_catches_a_stale_free_index() -> None:
     led._entries["s0"].num_leases = 1
     with pytest.raises(InvariantViolation):
         led.check()
+
+
+def test_value_types_are_slotted_and_groups_report_their_shape() -> None:
+    led = ledger(SliceKind.MPS)
+    (group,) = led.groups()
+    assert group.capacity == Resources(10 * 1024, 1000)
+    assert not hasattr(group, "__dict__") and not hasattr(led.state("s0"), "__dict__")
+
+
+def test_free_is_capacity_minus_granted() -> None:
+    led = ledger(SliceKind.MPS)
+    led.grant("s0", Resources(1024, 300), preemptible=False)
+    assert led.free("s0") == Resources(9 * 1024, 700)
+
+
+@pytest.mark.parametrize(
+    ("granted", "taken"),
+    [(Resources(1023, 100), Resources(1024, 100)), (Resources(1024, 99), Resources(1024, 100))],
+)
+def test_an_ungrant_may_not_go_below_zero_in_either_dimension(granted: Resources, taken: Resources) -> None:
+    led = ledger(SliceKind.MPS)
+    led.grant("s0", granted, preemptible=False)
+    with pytest.raises(InvariantViolation):
+        led.ungrant("s0", taken, preemptible=False)
+
+
+def test_an_ungrant_needs_a_lease_to_end() -> None:
+    led = ledger(SliceKind.MPS)
+    with pytest.raises(InvariantViolation):
+        led.ungrant("s0", Resources(0, 0), preemptible=False)
+
+
+def test_check_catches_a_stale_index_on_a_full_slice() -> None:
+    led = ledger(SliceKind.MPS)
+    led.grant("s0", Resources(10 * 1024, 1000), preemptible=False)  # nothing free: key (0, 0, s0)
+    led._entries["s0"].granted_vram = 9 * 1024  # books changed, free index not
+    with pytest.raises(InvariantViolation):
+        led.check()
