@@ -118,3 +118,15 @@ def test_a_foreign_lease_in_the_candidates_changes_nothing() -> None:
     candidates = [*alloc.leases.on_slice("A"), *alloc.leases.on_slice("B")]
     plan = plan_slice(alloc.ledger.state("A"), candidates, a_request("p0", vram_gib=20, priority=P0))
     assert plan is not None and [v.request.id for v in plan.victims] == ["x"]
+
+
+def test_whole_card_preemption_looks_past_an_unhealthy_first_card() -> None:
+    alloc, _ = a_pool(*(a_slice(f"n0/{i}") for i in range(3)))
+    for i in range(3):
+        alloc.place(a_request(f"b{i}", vram_gib=10), (f"n0/{i}",))
+    alloc.mark_unhealthy("n0/0")
+    states = [(alloc.ledger.state(f"n0/{i}"), alloc.leases.on_slice(f"n0/{i}")) for i in range(3)]
+    plan = plan_whole_node(
+        "n0", states, a_request("p0x2", vram_gib=80, compute=1000, priority=P0, gpu_count=2)
+    )
+    assert plan is not None and plan.slice_ids == ("n0/1", "n0/2")
