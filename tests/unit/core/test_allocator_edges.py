@@ -186,3 +186,11 @@ def test_mark_unhealthy_flags_are_keyword_only() -> None:
     alloc, _ = a_pool(a_slice("A"))
     with pytest.raises(TypeError):
         alloc.mark_unhealthy("A", True)  # type: ignore[misc]
+
+
+def test_place_refuses_a_multi_gpu_request_on_a_card_holding_any_lease() -> None:
+    alloc, _ = a_pool(*(a_slice(f"n0/{i}") for i in range(2)))
+    alloc.place(a_request("small", vram_gib=1), ("n0/0",))
+    out = alloc.place(a_request("x2", vram_gib=10, gpu_count=2), ("n0/0", "n0/1"))
+    assert out.code is OutcomeCode.NO_CAPACITY
+    alloc.check_invariants()
