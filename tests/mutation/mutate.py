@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODULE_TESTS: dict[str, list[str]] = {
     "core/ledger.py": [
         "tests/unit/core/test_ledger_edges.py",
+        "tests/unit/core/test_allocator_edges.py",
         "tests/unit/core/test_indexes.py",
         "tests/unit/core/test_allocator.py",
         "tests/unit/core/test_preemption.py",
@@ -49,23 +50,23 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/unit/core/test_properties.py",
     ],
     "core/allocator.py": [
+        "tests/unit/core/test_allocator_edges.py",
+        "tests/unit/core/test_preemption_edges.py",
         "tests/unit/core/test_allocator.py",
         "tests/unit/core/test_preemption.py",
-        "tests/unit/core/test_preemption_edges.py",
-        "tests/unit/core/test_allocator_edges.py",
         "tests/scenarios/test_scenarios.py",
         "tests/unit/core/test_properties.py",
     ],
     "core/preemption.py": [
-        "tests/unit/core/test_preemption.py",
         "tests/unit/core/test_preemption_edges.py",
+        "tests/unit/core/test_preemption.py",
         "tests/unit/core/test_allocator.py",
         "tests/scenarios/test_scenarios.py",
         "tests/unit/core/test_properties.py",
     ],
     "core/watermarks.py": [
-        "tests/unit/core/test_watermarks.py",
         "tests/unit/core/test_watermarks_edges.py",
+        "tests/unit/core/test_watermarks.py",
         "tests/unit/core/test_controller.py",
     ],
     "core/admission.py": [
