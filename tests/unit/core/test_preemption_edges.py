@@ -112,11 +112,12 @@ def test_a_foreign_lease_in_the_candidates_changes_nothing() -> None:
     # plan_slice is pure over what it is given: a lease without a grant on the slice frees nothing
     # and costs nothing. A (20 GiB) holds x (10 GiB); y on B is younger, so it is looked at first.
     alloc, clock = a_pool(a_slice("A", vram_gib=20, gpu="gA"), a_slice("B", vram_gib=20, gpu="gB"))
-    alloc.place(a_request("x", vram_gib=10), ("A",))
+    alloc.place(a_request("x", vram_gib=10, compute=500), ("A",))
     clock.advance(1)
-    alloc.place(a_request("y", vram_gib=5), ("B",))
+    alloc.place(a_request("y", vram_gib=5, compute=100), ("B",))
     candidates = [*alloc.leases.on_slice("A"), *alloc.leases.on_slice("B")]
-    plan = plan_slice(alloc.ledger.state("A"), candidates, a_request("p0", vram_gib=20, priority=P0))
+    whole = a_request("p0", vram_gib=20, compute=1000, priority=P0)  # exactly A's capacity
+    plan = plan_slice(alloc.ledger.state("A"), candidates, whole)
     assert plan is not None and [v.request.id for v in plan.victims] == ["x"]
 
 
