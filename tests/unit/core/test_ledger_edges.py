@@ -4,10 +4,12 @@ of grant / ungrant, the free-whole-card index, and `check` itself catching corru
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpupool.core.errors import InvalidInput, InvariantViolation
-from gpupool.core.ledger import SliceLedger
+from gpupool.core.ledger import LedgerTransaction, SliceLedger
 from gpupool.hardware.slices import SliceKind
 from gpupool.hardware.units import Resources
 from tests.builders import a_slice
@@ -133,3 +135,25 @@ def test_check_catches_a_stale_index_on_a_full_slice() -> None:
     led._entries["s0"].granted_vram = 9 * 1024  # books changed, free index not
     with pytest.raises(InvariantViolation):
         led.check()
+
+
+def test_group_info_is_frozen_and_health_round_trips_its_count() -> None:
+    led = ledger(SliceKind.MPS, SliceKind.MPS)
+    (group,) = led.groups()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        group.num_healthy = 0  # type: ignore[misc]
+    led.set_healthy("s0", False)
+    assert led.groups()[0].num_healthy == 1
+    led.set_healthy("s0", True)
+    assert led.groups()[0].num_healthy == 2
+    led.check()
+
+
+def test_transaction_flags_are_keyword_only_too() -> None:
+    led = ledger(SliceKind.MPS)
+    tx = LedgerTransaction(led)
+    tx.grant("s0", Resources(1, 0), preemptible=False)
+    with pytest.raises(TypeError):
+        tx.ungrant("s0", Resources(1, 0), False)  # type: ignore[misc]
+    tx.rollback()
+    assert led.state("s0").granted == Resources(0, 0)
