@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint fmt bench clean help image
+.PHONY: run test lint fmt bench mutate clean help image
 
 help:
 	@echo "make run    - create .venv, install, start gpupool on the embedded defaults (simulated cluster, SQLite);"
@@ -14,6 +14,7 @@ help:
 	@echo "make bench  - run the benchmarks recorded in BENCHMARKS.md"
 	@echo "make clean  - remove .venv, tool caches and .gpupool/ (lease store, admin token, sim cache)"
 	@echo "make image  - build the container image $(IMAGE) (docker with BuildKit)"
+	@echo "make mutate - mutation testing (cosmic-ray) of the core modules; one module: make mutate MODULE=core/ledger.py"
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpupool needs Python >= 3.11")'
@@ -51,6 +52,13 @@ DOCKER ?= docker
 
 image:
 	DOCKER_BUILDKIT=1 $(DOCKER) build -t $(IMAGE) .
+
+# Mutation testing (BENCHMARKS.md, section "mutation"); MODULE=core/ledger.py runs one module,
+# MUTATE_ARGS="--mode rerun-survivors" runs only the last session's survivors again.
+MODULE ?=
+MUTATE_ARGS ?=
+mutate: $(STAMP)
+	nice -n 19 $(BIN)/python tests/mutation/mutate.py $(if $(MODULE),--module $(MODULE)) $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .gpupool

@@ -9,7 +9,9 @@ Method (same for both schedulers):
 3. Time N pairs of (release a uniformly random active lease, allocate the next request of one
    seeded stream): priorities P0/P1/P2 30/30/40 %, sizes from 1 GiB guardrails to 36 GiB LLMs, some
    pinned to MIG or MPS. Both schedulers see the same request stream and the same random choices.
-4. The seed's reference is O(S) per call, so at large S it is timed over fewer pairs
+4. ``occupancy_start_pct`` is the pool's granted VRAM share after step 2, before any timed pair;
+   ``occupancy_end_pct`` after gpupool's timed pairs (the steady state they kept).
+5. The seed's reference is O(S) per call, so at large S it is timed over fewer pairs
    (``seed_pairs = max(30, min(seed_ops, 2_000_000 // S))``); per-op figures are comparable.
 """
 
@@ -187,10 +189,19 @@ def _time_seed(st: _State, pairs: int, rng: random.Random, requests: list[Reques
     return (time.perf_counter() - t0) / pairs * 1e6
 
 
+def _occupancy_pct(alloc: Allocator) -> float:
+    """Granted / capacity VRAM of the whole pool, in % (one decimal)."""
+    states = list(alloc.states())
+    return round(
+        100 * sum(s.granted.vram_mib for s in states) / sum(s.slice.capacity.vram_mib for s in states), 1
+    )
+
+
 def run(*, sizes: list[int], ops: int, seed_ops: int, seed: int) -> dict[str, Any]:
     results = []
     for n in sizes:
         st = _prepare(n, seed)
+        start_pct = _occupancy_pct(st.alloc)  # before the timed phase, which changes it
         requests = [next(st.stream) for _ in range(max(ops, seed_ops))]
         gp_us = _time_gpupool(st, ops, random.Random(seed + 1), requests)
         seed_pairs = max(30, min(seed_ops, 2_000_000 // n))
@@ -203,12 +214,10 @@ def run(*, sizes: list[int], ops: int, seed_ops: int, seed: int) -> dict[str, An
                 "speedup": round(seed_us / gp_us, 1),
                 "gpupool_pairs": ops,
                 "seed_pairs": seed_pairs,
-                "occupancy_start_pct": round(
-                    100 * sum(s.granted.vram_mib for s in st.alloc.states())
-                    / sum(s.slice.capacity.vram_mib for s in st.alloc.states()), 1
-                ),
+                "occupancy_start_pct": start_pct,
+                "occupancy_end_pct": _occupancy_pct(st.alloc),
             }
-        )  # fmt: skip
+        )
     return {
         "benchmark": "allocator",
         "op": "release a random active lease + allocate the next request (one pair)",

@@ -13,7 +13,7 @@ from gpupool.agent.source import ScriptedSource
 from gpupool.core.clock import ManualClock
 from gpupool.core.pausers import Workload
 from tests.agent.agent_helpers import running, stopped, wait_for
-from tests.agent.standin_gateway import StandinGateway
+from tests.agent.standin_gateway import StandinGateway, lease_out
 
 GPU = "n1/0"
 
@@ -95,17 +95,16 @@ def test_outage_keeps_enforcing_locally_then_resyncs_and_catches_up(
     gw.start()
     agent, source, reporter, clock = build(gw.url)
     gw.leases = [
-        {
-            "id": "batch-1",
-            "node": "n1",
-            "state": "active",
-            "gpu_id": GPU,
-            "priority": -1,
-            "vram_mib": 1500,
-            "labels": {"gpupool.io/pauser": "signal", "gpupool.io/pgid": str(batch_job.pid)},
-        },
-        {"id": "online-1", "node": "n1", "state": "active", "gpu_id": GPU, "priority": 100, "vram_mib": 2000},
-        {"id": "elsewhere", "node": "n2", "state": "active", "gpu_id": "n2/0", "priority": -1, "vram_mib": 7},
+        lease_out(
+            "batch-1",
+            node="n1",
+            gpu_id=GPU,
+            priority=-1,
+            vram_mib=1500,
+            labels={"gpupool.io/pauser": "signal", "gpupool.io/pgid": str(batch_job.pid)},
+        ),
+        lease_out("online-1", node="n1", gpu_id=GPU, priority=100, vram_mib=2000),
+        lease_out("elsewhere", node="n2", gpu_id="n2/0", priority=-1, vram_mib=7),
     ]
     reporter.start()
     try:
@@ -153,9 +152,7 @@ def test_outage_keeps_enforcing_locally_then_resyncs_and_catches_up(
 
 def test_gateway_without_events_route_still_gets_revocations(batch_job: subprocess.Popen[bytes]) -> None:
     gw = StandinGateway(events_route=False)
-    gw.leases = [
-        {"id": "p2-big", "node": "n1", "state": "active", "gpu_id": GPU, "priority": -1, "vram_mib": 3000}
-    ]
+    gw.leases = [lease_out("p2-big", node="n1", gpu_id=GPU, priority=-1, vram_mib=3000)]
     gw.start()
     try:
         agent, source, reporter, clock = build(gw.url, revoke_after_s=0.2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -86,4 +87,8 @@ def test_default_trace_fgd_lands_in_the_authors_range() -> None:
     pods = load_pods(root / "openb_pod_list_default.csv")
     rec = engine.run(nodes, pods, policy="fgd", seed=42, cross_check_steps=True)
     un = unallocated_at(run_curves(rec), 100)
-    assert un is not None and 4.0 < un < 6.0  # authors: 4.62..5.00 over seeds 42-51
+    # the committed matrix's seed-42 cell (tests/sim/test_fgd_authors.py checks it against the authors')
+    committed = json.loads((REPO / "docs" / "fgd" / "results.json").read_text())["default/fgd"]["per_seed"]
+    assert un == pytest.approx(
+        next(r for r in committed if r["seed"] == 42)["unallocated_gpu_pct_at_100"], abs=1e-3
+    )

@@ -115,7 +115,7 @@ class DeviceSnapshot:
 
 @runtime_checkable
 class DeviceSource(Protocol):
-    """Anything that reads the GPUs of one node (NVML, the simulated cluster, a recorded fixture)."""
+    """Anything that reads the GPUs of one node (NVML, the simulated cluster, a replayed fixture)."""
 
     def read(self) -> DeviceSnapshot: ...
 

@@ -82,8 +82,12 @@ def test_expired_watch_relists(extender: Any, fake_api: FakeApiServer) -> None:
     rec = PodReconciler(ext.pool)
     fake_api.expire_watch_before = 10**9
     stop = threading.Event()
+    # An expired watch (410) is no error: the reconciler lists again at once. With an hour of
+    # back-off for errors, several relists can only happen if a 410 is not backed off like one.
     t = threading.Thread(
-        target=rec.run, args=(KubeApi.for_host(fake_api.url), stop), kwargs={"watch_timeout_s": 1}
+        target=rec.run,
+        args=(KubeApi.for_host(fake_api.url), stop),
+        kwargs={"watch_timeout_s": 1, "backoff_s": 3600.0},
     )
     bind(client, fake_api, make_pod("x", vram_mib=100), "gpu-a")
     t.start()

@@ -72,7 +72,11 @@ def test_cgroup_freezer_freezes_and_thaws(batch_job: subprocess.Popen[bytes], jo
 
 def test_cgroup_freezer_refuses_bad_paths(tmp_path: Path) -> None:
     pauser = CgroupFreezerPauser()
-    assert "cgroup path" in (pauser.check(Workload("L", "g", "cgroup")) or "cgroup path")
-    assert "absolute" in (pauser.check(Workload("L", "g", "cgroup", cgroup="rel/x")) or "")
+    missing = pauser.check(Workload("L", "g", "cgroup"))
+    assert missing is not None and "cgroup path" in missing
+    relative = pauser.check(Workload("L", "g", "cgroup", cgroup="rel/x"))
+    assert relative is not None and "absolute" in relative
+    gone = pauser.check(Workload("L", "g", "cgroup", cgroup=str(tmp_path / "no-such-cgroup")))
+    assert gone is not None and "cgroup.freeze" in gone
     r = pauser.pause(Workload("L", "g", "cgroup", cgroup=str(tmp_path)))
     assert not r.ok and r.refused and "cgroup.freeze" in r.reason

@@ -173,6 +173,15 @@ def test_nights_lie_in_the_night_window_and_every_lent_engine_is_reclaimed(resul
     end_h = 24.0 * result["days"]
     for a, b in result["night_intervals_h"]:
         assert a % 24 >= 20.0 or a % 24 < 7.0
-        assert b == end_h or abs(b % 24 - 7.0) < 1e-6 or b - a < 11.0
+        # a night ends at the end of the run, at 07:00 by the schedule, or earlier on traffic
+        assert b == end_h or abs(b % 24 - 7.0) < 1e-6 or b % 24 < 7.0 or b % 24 >= 20.0
+    back = [t for t in result["mode_transitions"] if t["to"] == "day"]
+    assert any(t["reason"] == "schedule" for t in back)
+    for t in back:
+        hhmm = t["at"][11:16]  # local wall time of the transition
+        if t["reason"] == "schedule":
+            assert hhmm == "07:00", t  # the night window ends at 07:00, not before
+        else:
+            assert t["reason"] == "traffic-high" and (hhmm < "07:00" or hhmm >= "20:00"), t
     lent = sum(1 for i in platform.build("tidal").instances if i.lend == "engine") + 1  # + the 7g GPU
     assert result["strategies"]["tidal"]["preemptions"] == lent * len(result["night_intervals_h"])

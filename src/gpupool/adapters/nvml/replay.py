@@ -1,4 +1,5 @@
-"""`FakeNvml`: a pynvml-shaped object that replays a recorded fixture (tests/fixtures/nvml/*.json).
+"""`FakeNvml`: a pynvml-shaped object that replays a fixture (tests/fixtures/nvml/*.json, hand-written
+from reference facts, not recorded on hardware; ``record`` dumps real readings in the same format).
 
 Role: the seam that lets ``NvmlDeviceSource`` run without a GPU. The fixture format is what ``record``
 writes (format ``gpupool-nvml-fixture/1``): NVML's own units (bytes, mW, degC), one entry per physical GPU

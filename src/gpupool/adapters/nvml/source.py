@@ -1,7 +1,8 @@
 """`NvmlDeviceSource`: GPUs and MIG devices of one node read through NVML, as ``DeviceSnapshot`` values.
 
 Role: the real device source of layer 1 (fact sheet section 3). Works with any pynvml-shaped module so
-tests replay recorded fixtures through ``FakeNvml``; the real ``pynvml`` is imported only on first use.
+tests replay fixtures (hand-written from reference facts) through ``FakeNvml``; the real ``pynvml`` is
+imported only on first use.
 
 Invariants:
 - MIG memory and SM counts are read from the device (``nvmlDeviceGetMemoryInfo`` on the MIG handle,
