@@ -108,7 +108,8 @@ class UpstreamPool:
             conn = self._idle[key].pop() if reused else await self._connect(key)
             try:
                 conn[1].write(raw)
-                status, hdrs = await asyncio.wait_for(_read_head(conn[0]), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):  # no extra task, unlike wait_for
+                    status, hdrs = await _read_head(conn[0])
                 return UpstreamResponse(self, key, conn, status, hdrs)
             except (ConnectionError, asyncio.IncompleteReadError, OSError) as exc:
                 conn[1].close()
