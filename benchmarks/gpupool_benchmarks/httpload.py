@@ -19,6 +19,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -60,7 +61,7 @@ def runner() -> Callable[[Coroutine[Any, Any, Any]], Any]:
     with contextlib.suppress(ImportError):
         import uvloop
 
-        return uvloop.run  # type: ignore[no-any-return]
+        return uvloop.run
     return asyncio.run
 
 
@@ -85,7 +86,7 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
         elif name == b"transfer-encoding" and b"chunked" in value.lower():
             chunked = True
     if chunked:
-        parts = []
+        parts: list[bytes] = []
         while True:
             size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
             if size == 0:
@@ -183,16 +184,15 @@ def tree_cpu_s(pid: int) -> float | None:
         tick = os.sysconf("SC_CLK_TCK")
         kids: dict[int, list[int]] = {}
         stats: dict[int, tuple[int, int]] = {}
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
                 continue
             try:
-                with open(f"/proc/{d}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            kids.setdefault(int(fields[1]), []).append(int(d))
-            stats[int(d)] = (int(fields[11]), int(fields[12]))
+            kids.setdefault(int(fields[1]), []).append(int(d.name))
+            stats[int(d.name)] = (int(fields[11]), int(fields[12]))
     except (OSError, ValueError):
         return None
     if pid not in stats:

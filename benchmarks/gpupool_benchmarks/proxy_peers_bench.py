@@ -34,6 +34,7 @@ Progress goes to stderr, one line per phase.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -86,6 +87,7 @@ def ensure_peers(venv: Path, *, install: bool) -> dict[str, str | None]:
                     capture_output=True,
                     text=True,
                     timeout=1800,
+                    check=False,
                 )
                 if r.returncode != 0:
                     tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -163,7 +165,7 @@ def _start_litellm(venv: Path, port: int, backend: str, tmp: Path, log: Any) -> 
 
 
 # ---------------------------------------------------------------------- the run
-def run(  # noqa: PLR0912, PLR0915 (one linear script: start, measure, report)
+def run(
     *,
     clients: int = 8,
     duration_s: float = 5.0,
@@ -262,13 +264,17 @@ def run(  # noqa: PLR0912, PLR0915 (one linear script: start, measure, report)
             "available": True,
             "p50_ms": p50,
             "p99_ms": _median_of(one[t], "p99_ms"),
-            "added_p50_ms": round(p50 - direct_p50, 3) if p50 is not None and direct_p50 is not None else None,
+            "added_p50_ms": round(p50 - direct_p50, 3)
+            if p50 is not None and direct_p50 is not None
+            else None,
             "requests_per_s": _median_of(many[t], "requests_per_s"),
             "p50_ms_at_clients": _median_of(many[t], "p50_ms"),
             "ok": ok,
             "non_200": sum(statuses.values()),
             "non_200_by_status": statuses,
-            "version": _peer_version(peers_venv, PEERS[t].split("[")[0].split("=")[0]) if t in PEERS else None,
+            "version": _peer_version(peers_venv, PEERS[t].split("[")[0].split("=")[0])
+            if t in PEERS
+            else None,
         }
     return {
         "benchmark": "proxy-peers",
@@ -284,7 +290,7 @@ def run(  # noqa: PLR0912, PLR0915 (one linear script: start, measure, report)
 
 def _median_of(results: list[LoadResult], key: str) -> float | None:
     """Median over rounds; None when no phase produced a sample (never NaN: the output is JSON)."""
-    vals = [v for v in (r.summary()[key] for r in results) if v == v]
+    vals = [v for v in (r.summary()[key] for r in results) if not math.isnan(v)]
     return round(statistics.median(vals), 3) if vals else None
 
 

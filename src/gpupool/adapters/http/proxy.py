@@ -19,8 +19,8 @@ import contextlib
 import inspect
 import json
 import math
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -132,7 +132,7 @@ def add_proxy_routes(
         except ValueError as exc:
             return err(400, f"cannot size a request for model {model!r}: {exc}", "invalid_request_error")
         req = CoreRequest(
-            id=str(uuid.uuid4()),
+            id=os.urandom(16).hex(),  # a request id; uuid4's str() costs several times more
             tenant=who.tenant,
             priority=prio,
             demand=Resources(mib, 0),
