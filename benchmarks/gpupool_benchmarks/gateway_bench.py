@@ -40,6 +40,7 @@ from typing import Any
 
 from gpupool_benchmarks.httpload import (
     env_unbuffered,
+    exit_on_sigterm,
     free_port,
     pct,
     post_loop,
@@ -175,6 +176,7 @@ def run(
     warmup_s: float = 1.0,
 ) -> dict[str, Any]:
     run_ = runner()
+    exit_on_sigterm()
     procs: list[subprocess.Popen[bytes]] = []
     proxy: dict[int, tuple[float, float]] = {}
     non_200: dict[str, dict[str, int]] = {}

@@ -110,6 +110,7 @@ class LoadResult:
     latencies_s: list[float] = field(default_factory=list)
     statuses: Counter[int] = field(default_factory=Counter)
     duration_s: float = 0.0
+    answers_with_warmup: int = 0
 
     @property
     def ok(self) -> int:
@@ -159,6 +160,7 @@ async def post_loop(
                     conn = None
                     status = 0
                 t1 = time.perf_counter()
+                res.answers_with_warmup += 1
                 if t0 >= t_start:
                     res.statuses[status] += 1
                     if status == 200:
@@ -204,3 +206,14 @@ def tree_cpu_s(pid: int) -> float | None:
         total += u + s
         todo.extend(kids.get(p, ()))
     return total / tick
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit (main thread only) so that a killed bench still runs its
+    ``finally`` and stops the servers it started instead of orphaning them."""
+    import signal
+    import sys
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

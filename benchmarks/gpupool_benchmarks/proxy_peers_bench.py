@@ -25,6 +25,9 @@ JSON (one object): ``benchmark``, ``model``, ``clients``, ``duration_s``, ``roun
 - ``added_p50_ms``: ``p50_ms`` minus direct's ``p50_ms`` (the proxy's added median latency);
 - ``requests_per_s``: 200 answers per second at ``clients`` clients;
 - ``p50_ms_at_clients``: median latency at ``clients`` clients;
+- ``cpu_us_per_request``: CPU (user + system, the target's process tree; for ``direct`` the
+  backend's) per answer in the ``clients``-client phase: the figure that moves least with the other
+  jobs on a shared machine (Linux ``/proc``; null elsewhere);
 - ``ok`` / ``non_200`` / ``non_200_by_status``: answers counted over all phases and rounds (status
   ``0`` = the connection was closed); a target with non-200 answers is not a fair comparison;
 - ``version``: the installed package version (peers) or ``null``.
@@ -48,10 +51,12 @@ from typing import Any
 from gpupool_benchmarks.httpload import (
     LoadResult,
     env_unbuffered,
+    exit_on_sigterm,
     free_port,
     post_loop,
     runner,
     stop,
+    tree_cpu_s,
     wait_http,
 )
 
@@ -174,6 +179,7 @@ def run(
     targets: tuple[str, ...] = TARGETS,
     peers_venv: Path = Path(".gpupool/peers-venv"),
     install_peers: bool = True,
+    start_timeout_s: float = 300.0,
 ) -> dict[str, Any]:
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
@@ -192,9 +198,12 @@ def run(
     }
     procs: list[subprocess.Popen[bytes]] = []
     ports: dict[str, int] = {}
+    pids: dict[str, int] = {}
+    cpu_us: dict[str, list[float]] = {t: [] for t in targets}
     one: dict[str, list[LoadResult]] = {t: [] for t in targets}
     many: dict[str, list[LoadResult]] = {t: [] for t in targets}
     run_ = runner()
+    exit_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="gpupool-peers-") as tmp_s:
         tmp = Path(tmp_s)
         try:
@@ -204,6 +213,7 @@ def run(
             procs.append(_start_backend(bport))
             wait_http(f"{backend_url}/health", procs[-1], what="emulated backend")
             ports["direct"] = bport
+            pids["direct"] = procs[-1].pid
             starters: dict[str, Callable[[int, Any], subprocess.Popen[bytes]]] = {
                 "gpupool": lambda p, log: _start_gpupool(p, backend_url, tmp, log),
                 "vllm-router": lambda p, log: _start_router(peers_venv, p, backend_url, log),
@@ -218,8 +228,11 @@ def run(
                 procs.append(starters[t](port, log))
                 try:
                     health = {"gpupool": "/healthz", "litellm": "/health/liveliness"}.get(t, "/health")
-                    wait_http(f"http://127.0.0.1:{port}{health}", procs[-1], timeout_s=120, what=t)
+                    wait_http(
+                        f"http://127.0.0.1:{port}{health}", procs[-1], timeout_s=start_timeout_s, what=t
+                    )
                     ports[t] = port
+                    pids[t] = procs[-1].pid
                 except RuntimeError as exc:
                     tail = (tmp / f"{t}.log").read_text(errors="replace").strip().splitlines()[-3:]
                     reasons[t] = f"{exc}; last output: {' | '.join(tail) or 'none'}"
@@ -228,6 +241,7 @@ def run(
             for r in range(rounds):
                 for t in live:
                     for n, bucket in ((1, one), (clients, many)):
+                        cpu0 = tree_cpu_s(pids[t])
                         res = run_(
                             post_loop(
                                 ports[t],
@@ -240,6 +254,10 @@ def run(
                             )
                         )
                         bucket[t].append(res)
+                        cpu1 = tree_cpu_s(pids[t])
+                        if n == clients and cpu0 is not None and cpu1 is not None and res.ok:
+                            # the CPU covers the warm-up too: divide by every answer of the phase
+                            cpu_us[t].append((cpu1 - cpu0) * 1e6 / max(1, res.answers_with_warmup))
                         s = res.summary()
                         _log(
                             f"round {r + 1}/{rounds} {t:<11} {n:>2} client(s): {s['requests_per_s']:>8} req/s"
@@ -269,6 +287,7 @@ def run(
             else None,
             "requests_per_s": _median_of(many[t], "requests_per_s"),
             "p50_ms_at_clients": _median_of(many[t], "p50_ms"),
+            "cpu_us_per_request": round(statistics.median(cpu_us[t])) if cpu_us[t] else None,
             "ok": ok,
             "non_200": sum(statuses.values()),
             "non_200_by_status": statuses,

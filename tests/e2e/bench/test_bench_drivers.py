@@ -55,6 +55,7 @@ TARGET_KEYS = {
     "added_p50_ms",
     "requests_per_s",
     "p50_ms_at_clients",
+    "cpu_us_per_request",
     "ok",
     "non_200",
     "non_200_by_status",
