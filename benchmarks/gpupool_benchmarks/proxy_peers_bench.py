@@ -145,6 +145,8 @@ def _start_gpupool(port: int, backend: str, tmp: Path, log: Any) -> subprocess.P
 def _start_router(venv: Path, port: int, backend: str, log: Any) -> subprocess.Popen[bytes]:
     cmd = [str(venv / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--worker-urls", backend, "--policy", "round_robin", "--log-level", "warning"]
+    # its Prometheus exporter binds a fixed default port otherwise (a second router would fail)
+    cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
