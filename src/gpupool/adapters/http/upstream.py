@@ -71,7 +71,17 @@ class UpstreamResponse:
             await self.aclose()
 
     async def read(self) -> bytes:
-        return b"".join([c async for c in self.aiter_raw()])
+        conn = self._conn
+        if self._length is None or conn is None:
+            return b"".join([c async for c in self.aiter_raw()])
+        try:  # Content-Length: one read, no async generator (the proxy's common case)
+            data = await conn[0].readexactly(self._length)
+            self._done = True
+        except asyncio.IncompleteReadError:
+            raise UpstreamError("backend closed the connection mid-body") from None
+        finally:
+            await self.aclose()
+        return data
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
