@@ -19,7 +19,7 @@ import pytest
 
 from gpupool_benchmarks.httpload import post_loop
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # two servers start on shared cores
 
 GATEWAY_KEYS = {
     "benchmark",
@@ -69,7 +69,7 @@ def _bench(tmp_path: Path, *args: str) -> tuple[dict[str, object], str]:
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=280,
         check=False,
     )
     assert r.returncode == 0, r.stderr[-3000:]
