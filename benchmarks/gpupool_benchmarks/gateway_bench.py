@@ -1,162 +1,129 @@
 """`gpupool bench gateway`: lease round trips over HTTP against the framework's own ceiling, and the
-OpenAI proxy's added latency.
+OpenAI proxy's added latency, against a real ``gpupool serve`` process.
 
 Method:
-1. A gateway server runs in its own process (uvicorn + uvloop + httptools, one worker, access log off)
-   over 64 whole 80 GiB GPUs, with the SQLite store in WAL mode and ``synchronous=FULL`` (durable
-   commits, group-committed: one transaction per batch of concurrent requests).
+1. ``gpupool serve`` runs as a subprocess, started as a user starts it (its own server, GC and loop
+   set-up; simulated readings on) on a generated cluster of 64 whole 80 GiB GPUs (8 nodes x 8
+   H100) plus one small model workload, a tenant token in ``--auth-file`` and the emulated backend
+   in ``--backends``. Its SQLite store is WAL with ``synchronous=FULL`` (durable commits,
+   group-committed: one transaction per batch of concurrent requests).
 2. ``clients`` raw asyncio HTTP/1.1 keep-alive connections (the cheapest load generator we can write,
    in this process) loop for ``duration_s``: a *lease round trip* is ``POST /v1/leases`` (1 GiB, P1)
    then ``DELETE /v1/leases/{id}``; a *no-op round trip* is ``POST /v1/noop`` (same body, same auth
    and validation, no core, no store) then ``DELETE /v1/noop/{id}``. Both phases run in the same run,
    same clients, after 1 s of warm-up each; the no-op rate is the framework's ceiling on this machine.
+   Every answer that is not the expected status is counted (``lease_errors``/``noop_errors``, by status
+   in ``*_errors_by_status``) and is not a round trip.
 3. Proxy overhead: an emulated backend (qwen2.5-0.5b, ``--speed 1000``) in a third process; one client
    loop sends ``/v1/completions`` (``max_tokens: 1``) directly to it, then the same through the
    gateway (auth, priority header, KV request lease, forward, release). ``proxy_added_p50_ms`` is the
    difference of the two medians; the same is repeated with ``proxy_clients`` concurrent loops
-   (``proxy_added_p50_ms_at_N_clients``), where three processes share the 2 cores.
+   (``proxy_added_p50_ms_at_N_clients``). Non-200 answers are counted per phase
+   (``proxy_non_200``: ``{phase: {status: count}}``; an empty object means every answer was a 200),
+   never dropped silently.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import json
+import math
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from gpupool_benchmarks.httpload import (
+    env_unbuffered,
+    exit_on_sigterm,
+    free_port,
+    pct,
+    post_loop,
+    read_response,
+    request_bytes,
+    runner,
+    stop,
+    wait_http,
+)
+
 TOKEN = "bench-tenant-token-0001"
+ADMIN_TOKEN = "bench-admin-token-0001"
+MODEL = "qwen2.5-0.5b"
 LEASE_BODY = json.dumps({"priority": "P1", "vram_mib": 1024, "ttl_s": 60}).encode()
+NODES, GPUS_PER_NODE = 8, 8
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _log(msg: str) -> None:
+    print(f"[gateway {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-# ---------------------------------------------------------------------- server side (subprocess)
-def serve_main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--data-dir", required=True)
-    ap.add_argument("--backend-url", default="")
-    ap.add_argument("--model", default="qwen2.5-0.5b")
-    a = ap.parse_args(argv)
-    import uvicorn
-
-    from gpupool.adapters.http.app import create_app
-    from gpupool.adapters.http.auth import TokenTable
-    from gpupool.adapters.store import SqliteLeaseStore
-    from gpupool.cli.serve import KvSizer
-    from gpupool.core.clock import FunctionClock
-    from gpupool.core.controller import LeaseController
-    from gpupool.core.ports import Backend
-    from gpupool.hardware.slices import Slice, SliceKind
-    from gpupool.hardware.units import Resources
-
-    slices = [
-        Slice(
-            id=f"n{i // 8}/{i % 8}",
-            node=f"n{i // 8}",
-            gpu_id=f"n{i // 8}/{i % 8}",
-            kind=SliceKind.WHOLE,
-            capacity=Resources(81920, 1000),
-            gpu_model="H100-SXM5-80GB",
-        )
-        for i in range(64)
-    ]
-    store = SqliteLeaseStore(Path(a.data_dir) / "leases.db", durable=True)
-    c = LeaseController(slices, clock=FunctionClock(time.time), store=store)
-    c.recover()
-    if a.backend_url:
-        c.register_backend(
-            Backend("b0", a.model, a.backend_url, node="n0", gpu_id="n0/0", kv_budget_mib=65536)
-        )
-    from gpupool.adapters.metrics.gateway import GatewayMetrics
-
-    box: list[Any] = []
-    metrics = GatewayMetrics(c, commits=lambda: (box[0].batches, box[0].writes))
-    app = create_app(c, tokens=TokenTable([(TOKEN, "bench", "tenant")]), sizer=KvSizer(), metrics=metrics)
-    box.append(app.state.gateway.committer)
-    mode = os.environ.get("GPUPOOL_BENCH_COMMIT", "inline")  # inline | split | thread
-    app.state.gateway.committer.split = mode == "split"
-    app.state.gateway.committer.inline = mode == "inline"
-    app.state.gateway.hub.extra.append(metrics.observe_event)
-    from gpupool.cli.serve import tune_gc
-
-    tune_gc()  # as `gpupool serve` does
-    prof_path = os.environ.get("GPUPOOL_BENCH_PROFILE")
-    prof = None
-    if prof_path:
-        import cProfile
-
-        prof = cProfile.Profile()
-        prof.enable()
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=a.port,
-        log_level="warning",
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
+def write_serve_files(tmp: Path, backend_url: str) -> list[str]:
+    """The files ``gpupool serve`` reads; returns its arguments (besides host/port)."""
+    nodes = "".join(
+        f"  - name: n{i}\n    gpus: [{{model: H100-SXM5-80GB, count: {GPUS_PER_NODE}}}]\n"
+        for i in range(NODES)
     )
-    if prof is not None and prof_path:
-        prof.disable()
-        prof.dump_stats(prof_path)
+    (tmp / "cluster.yaml").write_text("nodes:\n" + nodes)
+    (tmp / "workloads.yaml").write_text(
+        f"workloads:\n  - {{name: llm, model: {MODEL}, priority: P1, replicas: 1, isolation: any}}\n"
+    )
+    (tmp / "auth.yaml").write_text(
+        "tokens:\n"
+        f"  - {{token: {TOKEN}, tenant: bench, role: tenant}}\n"
+        f"  - {{token: {ADMIN_TOKEN}, tenant: ops, role: admin}}\n"
+    )
+    (tmp / "backends.yaml").write_text(
+        f"backends:\n  - {{id: b0, model: {MODEL}, url: '{backend_url}', slice_id: n0/0/mps-llm-0}}\n"
+    )
+    args = ["--data-dir", str(tmp / "data"), "--cluster", str(tmp / "cluster.yaml")]
+    args += ["--workloads", str(tmp / "workloads.yaml"), "--auth-file", str(tmp / "auth.yaml")]
+    return [*args, "--backends", str(tmp / "backends.yaml")]
+
+
+def start_serve(port: int, args: list[str], log: Any) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "gpupool.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    return subprocess.Popen([*cmd, *args], env=env_unbuffered(), stdout=log, stderr=subprocess.STDOUT)
+
+
+def start_backend(port: int) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "gpupool.cli.main", "emulate-backend", "--model", MODEL, "--port", str(port)]
+    cmd += ["--gpu", "H100-SXM5-80GB", "--speed", "1000", "--kv-budget-mib", "65536"]
+    return subprocess.Popen(cmd, env=env_unbuffered(), stdout=subprocess.DEVNULL)
 
 
 # ---------------------------------------------------------------------- client side
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        if line[:15].lower() == b"content-length:":
-            length = int(line[15:])
-    body = await reader.readexactly(length) if length else b""
-    return status, body
-
-
-def _request(method: str, path: str, body: bytes = b"", *, host: str, extra: str = "") -> bytes:
-    head = (
-        f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n{extra}"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
+def _headers(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json", **(extra or {})}
 
 
 async def _loop(  # noqa: PLR0917 (one client's whole configuration)
-    port: int, kind: str, t_start: float, t_end: float, lat: list[float], errors: list[int]
+    port: int, kind: str, t_start: float, t_end: float, lat: list[float], errors: Counter[int]
 ) -> None:
     host = f"127.0.0.1:{port}"
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     acquire = "/v1/leases" if kind == "lease" else "/v1/noop"
-    post = _request("POST", acquire, LEASE_BODY, host=host)
+    post = request_bytes("POST", acquire, LEASE_BODY, host=host, headers=_headers())
     try:
         while True:
             t0 = time.perf_counter()
             if t0 >= t_end:
                 return
             writer.write(post)
-            status, body = await _read_response(reader)
+            status, body = await read_response(reader)
             if status != 201:
-                errors.append(status)
+                errors[status] += 1
                 continue
             lid = json.loads(body)["id"]
-            writer.write(_request("DELETE", f"{acquire}/{lid}", host=host))
-            status, _ = await _read_response(reader)
+            writer.write(request_bytes("DELETE", f"{acquire}/{lid}", host=host, headers=_headers()))
+            status, _ = await read_response(reader)
             if status != 200:
-                errors.append(status)
+                errors[status] += 1
+                continue
             t1 = time.perf_counter()
             if t0 >= t_start:
                 lat.append(t1 - t0)
@@ -164,172 +131,126 @@ async def _loop(  # noqa: PLR0917 (one client's whole configuration)
         writer.close()
 
 
-def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 async def _phase(
     port: int, kind: str, clients: int, duration_s: float, warmup_s: float = 1.0
 ) -> dict[str, Any]:
     lat: list[float] = []
-    errors: list[int] = []
+    errors: Counter[int] = Counter()
     now = time.perf_counter()
     t_start, t_end = now + warmup_s, now + warmup_s + duration_s
     await asyncio.gather(*(_loop(port, kind, t_start, t_end, lat, errors) for _ in range(clients)))
     return {
         "round_trips_per_s": len(lat) / duration_s,
-        "p50_ms": _pct(lat, 0.50) * 1000,
-        "p99_ms": _pct(lat, 0.99) * 1000,
+        "p50_ms": pct(lat, 0.50) * 1000,
+        "p99_ms": pct(lat, 0.99) * 1000,
         "round_trips": len(lat),
-        "errors": len(errors),
+        "errors": sum(errors.values()),
+        "errors_by_status": {str(k): v for k, v in sorted(errors.items())},
     }
 
 
-async def _proxy_phase(
-    url_port: int, *, via_gateway: bool, model: str, clients: int, duration_s: float
-) -> float:
-    lat: list[float] = []
-    body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 1}).encode()
-    extra = "x-gpupool-priority: P0\r\n" if via_gateway else ""
-    now = time.perf_counter()
-    t_start, t_end = now + 0.5, now + 0.5 + duration_s
-
-    async def one() -> None:
-        host = f"127.0.0.1:{url_port}"
-        reader, writer = await asyncio.open_connection("127.0.0.1", url_port)
-        req = _request("POST", "/v1/completions", body, host=host, extra=extra)
-        try:
-            while (t0 := time.perf_counter()) < t_end:
-                writer.write(req)
-                status, _ = await _read_response(reader)
-                if status == 200 and t0 >= t_start:
-                    lat.append(time.perf_counter() - t0)
-        finally:
-            writer.close()
-
-    await asyncio.gather(*(one() for _ in range(clients)))
-    return _pct(lat, 0.5) * 1000
+def _metric(port: int, name: str) -> float | None:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+    except OSError:
+        return None
+    return None
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"port {port} did not open")
-
-
-def _metric(port: int, name: str) -> float:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return float("nan")
+def _r(x: float) -> float | None:
+    return None if math.isnan(x) else round(x, 3)  # NaN (no sample) -> null: the output is JSON
 
 
 def run(
-    *, clients: int = 32, duration_s: float = 20.0, proxy_clients: int = 4, proxy_duration_s: float = 5.0
+    *,
+    clients: int = 32,
+    duration_s: float = 20.0,
+    proxy_clients: int = 4,
+    proxy_duration_s: float = 5.0,
+    warmup_s: float = 1.0,
 ) -> dict[str, Any]:
-    runner: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        runner = uvloop.run
-    model = "qwen2.5-0.5b"
+    run_ = runner()
+    exit_on_sigterm()
     procs: list[subprocess.Popen[bytes]] = []
-    with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
+    proxy: dict[int, tuple[float, float]] = {}
+    non_200: dict[str, dict[str, int]] = {}
+    body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 1}).encode()
+    with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp_s:
+        tmp = Path(tmp_s)
+        log_path = tmp / "serve.log"
         try:
-            bport, gport = _free_port(), _free_port()
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            backend = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "gpupool.cli.main",
-                    "emulate-backend",
-                    "--model",
-                    model,
-                    "--port",
-                    str(bport),
-                    "--gpu",
-                    "H100-SXM5-80GB",
-                    "--speed",
-                    "1000",
-                    "--kv-budget-mib",
-                    "65536",
-                ],
-                env=env,
-                stdout=subprocess.DEVNULL,
-            )
-            procs.append(backend)
-            gateway = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "gpupool_benchmarks.gateway_bench",
-                    "serve",
-                    "--port",
-                    str(gport),
-                    "--data-dir",
-                    tmp,
-                    "--backend-url",
-                    f"http://127.0.0.1:{bport}",
-                    "--model",
-                    model,
-                ],
-                env=env,
-            )
-            procs.append(gateway)
-            _wait_port(bport, backend)
-            _wait_port(gport, gateway)
-            noop = runner(_phase(gport, "noop", clients, duration_s))
-            lease = runner(_phase(gport, "lease", clients, duration_s))
+            bport, gport = free_port(), free_port()
+            backend_url = f"http://127.0.0.1:{bport}"
+            _log(f"starting the emulated backend ({MODEL}) on {backend_url}")
+            procs.append(start_backend(bport))
+            wait_http(f"{backend_url}/health", procs[-1], what="emulated backend")
+            _log(f"starting `gpupool serve` on port {gport}")
+            with log_path.open("wb") as log:
+                procs.append(start_serve(gport, write_serve_files(tmp, backend_url), log))
+            try:
+                wait_http(f"http://127.0.0.1:{gport}/healthz", procs[-1], what="gpupool serve")
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}: {log_path.read_text(errors='replace')[-2000:]}") from None
+            _log(f"no-op phase: {clients} clients x {duration_s} s")
+            noop = run_(_phase(gport, "noop", clients, duration_s, warmup_s))
+            _log(f"lease phase: {clients} clients x {duration_s} s")
+            lease = run_(_phase(gport, "lease", clients, duration_s, warmup_s))
             commits = _metric(gport, "gpupool_store_commits_total")
-            proxy = {}
             for n in sorted({1, proxy_clients}):
-                direct = runner(
-                    _proxy_phase(
-                        bport, via_gateway=False, model=model, clients=n, duration_s=proxy_duration_s
+                p50s = []
+                for name, port, hdrs in (
+                    ("direct", bport, {"Content-Type": "application/json"}),
+                    ("gateway", gport, _headers({"x-gpupool-priority": "P0"})),
+                ):
+                    _log(f"proxy phase {name}: {n} client(s) x {proxy_duration_s} s")
+                    res = run_(
+                        post_loop(
+                            port,
+                            "/v1/completions",
+                            body,
+                            hdrs,
+                            clients=n,
+                            duration_s=proxy_duration_s,
+                            warmup_s=min(0.5, warmup_s),
+                        )
                     )
-                )
-                via = runner(
-                    _proxy_phase(gport, via_gateway=True, model=model, clients=n, duration_s=proxy_duration_s)
-                )
-                proxy[n] = (direct, via)
+                    summary = res.summary()
+                    if summary["non_200"]:
+                        non_200[f"{name}_{n}_clients"] = summary["non_200_by_status"]
+                    p50s.append(pct(res.latencies_s, 0.5) * 1000)
+                proxy[n] = (p50s[0], p50s[1])
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(10)
+            stop(procs[::-1])
     return {
         "benchmark": "gateway",
+        "server": "gpupool serve (subprocess)",
         "lease_round_trips_per_s": round(lease["round_trips_per_s"], 1),
         "noop_round_trips_per_s": round(noop["round_trips_per_s"], 1),
         "lease_vs_noop": round(lease["round_trips_per_s"] / max(1e-9, noop["round_trips_per_s"]), 3),
-        "lease_p50_ms": round(lease["p50_ms"], 3),
-        "lease_p99_ms": round(lease["p99_ms"], 3),
-        "noop_p50_ms": round(noop["p50_ms"], 3),
-        "noop_p99_ms": round(noop["p99_ms"], 3),
+        "lease_p50_ms": _r(lease["p50_ms"]),
+        "lease_p99_ms": _r(lease["p99_ms"]),
+        "noop_p50_ms": _r(noop["p50_ms"]),
+        "noop_p99_ms": _r(noop["p99_ms"]),
         "lease_errors": lease["errors"],
         "noop_errors": noop["errors"],
+        "lease_errors_by_status": lease["errors_by_status"],
+        "noop_errors_by_status": noop["errors_by_status"],
         "store": "sqlite WAL synchronous=FULL, group commit",
         "store_commits": commits,
-        "lease_writes_per_commit": round(2 * lease["round_trips"] / commits, 2) if commits > 0 else None,
-        "proxy_direct_p50_ms": round(proxy[1][0], 3),
-        "proxy_via_gateway_p50_ms": round(proxy[1][1], 3),
-        "proxy_added_p50_ms": round(proxy[1][1] - proxy[1][0], 3),
-        f"proxy_added_p50_ms_at_{proxy_clients}_clients": round(
-            proxy[proxy_clients][1] - proxy[proxy_clients][0], 3
+        "lease_writes_per_commit": round(2 * lease["round_trips"] / commits, 2) if commits else None,
+        "proxy_direct_p50_ms": _r(proxy[1][0]),
+        "proxy_via_gateway_p50_ms": _r(proxy[1][1]),
+        "proxy_added_p50_ms": _r(proxy[1][1] - proxy[1][0]),
+        f"proxy_added_p50_ms_at_{proxy_clients}_clients": _r(
+            proxy[proxy_clients][1] - proxy[proxy_clients][0]
         ),
+        "proxy_non_200": non_200,
         "clients": clients,
         "proxy_clients": proxy_clients,
         "duration_s": duration_s,
@@ -338,7 +259,4 @@ def run(
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "serve":
-        serve_main(sys.argv[2:])
-    else:
-        print(json.dumps(run()))
+    print(json.dumps(run()))

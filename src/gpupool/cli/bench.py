@@ -4,6 +4,7 @@ recorded in BENCHMARKS.md together with the command that produced them."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -83,26 +84,89 @@ def tokens(
 
 @app.command("gateway")
 @user_errors
-def gateway(
+def gateway(  # noqa: PLR0917 (typer options)
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     clients: int = typer.Option(32, help="Concurrent keep-alive HTTP clients."),
     duration_s: float = typer.Option(20.0, help="Seconds per phase (no-op, then lease)."),
     proxy_clients: int = typer.Option(4, help="Clients of the second proxy phase (the first uses 1)."),
     proxy_duration_s: float = typer.Option(5.0, help="Seconds per proxy phase (direct, then via gateway)."),
+    warmup_s: float = typer.Option(1.0, help="Warm-up seconds before each lease/no-op phase."),
 ) -> None:
-    """Lease acquire+release round trips over HTTP (SQLite, durable group commit) vs a no-op endpoint
-    of the same app, and the OpenAI proxy's added latency against calling the backend directly."""
+    """Lease acquire+release round trips over HTTP against a `gpupool serve` process (SQLite, durable
+    group commit) vs a no-op endpoint of the same app, and the OpenAI proxy's added latency against
+    calling the backend directly. Non-2xx answers are counted, never dropped."""
     from gpupool_benchmarks import gateway_bench
 
     for name, value in (("--clients", clients), ("--proxy-clients", proxy_clients)):
         check_range(name, value, lo=1)
     for name, secs in (("--duration-s", duration_s), ("--proxy-duration-s", proxy_duration_s)):
         check_range(name, secs, lo=0, lo_open=True)
+    check_range("--warmup-s", warmup_s, lo=0)
     result = gateway_bench.run(
-        clients=clients, duration_s=duration_s, proxy_clients=proxy_clients, proxy_duration_s=proxy_duration_s
+        clients=clients,
+        duration_s=duration_s,
+        proxy_clients=proxy_clients,
+        proxy_duration_s=proxy_duration_s,
+        warmup_s=warmup_s,
     )
     if as_json:
         typer.echo(json.dumps(result))
     else:
         for k, v in result.items():
             typer.echo(f"{k}: {v}")
+
+
+@app.command("proxy-peers")
+@user_errors
+def proxy_peers(  # noqa: PLR0917 (typer options)
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    clients: int = typer.Option(8, help="Clients of the throughput phase (the latency phase uses 1)."),
+    duration_s: float = typer.Option(5.0, help="Seconds per phase and target."),
+    warmup_s: float = typer.Option(1.0, help="Warm-up seconds before each phase."),
+    rounds: int = typer.Option(1, help="Rounds over all targets; figures are medians over rounds."),
+    targets: str = typer.Option(
+        "direct,gpupool,vllm-router,litellm", help="Comma-separated subset of the four targets."
+    ),
+    peers_venv: Path = typer.Option(
+        Path(".gpupool/peers-venv"), help="Venv for the peers (installed there on demand)."
+    ),
+    install_peers: bool = typer.Option(True, help="pip-install missing peers into --peers-venv."),
+) -> None:
+    """/v1/completions (max_tokens 1) through gpupool vs vLLM's Rust router vs LiteLLM proxy vs the
+    emulated backend directly: p50/p99 at 1 client, added p50, requests/s at --clients clients."""
+    from gpupool.core.errors import InvalidInput
+    from gpupool_benchmarks import proxy_peers_bench
+
+    names = tuple(t.strip() for t in targets.split(",") if t.strip())
+    bad = [t for t in names if t not in proxy_peers_bench.TARGETS]
+    if not names or bad:
+        raise InvalidInput(
+            "--targets", targets, f"expected a subset of {','.join(proxy_peers_bench.TARGETS)}"
+        )
+    for name, value in (("--clients", clients), ("--rounds", rounds)):
+        if value < 1:
+            raise InvalidInput(name, value, "must be >= 1")
+    if not duration_s > 0:
+        raise InvalidInput("--duration-s", duration_s, "must be > 0")
+    if not warmup_s >= 0:
+        raise InvalidInput("--warmup-s", warmup_s, "must be >= 0")
+    result = proxy_peers_bench.run(
+        clients=clients,
+        duration_s=duration_s,
+        warmup_s=warmup_s,
+        rounds=rounds,
+        targets=names,
+        peers_venv=peers_venv,
+        install_peers=install_peers,
+    )
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for name, t in result["targets"].items():
+        if not t["available"]:
+            typer.echo(f"{name:<12} unavailable: {t['reason']}")
+            continue
+        typer.echo(
+            f"{name:<12} p50 {t['p50_ms']} ms  p99 {t['p99_ms']} ms  added p50 {t['added_p50_ms']} ms  "
+            f"{t['requests_per_s']} req/s at {clients} clients  non-200 {t['non_200']}"
+        )

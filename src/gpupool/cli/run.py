@@ -36,6 +36,7 @@ from gpupool.cli.serve import (
     build,
     free_port,
     register_backends,
+    run_loop,
     uvicorn_server,
 )
 
@@ -277,7 +278,7 @@ def run(  # noqa: PLR0917 (typer options)
             ]
             runtimes = start_simulated_agents(url, token=admin, cluster=bundle.sim, engines=engines)
             say(f"node agents: {len(runtimes)} (one per simulated node, 200 ms period)")
-        asyncio.run(serve_forever(bundle, host=host, port=port, extra=extra, feed_readings=not runtimes))
+        run_loop(serve_forever(bundle, host=host, port=port, extra=extra, feed_readings=not runtimes))
     except KeyboardInterrupt:
         pass  # NOTE: Ctrl-C during start-up; once serving, serve_forever handles the signal itself
     finally:

@@ -71,7 +71,17 @@ class UpstreamResponse:
             await self.aclose()
 
     async def read(self) -> bytes:
-        return b"".join([c async for c in self.aiter_raw()])
+        conn = self._conn
+        if self._length is None or conn is None:
+            return b"".join([c async for c in self.aiter_raw()])
+        try:  # Content-Length: one read, no async generator (the proxy's common case)
+            data = await conn[0].readexactly(self._length)
+            self._done = True
+        except asyncio.IncompleteReadError:
+            raise UpstreamError("backend closed the connection mid-body") from None
+        finally:
+            await self.aclose()
+        return data
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
@@ -108,7 +118,8 @@ class UpstreamPool:
             conn = self._idle[key].pop() if reused else await self._connect(key)
             try:
                 conn[1].write(raw)
-                status, hdrs = await asyncio.wait_for(_read_head(conn[0]), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):  # no extra task, unlike wait_for
+                    status, hdrs = await _read_head(conn[0])
                 return UpstreamResponse(self, key, conn, status, hdrs)
             except (ConnectionError, asyncio.IncompleteReadError, OSError) as exc:
                 conn[1].close()

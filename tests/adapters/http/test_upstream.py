@@ -1,0 +1,98 @@
+"""`UpstreamPool` against a real raw-socket HTTP/1.1 server: Content-Length bodies read in one go and
+the connection reused, chunked bodies decoded, a body cut short is an `UpstreamError` and the broken
+connection is never pooled."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from gpupool.adapters.http.upstream import UpstreamError, UpstreamPool
+
+ANSWERS = {
+    b"/ok": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Type: application/json\r\n\r\nhello",
+    b"/chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+    b"/short": b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+}
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[int, list[int]]]:
+    """Answers by path; closes the connection after ``/short``. Counts accepted connections."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen()
+    accepted: list[int] = []
+
+    def conn_loop(c: socket.socket) -> None:
+        buf = b""
+        with c:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = c.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                path = head.split(b" ")[1]
+                c.sendall(ANSWERS[path])
+                if path == b"/short":
+                    return
+
+    def accept_loop() -> None:
+        while True:
+            try:
+                c, _ = lsock.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            threading.Thread(target=conn_loop, args=(c,), daemon=True).start()
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+    try:
+        yield lsock.getsockname()[1], accepted
+    finally:
+        lsock.close()
+
+
+def test_content_length_body_and_keep_alive_reuse(server: tuple[int, list[int]]) -> None:
+    port, accepted = server
+
+    async def go() -> list[bytes]:
+        pool = UpstreamPool(timeout_s=5)
+        try:
+            out = []
+            for _ in range(3):
+                r = await pool.request("POST", f"http://127.0.0.1:{port}/ok", content=b"{}", headers={})
+                assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+                out.append(await r.read())
+            r = await pool.request("POST", f"http://127.0.0.1:{port}/chunked", content=b"", headers={})
+            out.append(await r.read())
+            return out
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(go()) == [b"hello", b"hello", b"hello", b"abcde"]
+    assert len(accepted) == 1  # one connection, reused for every request
+
+
+def test_body_cut_short_is_an_upstream_error_and_not_pooled(server: tuple[int, list[int]]) -> None:
+    port, accepted = server
+
+    async def go() -> bytes:
+        pool = UpstreamPool(timeout_s=5)
+        try:
+            r = await pool.request("POST", f"http://127.0.0.1:{port}/short", content=b"", headers={})
+            with pytest.raises(UpstreamError, match="mid-body"):
+                await r.read()
+            r = await pool.request("POST", f"http://127.0.0.1:{port}/ok", content=b"", headers={})
+            return await r.read()
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(go()) == b"hello"
+    assert len(accepted) == 2  # the cut connection was dropped, a fresh one opened
