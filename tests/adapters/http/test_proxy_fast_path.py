@@ -44,9 +44,10 @@ def test_fast_path_auth_errors_use_the_apps_handlers(gateway: tuple[str, LeaseCo
             r = cl.post(path, json={"model": MODEL, "prompt": "x"})
             assert r.status_code == 401, (path, r.text)
             assert r.headers["www-authenticate"] == "Bearer"
-            assert r.json()["code"] == "unauthenticated"
+            assert r.json()["error"]["code"] == "invalid_api_key"  # OpenAI's shape, from forward()
             r = cl.post(path, json={"model": MODEL}, headers={"Authorization": "Bearer wrong-token-123"})
-            assert r.status_code == 401 and r.json()["error"] == "invalid token"
+            assert r.status_code == 401 and r.json()["error"]["type"] == "invalid_request_error"
+            assert r.json()["error"]["message"] == "Incorrect API key provided."
 
 
 def test_other_methods_and_paths_still_go_through_fastapi(gateway: tuple[str, LeaseController]) -> None:
