@@ -140,6 +140,8 @@ def build(
     store_url: str | None = None,
     simulate: bool = True,
     extra_tokens: Iterable[tuple[str, str, str]] = (),
+    metrics_tenant_labels: bool = False,
+    app_options: dict[str, Any] | None = None,
 ) -> Bundle:
     from gpupool.adapters.http.app import create_app
     from gpupool.adapters.http.auth import TokenTable
@@ -168,9 +170,15 @@ def build(
     except InvalidInput as exc:
         raise UserError(f"{auth_file or 'tokens'}: {exc}") from None
     commits: list[Any] = []
-    metrics = GatewayMetrics(controller, commits=lambda: (commits[0].batches, commits[0].writes))
+    metrics = GatewayMetrics(
+        controller,
+        commits=lambda: (commits[0].batches, commits[0].writes),
+        tenant_labels=metrics_tenant_labels,
+    )
     sizer = KvSizer({w.model: w.quant for w in wset if w.model})
-    app = create_app(controller, tokens=table, sizer=sizer, metrics=metrics, agent_events=True)
+    app = create_app(
+        controller, tokens=table, sizer=sizer, metrics=metrics, agent_events=True, **(app_options or {})
+    )
     gw = app.state.gateway
     commits.append(gw.committer)
     gw.hub.extra.append(metrics.observe_event)
@@ -297,15 +305,24 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 async def serve_forever(
-    bundle: Bundle, *, host: str, port: int, extra: Iterable[Any] = (), feed_readings: bool = True
+    bundle: Bundle,
+    *,
+    host: str,
+    port: int,
+    extra: Iterable[Any] = (),
+    feed_readings: bool = True,
+    server_options: dict[str, Any] | None = None,
 ) -> None:
     """Run the gateway server (+ any extra uvicorn servers / coroutines) until Ctrl-C or SIGTERM.
 
     ``feed_readings``: push the simulated cluster's readings in-process; `gpupool run` turns it off
-    when real node agents report them over HTTP instead."""
+    when real node agents report them over HTTP instead. ``server_options``: `server_config`'s
+    (header_timeout_s, keep_alive_s, max_connections)."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(bundle.app, host=host, port=port, log_level="warning"))
+    from gpupool.adapters.http.server import server_config
+
+    server = uvicorn.Server(server_config(bundle.app, host=host, port=port, **(server_options or {})))
     tune_gc()
     tasks = [asyncio.create_task(server.serve())]
     if bundle.sim is not None and feed_readings:
@@ -348,14 +365,45 @@ def serve(  # noqa: PLR0917 (typer options)
         None, "--backends", help="backends: [{id, model, url, slice_id}] YAML."
     ),
     simulate_readings: bool = typer.Option(True, help="Feed simulated GPU readings to the watermarks."),
+    metrics_tenant_labels: bool = typer.Option(
+        False,
+        "--metrics-tenant-labels",
+        help="Label /metrics lease gauges with tenant names (off: no names).",
+    ),
+    max_body_kib: int = typer.Option(
+        1024, "--max-body-kib", help="Lease/admin/agent body limit (413 above)."
+    ),
+    max_proxy_body_kib: int = typer.Option(
+        32 * 1024, "--max-proxy-body-kib", help="OpenAI-route body limit (413 above)."
+    ),
+    header_timeout_s: float = typer.Option(
+        10.0, "--header-timeout-s", help="Close a connection whose request head is not complete in time."
+    ),
+    max_connections: int = typer.Option(
+        1000, "--max-connections", help="Open connections + running requests; past it new requests get 503."
+    ),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
+    for flag, v in (
+        ("--max-body-kib", max_body_kib),
+        ("--max-proxy-body-kib", max_proxy_body_kib),
+        ("--max-connections", max_connections),
+    ):
+        if v < 1:
+            raise UserError(f"{flag} {v}: must be >= 1")
+    if not (math.isfinite(header_timeout_s) and header_timeout_s > 0):
+        raise UserError(f"--header-timeout-s {header_timeout_s}: must be a positive number of seconds")
     bundle = build(
         data_dir=data_dir,
         cluster=cluster,
         workloads=workloads,
         auth_file=auth_file,
         simulate=simulate_readings,
+        metrics_tenant_labels=metrics_tenant_labels,
+        app_options={
+            "max_body_bytes": max_body_kib * 1024,
+            "max_proxy_body_bytes": max_proxy_body_kib * 1024,
+        },
     )
     if backends is not None:
         register_backends(bundle, _load_backends_file(backends))
@@ -365,4 +413,5 @@ def serve(  # noqa: PLR0917 (typer options)
             f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}"
         )
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_forever(bundle, host=host, port=port))
+        opts = {"header_timeout_s": header_timeout_s, "max_connections": max_connections}
+        asyncio.run(serve_forever(bundle, host=host, port=port, server_options=opts))
