@@ -34,6 +34,12 @@ class _Strict(BaseModel):
 class LeaseIn(_Strict):
     """Either an explicit size (``vram_mib`` [+ ``compute_pct``]) or a model + token counts."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={"examples": [{"priority": "P1", "vram_mib": 2048, "ttl_s": 60}]},
+    )
+
     priority: StrictInt | StrictStr = Field("P1", description=PRIORITY_DOC)
     vram_mib: StrictInt | None = Field(None, ge=1, le=MAX_VRAM_MIB)
     compute_pct: StrictInt | None = Field(None, ge=0, le=100)
