@@ -23,7 +23,8 @@ tickets and events; ``/v1/admin/*`` and the agent route need role ``admin``):
   ``PUT /v1/admin/watermarks``; ``POST /v1/noop`` + ``DELETE /v1/noop/{id}`` (the framework's own
   ceiling, for the benchmark); the OpenAI-compatible proxy (`gpupool.adapters.http.proxy`).
 
-Outcome codes map to HTTP statuses here and only here (`STATUS`).
+Outcome codes map to HTTP statuses in `gpupool.adapters.http.views` only (`STATUS`); the JSON views
+of leases, tickets and events live there too (re-exported here).
 """
 
 from __future__ import annotations
@@ -47,31 +48,25 @@ from gpupool.adapters.http.docs import install_docs
 from gpupool.adapters.http.errors import BadJson, err
 from gpupool.adapters.http.errors import HttpError as _HttpError
 from gpupool.adapters.http.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, BodyLimit
-from gpupool.adapters.http.runtime import EventHub, Gap, GroupCommitter, StoreUnavailable
-from gpupool.core.controller import LeaseController, TicketStatus
+from gpupool.adapters.http.runtime import EventHub, GroupCommitter, StoreUnavailable
+from gpupool.adapters.http.views import (
+    STATUS,
+    event_json,
+    lease_json,
+    outcome_response,
+    sse_stream,
+    ticket_json,
+)
+from gpupool.core.controller import LeaseController
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.model import Lease
 from gpupool.core.model import Request as CoreRequest
-from gpupool.core.outcome import Outcome, OutcomeCode
+from gpupool.core.outcome import OutcomeCode
 from gpupool.core.poolview import pool_view
-from gpupool.core.ports import GatewayEvent
-from gpupool.core.priority import band, parse_priority
+from gpupool.core.priority import parse_priority
 from gpupool.core.watermarks import Reading, WatermarkConfig
 from gpupool.hardware.slices import SliceKind
 from gpupool.hardware.units import Resources
-
-STATUS: dict[OutcomeCode, int] = {
-    OutcomeCode.GRANTED: 201,
-    OutcomeCode.PREEMPTED_VICTIMS: 201,
-    OutcomeCode.QUEUED: 202,
-    OutcomeCode.BACKPRESSURE: 429,
-    OutcomeCode.SHED: 429,
-    OutcomeCode.NO_CAPACITY: 429,
-    OutcomeCode.UNRESOLVABLE: 503,
-    OutcomeCode.RELEASED: 200,
-    OutcomeCode.ALREADY_ENDED: 200,
-    OutcomeCode.RENEWED: 200,
-}
 
 
 class Sizer(Protocol):
@@ -217,103 +212,6 @@ class _Route(APIRoute):
             return await inner(_JsonRequest(request.scope, request.receive))
 
         return handler
-
-
-# ---------------------------------------------------------------------- views
-def lease_json(
-    gw: Gateway, lease: Lease, out: Outcome | None = None, who: Principal | None = None
-) -> dict[str, Any]:
-    """The API view of a lease. ``victims`` (from ``out``): the ids of the preempted leases that
-    ``who`` may see (its own; all for an admin or ``who=None``), the rest only counted."""
-    g0 = lease.grants[0] if lease.grants else None
-    b = gw.controller.backend_of(lease)
-    victims = list(out.victims) if out else []
-    mine = [v.id for v in victims if who is None or who.is_admin or v.request.tenant == who.tenant]
-    return {
-        "id": lease.id,
-        "state": lease.state.value,
-        "tenant": lease.request.tenant,
-        "priority": lease.priority,
-        "band": band(lease.priority),
-        "node": lease.node,
-        "slice_id": g0.slice_id if g0 else "",
-        "gpu_id": g0.gpu_id if g0 else "",
-        "vram_mib": lease.total.vram_mib,
-        "compute_milli": lease.total.compute_milli,
-        "grants": [
-            {
-                "slice_id": g.slice_id,
-                "gpu_id": g.gpu_id,
-                "vram_mib": g.resources.vram_mib,
-                "compute_milli": g.resources.compute_milli,
-            }
-            for g in lease.grants
-        ],
-        "granted_at": lease.granted_at,
-        "expires_at": lease.expires_at,
-        "revision": lease.revision,
-        "model": lease.request.model,
-        "backend": b.id if b else "",
-        "reason": lease.reason,
-        "labels": dict(lease.request.labels),
-        "early_warning": bool(out and out.early_warning),
-        "victims": mine,
-        "victims_other_tenants": len(victims) - len(mine),
-    }
-
-
-def ticket_json(gw: Gateway, st: TicketStatus) -> dict[str, Any]:
-    return {
-        "ticket": st.ticket,
-        "state": st.state,
-        "enqueued_at": st.enqueued_at,
-        "deadline_at": st.deadline_at,
-        "lease": lease_json(gw, st.lease) if st.lease else None,
-        "reason": st.reason,
-    }
-
-
-def outcome_response(gw: Gateway, out: Outcome, who: Principal | None = None) -> JSONResponse:
-    status = STATUS[out.code]
-    if out.granted and out.lease is not None:
-        return JSONResponse(lease_json(gw, out.lease, out, who), status_code=201)
-    if out.code is OutcomeCode.QUEUED and out.ticket:
-        st = gw.controller.ticket(out.ticket)
-        if st.state == "granted" and st.lease is not None:
-            return JSONResponse(lease_json(gw, st.lease), status_code=201)
-        body = ticket_json(gw, st)
-        body["poll"] = f"/v1/tickets/{out.ticket}"
-        if st.state == "shed":
-            return err(429, st.reason or "shed", "shed", retry=gw.controller.config.retry_after_s)
-        return JSONResponse(body, status_code=202, headers={"Location": body["poll"]})
-    code = out.code.value
-    return err(status, out.reason or code, code, retry=out.retry_after_s if status == 429 else None)
-
-
-def event_json(gw: Gateway, e: GatewayEvent, who: Principal) -> dict[str, Any]:
-    d: dict[str, Any] = {"kind": e.kind, "at": e.at}
-    if e.lease is not None:
-        d["lease"] = lease_json(gw, e.lease)
-    if e.ticket:
-        d["ticket"] = e.ticket
-    if e.gpu_id:
-        d["gpu_id"] = e.gpu_id
-        ids = list(e.lease_ids)
-        if not who.is_admin:
-            ids = [i for i in ids if _tenant_of(gw, i) == who.tenant]
-        d["lease_ids"] = ids
-    if e.reason:
-        d["reason"] = e.reason
-    if e.wait_s:
-        d["wait_s"] = e.wait_s
-    return d
-
-
-def _tenant_of(gw: Gateway, lease_id: str) -> str:
-    try:
-        return gw.controller.get(lease_id).request.tenant
-    except UnknownId:
-        return ""
 
 
 # ---------------------------------------------------------------------- building a core request
@@ -486,7 +384,7 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
     ) -> StreamingResponse:
         sub_id, q = gw.hub.subscribe(who, last_event_id)
         return StreamingResponse(
-            _sse(gw, who, sub_id, q),
+            sse_stream(gw, who, sub_id, q),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -591,40 +489,6 @@ def _watermarks(c: LeaseController) -> dict[str, Any]:
     return {k: getattr(cfg, k) for k in s.WatermarksOut.model_fields}
 
 
-async def _sse(
-    gw: Gateway, who: Principal, sub_id: int, q: asyncio.Queue[tuple[int, GatewayEvent] | Gap | None]
-) -> AsyncIterator[bytes]:
-    """The SSE byte stream of one subscriber: ``id:``/``event:``/``data:`` frames, keep-alives."""
-    try:
-        yield b": gpupool events\n\n"
-        while True:
-            if q.empty() and gw.hub.overflowed(sub_id):
-                data = json.dumps({"kind": "lagged", "reason": "fell behind; resume with Last-Event-ID"})
-                yield f"event: lagged\ndata: {data}\n\n".encode()
-                return
-            try:
-                item = await asyncio.wait_for(q.get(), 15.0)
-            except TimeoutError:
-                yield b": keep-alive\n\n"
-                continue
-            if item is None:
-                return
-            if isinstance(item, Gap):
-                gap = {
-                    "kind": "gap",
-                    "reason": item.reason,
-                    "last_event_id": errors.safe(item.last_event_id),
-                    "oldest_event_id": item.oldest_event_id,
-                }
-                yield f"event: gap\ndata: {json.dumps(gap)}\n\n".encode()
-                continue
-            seq, e = item
-            data = json.dumps(event_json(gw, e, who), separators=(",", ":"))
-            yield f"id: {gw.hub.event_id(seq)}\nevent: {e.kind}\ndata: {data}\n\n".encode()
-    finally:
-        gw.hub.unsubscribe(sub_id)
-
-
 async def _ticker(gw: Gateway) -> None:
     while True:
         await asyncio.sleep(gw.tick_s)
@@ -633,3 +497,15 @@ async def _ticker(gw: Gateway) -> None:
             gw.committer.kick()
         except Exception:  # noqa: S112 (the ticker must survive one bad tick)
             continue
+
+
+__all__ = [
+    "STATUS",
+    "Gateway",
+    "create_app",
+    "current_principal",
+    "event_json",
+    "lease_json",
+    "outcome_response",
+    "ticket_json",
+]
