@@ -207,6 +207,8 @@ class _Route(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         inner = super().get_route_handler()
+        if self.body_field is None:  # no JSON body to parse (e.g. the proxy routes): as it was
+            return inner
 
         async def handler(request: Request) -> Response:
             return await inner(_JsonRequest(request.scope, request.receive))

@@ -51,6 +51,7 @@ class BodyLimit:
             return
         path = scope.get("path", "")
         limit = self.limit_for(path)
+        chunked = False
         for k, v in scope.get("headers", ()):
             if k == b"content-length":
                 try:
@@ -60,6 +61,11 @@ class BodyLimit:
                 if n > limit:
                     await _send_413(send, path, limit)
                     return
+            elif k == b"transfer-encoding":
+                chunked = True
+        if not chunked:  # no body, or one the server's parser holds to its Content-Length
+            await self.app(scope, receive, send)
+            return
         seen = 0
         started = False
 
