@@ -199,7 +199,7 @@ def test_impossible_requests_are_unresolvable_on_every_node(extender: Any) -> No
     mig = _pod_with({"gpupool.io/vram-mib": "1000"})
     mig["metadata"]["annotations"]["gpupool.io/slice-kind"] = "mig"
     out = client.post("filter", {"Pod": mig, "Nodes": None, "NodeNames": names})
-    assert "of kind mig could" in out["FailedAndUnresolvableNodes"]["gpu-a"]
+    assert "of kind ['mig']" in out["FailedAndUnresolvableNodes"]["gpu-a"]
 
 
 @pytest.mark.parametrize(
