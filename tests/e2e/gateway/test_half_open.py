@@ -1,5 +1,6 @@
 """A real `gpupool serve` closes connections that never finish a request head (silent sockets and
-slow-header senders), keeps serving while they are open, and refuses a bad limit flag with exit 2."""
+slow-header senders) and keeps serving while they are open; its limit and metrics flags reach the
+app (``--max-body-kib`` -> 413, ``--metrics-tenant-labels``); a bad limit flag is exit 2."""
 
 from __future__ import annotations
 
@@ -46,10 +47,20 @@ def _serve(tmp: Path, *extra: str) -> list[str]:
     ]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
-    cmd = _serve(tmp_path, "--port", str(port), "--header-timeout-s", str(HEADER_TIMEOUT_S))
+    tmp_path = tmp_path_factory.mktemp("serve")
+    cmd = _serve(
+        tmp_path,
+        "--port",
+        str(port),
+        "--header-timeout-s",
+        str(HEADER_TIMEOUT_S),
+        "--max-body-kib",
+        "1",
+        "--metrics-tenant-labels",
+    )
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -112,6 +123,16 @@ def test_half_open_connections_are_closed_by_the_server(server: str) -> None:
     finally:
         for s in socks:
             s.close()
+
+
+def test_limit_and_metrics_flags_reach_the_app(server: str) -> None:
+    with httpx.Client(base_url=server, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10) as cl:
+        r = cl.post("/v1/leases", json={"vram_mib": 1024, "labels": {"k": "v" * 2000}})
+        assert r.status_code == 413 and r.json()["code"] == "body_too_large", r.text
+        r = cl.post("/v1/leases", json={"vram_mib": 1024})
+        assert r.status_code == 201, r.text
+        assert 'tenant="ops"' in cl.get("/metrics").text
+        cl.delete(f"/v1/leases/{r.json()['id']}")
 
 
 def test_bad_limit_flags_exit_2_naming_the_flag_before_anything_starts(tmp_path: Path) -> None:
