@@ -142,6 +142,8 @@ def build(
     store_url: str | None = None,
     simulate: bool = True,
     extra_tokens: Iterable[tuple[str, str, str]] = (),
+    metrics_tenant_labels: bool = False,
+    app_options: dict[str, Any] | None = None,
 ) -> Bundle:
     from gpupool.adapters.http.app import create_app
     from gpupool.adapters.http.auth import TokenTable
@@ -178,9 +180,15 @@ def build(
         raise UserError(f"cannot recover the leases of {url}: {exc}") from None
     say(f"gpupool: recovered {report.restored} leases ({report.expired} expired, {report.revoked} revoked)")
     commits: list[Any] = []
-    metrics = GatewayMetrics(controller, commits=lambda: (commits[0].batches, commits[0].writes))
+    metrics = GatewayMetrics(
+        controller,
+        commits=lambda: (commits[0].batches, commits[0].writes),
+        tenant_labels=metrics_tenant_labels,
+    )
     sizer = KvSizer({w.model: w.quant for w in wset if w.model})
-    app = create_app(controller, tokens=table, sizer=sizer, metrics=metrics, agent_events=True)
+    app = create_app(
+        controller, tokens=table, sizer=sizer, metrics=metrics, agent_events=True, **(app_options or {})
+    )
     gw = app.state.gateway
     commits.append(gw.committer)
     gw.hub.extra.append(metrics.observe_event)
@@ -351,9 +359,10 @@ SHUTDOWN_GRACE_S = 1.0
 are cancelled: without a bound an open event stream would keep the server up forever."""
 
 
-def uvicorn_server(app: Any, *, host: str, port: int) -> Any:
+def uvicorn_server(app: Any, *, host: str, port: int, **options: Any) -> Any:
     """A uvicorn server that leaves signals to `serve_forever` (one handler stops all servers at once:
-    uvicorn's own handlers would stop them one after the other, each waiting for its connections)."""
+    uvicorn's own handlers would stop them one after the other, each waiting for its connections).
+    ``options``: `server_config`'s limits (header_timeout_s, keep_alive_s, max_connections)."""
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -364,32 +373,41 @@ def uvicorn_server(app: Any, *, host: str, port: int) -> Any:
     # access_log off: at level warning nothing was logged anyway; this skips the per-request call.
     # Measured (proxy-peers bench, alternating rounds): granian 2.8's embedded ASGI server cost
     # about twice uvicorn + httptools' CPU per proxied request here, so uvicorn stays.
-    config = uvicorn.Config(
+    from gpupool.adapters.http.server import server_config
+
+    config = server_config(
         app,
         host=host,
         port=port,
-        log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
+        **options,
     )
     return _Server(config)
 
 
 async def serve_forever(
-    bundle: Bundle, *, host: str, port: int, extra: Iterable[Any] = (), feed_readings: bool = True
+    bundle: Bundle,
+    *,
+    host: str,
+    port: int,
+    extra: Iterable[Any] = (),
+    feed_readings: bool = True,
+    server_options: dict[str, Any] | None = None,
 ) -> None:
     """Run the gateway server (+ any extra `uvicorn_server`s / coroutines) until Ctrl-C or SIGTERM.
 
     On the signal every coroutine is cancelled and every server stops at once, in-flight requests
     bounded by `SHUTDOWN_GRACE_S`; a second Ctrl-C skips the grace period.
     ``feed_readings``: push the simulated cluster's readings in-process; `gpupool run` turns it off
-    when real node agents report them over HTTP instead."""
+    when real node agents report them over HTTP instead. ``server_options``: `server_config`'s
+    (header_timeout_s, keep_alive_s, max_connections)."""
     import logging
     import signal
 
     import uvicorn
 
-    server = uvicorn_server(bundle.app, host=host, port=port)
+    server = uvicorn_server(bundle.app, host=host, port=port, **(server_options or {}))
     tune_gc()
     servers = [server, *(x for x in extra if isinstance(x, uvicorn.Server))]
     serving = [asyncio.create_task(s.serve()) for s in servers]
@@ -480,8 +498,34 @@ def serve(  # noqa: PLR0917 (typer options)
         help="objectives: [{name, priority}] YAML for x-gateway-inference-objective "
         "(default interactive=P0, retrieval=P1, batch=P2).",
     ),
+    metrics_tenant_labels: bool = typer.Option(
+        False,
+        "--metrics-tenant-labels",
+        help="Label /metrics lease gauges with tenant names (off: no names).",
+    ),
+    max_body_kib: int = typer.Option(
+        1024, "--max-body-kib", help="Lease/admin/agent body limit (413 above)."
+    ),
+    max_proxy_body_kib: int = typer.Option(
+        32 * 1024, "--max-proxy-body-kib", help="OpenAI-route body limit (413 above)."
+    ),
+    header_timeout_s: float = typer.Option(
+        10.0, "--header-timeout-s", help="Close a connection whose request head is not complete in time."
+    ),
+    max_connections: int = typer.Option(
+        1000, "--max-connections", help="Open connections + running requests; past it new requests get 503."
+    ),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
+    for flag, v in (
+        ("--max-body-kib", max_body_kib),
+        ("--max-proxy-body-kib", max_proxy_body_kib),
+        ("--max-connections", max_connections),
+    ):
+        if v < 1:
+            raise UserError(f"{flag} {v}: must be >= 1")
+    if not (math.isfinite(header_timeout_s) and header_timeout_s > 0):
+        raise UserError(f"--header-timeout-s {header_timeout_s}: must be a positive number of seconds")
     check_port("--port", port)
     table = _load_objectives_file(objectives) if objectives is not None else None
     backend_specs = _load_backends_file(backends) if backends is not None else None
@@ -491,6 +535,11 @@ def serve(  # noqa: PLR0917 (typer options)
         workloads=workloads,
         auth_file=auth_file,
         simulate=simulate_readings,
+        metrics_tenant_labels=metrics_tenant_labels,
+        app_options={
+            "max_body_bytes": max_body_kib * 1024,
+            "max_proxy_body_bytes": max_proxy_body_kib * 1024,
+        },
     )
     if table is not None:
         from gpupool.adapters.http.proxy import set_objectives
@@ -502,4 +551,5 @@ def serve(  # noqa: PLR0917 (typer options)
     if bundle.new_admin_token:
         say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")
     with contextlib.suppress(KeyboardInterrupt):
-        run_loop(serve_forever(bundle, host=host, port=port))
+        opts = {"header_timeout_s": header_timeout_s, "max_connections": max_connections}
+        run_loop(serve_forever(bundle, host=host, port=port, server_options=opts))

@@ -462,7 +462,7 @@ class Allocator:
             self._on_event(LeaseEvent(kind=kind, lease=lease, at=self.clock.now(), previous=previous))
 
     def _unresolvable(self, request: Request) -> Outcome:
-        kinds = sorted(k.value for k in request.kinds) if request.kinds else "any"
+        kinds = ", ".join(sorted(k.value for k in request.kinds)) if request.kinds else "any"
         return Outcome(
             OutcomeCode.UNRESOLVABLE,
             reason=(

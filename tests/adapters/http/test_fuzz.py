@@ -97,6 +97,13 @@ def server() -> Iterator[tuple[str, LeaseController, list[tuple[str, str]]]]:
         yield url, c, routes
 
 
+@pytest.fixture(scope="module")
+def client() -> Iterator[httpx.Client]:
+    """One client for every example (a new one per request loads the CA bundle each time)."""
+    with httpx.Client(timeout=10) as cl:
+        yield cl
+
+
 def snapshot(c: LeaseController) -> Any:
     return (
         sorted(x.id for x in c.leases()),
@@ -109,6 +116,7 @@ def snapshot(c: LeaseController) -> Any:
 @given(data=st.data(), body=bodies, auth=auths)
 def test_never_5xx_and_4xx_changes_nothing(
     server: tuple[str, LeaseController, list[tuple[str, str]]],
+    client: httpx.Client,
     data: st.DataObject,
     body: bytes,
     auth: str | None,
@@ -123,12 +131,11 @@ def test_never_5xx_and_4xx_changes_nothing(
     if auth:
         headers["authorization"] = auth
     before = snapshot(c)
-    r = httpx.request(
+    r = client.request(
         method,
         url + path,
         content=body if method in ("POST", "PUT", "PATCH", "DELETE") else None,
         headers=headers,
-        timeout=10,
     )
     # 503 is a designed answer, not a crash: no slice / no backend could ever serve the request
     designed = r.status_code == 503 and ("unresolvable" in r.text or "model_not_available" in r.text)

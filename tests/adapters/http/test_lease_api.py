@@ -75,13 +75,14 @@ def test_statuses_for_bad_input_unresolvable_and_auth(gw: tuple[str, LeaseContro
         r = cl.post("/v1/leases", headers=h(A), json={"vram_mib": 5, "priority": "urgent"})
         assert r.status_code == 422 and r.json()["field"] == "priority"
         r = cl.post("/v1/leases", headers={**h(A), "content-type": "application/json"}, content=b"{nope")
-        assert r.status_code == 422
+        assert r.status_code == 400 and r.json()["field"] == "body", r.text
+        assert "line 1 column 2" in r.json()["error"], r.text
         r = cl.post("/v1/leases", headers=h(A), json={"vram_mib": 50_000, "kinds": ["mig"]})
         assert r.status_code == 503 and r.json()["code"] == "unresolvable"
         r = cl.post("/v1/leases", headers=h(A), json={"priority": "P0"})
         assert r.status_code == 422 and r.json()["field"] == "vram_mib"
         assert cl.put("/v1/admin/watermarks", headers=h(A), json={}).status_code == 403
-        assert cl.put("/v1/admin/watermarks", headers=h(ADMIN), json={"vram_high": 0.9}).status_code == 200
+        assert cl.patch("/v1/admin/watermarks", headers=h(ADMIN), json={"vram_high": 0.9}).status_code == 200
         assert "/v1/leases" in cl.get("/openapi.json").json()["paths"]
 
 

@@ -24,7 +24,8 @@ tickets and events; ``/v1/admin/*`` and the agent route need role ``admin``):
   ``PUT /v1/admin/watermarks``; ``POST /v1/noop`` + ``DELETE /v1/noop/{id}`` (the framework's own
   ceiling, for the benchmark); the OpenAI-compatible proxy (`gpupool.adapters.http.proxy`).
 
-Outcome codes map to HTTP statuses here and only here (`STATUS`).
+Outcome codes map to HTTP statuses in `gpupool.adapters.http.views` only (`STATUS`); the JSON views
+of leases, tickets and events live there too (re-exported here).
 """
 
 from __future__ import annotations
@@ -33,41 +34,40 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
-from fastapi import Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 
+from gpupool.adapters.http import errors, jsonbody
 from gpupool.adapters.http import schemas as s
 from gpupool.adapters.http.auth import Principal, TokenTable
+from gpupool.adapters.http.docs import install_docs
+from gpupool.adapters.http.errors import BadJson, err
+from gpupool.adapters.http.errors import HttpError as _HttpError
+from gpupool.adapters.http.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, BodyLimit
 from gpupool.adapters.http.runtime import EventHub, GroupCommitter, StoreUnavailable
-from gpupool.core.controller import LeaseController, TicketStatus
+from gpupool.adapters.http.views import (
+    STATUS,
+    event_json,
+    lease_json,
+    outcome_response,
+    sse_stream,
+    ticket_json,
+)
+from gpupool.core.controller import LeaseController
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.model import Lease
 from gpupool.core.model import Request as CoreRequest
-from gpupool.core.outcome import Outcome, OutcomeCode
+from gpupool.core.outcome import OutcomeCode
 from gpupool.core.poolview import pool_view
-from gpupool.core.ports import GatewayEvent
 from gpupool.core.priority import parse_priority
 from gpupool.core.watermarks import Reading, WatermarkConfig
 from gpupool.hardware.slices import SliceKind
 from gpupool.hardware.units import Resources
-
-STATUS: dict[OutcomeCode, int] = {
-    OutcomeCode.GRANTED: 201,
-    OutcomeCode.PREEMPTED_VICTIMS: 201,
-    OutcomeCode.QUEUED: 202,
-    OutcomeCode.BACKPRESSURE: 429,
-    OutcomeCode.SHED: 429,
-    OutcomeCode.NO_CAPACITY: 429,
-    OutcomeCode.UNRESOLVABLE: 503,
-    OutcomeCode.RELEASED: 200,
-    OutcomeCode.ALREADY_ENDED: 200,
-    OutcomeCode.RENEWED: 200,
-}
 
 
 class Sizer(Protocol):
@@ -109,8 +109,14 @@ def create_app(
     proxy: bool = True,
     proxy_timeout_s: float = 300.0,
     agent_events: bool = False,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_proxy_body_bytes: int = DEFAULT_MAX_PROXY_BODY_BYTES,
+    events_retain: int | None = None,
 ) -> FastAPI:
-    hub = EventHub()
+    """The gateway app. ``max_body_bytes`` caps lease/admin/agent request bodies and
+    ``max_proxy_body_bytes`` the OpenAI routes' (413 above); ``events_retain``: how many events
+    ``/v1/events`` can replay after ``Last-Event-ID`` (default `runtime.RETAIN_EVENTS`)."""
+    hub = EventHub() if events_retain is None else EventHub(retain=events_retain)
     controller.sink = hub
     controller.autoflush = False
     gw = Gateway(controller, tokens, GroupCommitter(controller), hub, sizer, metrics, tick_s)
@@ -132,10 +138,21 @@ def create_app(
         title="gpupool gateway",
         version="1",
         lifespan=lifespan,
-        description="GPU slice leases (VRAM MiB x compute), priority admission, OpenAI-compatible proxy.",
+        description="GPU slice leases (VRAM MiB x compute), priority admission, OpenAI-compatible proxy. "
+        "Authenticate with `Authorization: Bearer <token>` (the Authorize button).",
+        docs_url=None,
+        redoc_url=None,
     )
+    app.router.route_class = _Route
     app.state.gateway = gw
-    _errors(app)
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes, max_proxy_body_bytes=max_proxy_body_bytes)
+    errors.install(app)
+
+    @app.exception_handler(StoreUnavailable)
+    async def store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        return err(503, f"lease store unavailable: {exc}", "store_unavailable", retry=1.0)
+
+    install_docs(app)
     _routes(app, gw, agent_events=agent_events)
     if proxy:
         from gpupool.adapters.http.proxy import add_proxy_routes
@@ -167,167 +184,40 @@ async def current_principal(request: Request) -> Principal:
 Who = Annotated[Principal, Depends(current_principal)]
 
 
-class _HttpError(Exception):
-    def __init__(
-        self,
-        status: int,
-        msg: str,
-        code: str,
-        *,
-        field: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(msg)
-        self.status, self.msg, self.code, self.field, self.headers = status, msg, code, field, headers
+async def admin_principal(who: Who) -> Principal:
+    """Role ``admin`` or 403; a dependency, so a tenant gets 403 before its body is validated."""
+    if not who.is_admin:
+        raise _HttpError(403, "this route needs role admin", "forbidden")
+    return who
 
 
-def _err(
-    status: int, msg: str, code: str, *, field: str | None = None, retry: float | None = None
-) -> JSONResponse:
-    body: dict[str, Any] = {"error": msg, "code": code}
-    if field is not None:
-        body["field"] = field
-    headers = {}
-    if retry is not None:
-        body["retry_after_s"] = retry
-        headers["Retry-After"] = str(max(1, round(retry)))
-        headers["x-gpupool-dropped-reason"] = code
-    return JSONResponse(body, status_code=status, headers=headers)
+AdminWho = Annotated[Principal, Depends(admin_principal)]
 
 
-def _errors(app: FastAPI) -> None:
-    @app.exception_handler(_HttpError)
-    async def http_error(_: Request, exc: _HttpError) -> JSONResponse:
-        r = _err(exc.status, exc.msg, exc.code, field=exc.field)
-        for k, v in (exc.headers or {}).items():
-            r.headers[k] = v
-        return r
+class _JsonRequest(Request):
+    """A request whose JSON body is decoded by the bounded decoder (`jsonbody.loads`)."""
 
-    @app.exception_handler(InvalidInput)
-    async def invalid(_: Request, exc: InvalidInput) -> JSONResponse:
-        return _err(422, str(exc), "invalid_input", field=exc.field)
-
-    @app.exception_handler(UnknownId)
-    async def unknown(_: Request, exc: UnknownId) -> JSONResponse:
-        return _err(404, str(exc), "not_found")
-
-    @app.exception_handler(StoreUnavailable)
-    async def store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
-        return _err(503, f"lease store unavailable: {exc}", "store_unavailable", retry=1.0)
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errs = exc.errors()
-        first = errs[0] if errs else {}
-        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        msg = f"invalid {loc or 'request'}: {first.get('msg', 'bad input')}"
-        return JSONResponse(
-            {"error": msg, "code": "invalid_input", "field": loc or None, "detail": _jsonable(errs)},
-            status_code=422,
-        )
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            try:
+                self._json = jsonbody.loads(await self.body())
+            except jsonbody.JsonBodyError as exc:
+                raise BadJson(exc) from None
+        return self._json
 
 
-def _jsonable(errs: Any) -> Any:
-    """Validation errors without the offending input (it may be NaN, huge or binary): loc, msg, type."""
-    return [
-        {
-            "loc": [str(x) for x in e.get("loc", ())],
-            "msg": str(e.get("msg", "")),
-            "type": str(e.get("type", "")),
-        }
-        for e in errs
-    ]
+class _Route(APIRoute):
+    """FastAPI's route, with bodies parsed by `_JsonRequest` (depth-bounded, UTF-8-checked)."""
 
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        inner = super().get_route_handler()
+        if self.body_field is None:  # no JSON body to parse (e.g. the proxy routes): as it was
+            return inner
 
-# ---------------------------------------------------------------------- views
-def lease_json(gw: Gateway, lease: Lease, out: Outcome | None = None) -> dict[str, Any]:
-    g0 = lease.grants[0] if lease.grants else None
-    b = gw.controller.backend_of(lease)
-    return {
-        "id": lease.id,
-        "state": lease.state.value,
-        "tenant": lease.request.tenant,
-        "priority": lease.priority,
-        "node": lease.node,
-        "slice_id": g0.slice_id if g0 else "",
-        "gpu_id": g0.gpu_id if g0 else "",
-        "vram_mib": lease.total.vram_mib,
-        "compute_milli": lease.total.compute_milli,
-        "grants": [
-            {
-                "slice_id": g.slice_id,
-                "gpu_id": g.gpu_id,
-                "vram_mib": g.resources.vram_mib,
-                "compute_milli": g.resources.compute_milli,
-            }
-            for g in lease.grants
-        ],
-        "granted_at": lease.granted_at,
-        "expires_at": lease.expires_at,
-        "revision": lease.revision,
-        "model": lease.request.model,
-        "backend": b.id if b else "",
-        "reason": lease.reason,
-        "labels": dict(lease.request.labels),
-        "early_warning": bool(out and out.early_warning),
-        "victims": [v.id for v in out.victims] if out else [],
-    }
+        async def handler(request: Request) -> Response:
+            return await inner(_JsonRequest(request.scope, request.receive))
 
-
-def ticket_json(gw: Gateway, st: TicketStatus) -> dict[str, Any]:
-    return {
-        "ticket": st.ticket,
-        "state": st.state,
-        "enqueued_at": st.enqueued_at,
-        "deadline_at": st.deadline_at,
-        "lease": lease_json(gw, st.lease) if st.lease else None,
-        "reason": st.reason,
-    }
-
-
-def outcome_response(gw: Gateway, out: Outcome) -> JSONResponse:
-    status = STATUS[out.code]
-    if out.granted and out.lease is not None:
-        return JSONResponse(lease_json(gw, out.lease, out), status_code=201)
-    if out.code is OutcomeCode.QUEUED and out.ticket:
-        st = gw.controller.ticket(out.ticket)
-        if st.state == "granted" and st.lease is not None:
-            return JSONResponse(lease_json(gw, st.lease), status_code=201)
-        body = ticket_json(gw, st)
-        body["poll"] = f"/v1/tickets/{out.ticket}"
-        if st.state == "shed":
-            return _err(429, st.reason or "shed", "shed", retry=gw.controller.config.retry_after_s)
-        if st.state == "failed":
-            return _err(503, st.reason or "failed", "failed")
-        return JSONResponse(body, status_code=202, headers={"Location": body["poll"]})
-    code = out.code.value
-    return _err(status, out.reason or code, code, retry=out.retry_after_s if status == 429 else None)
-
-
-def event_json(gw: Gateway, e: GatewayEvent, who: Principal) -> dict[str, Any]:
-    d: dict[str, Any] = {"kind": e.kind, "at": e.at}
-    if e.lease is not None:
-        d["lease"] = lease_json(gw, e.lease)
-    if e.ticket:
-        d["ticket"] = e.ticket
-    if e.gpu_id:
-        d["gpu_id"] = e.gpu_id
-        ids = list(e.lease_ids)
-        if not who.is_admin:
-            ids = [i for i in ids if _tenant_of(gw, i) == who.tenant]
-        d["lease_ids"] = ids
-    if e.reason:
-        d["reason"] = e.reason
-    if e.wait_s:
-        d["wait_s"] = e.wait_s
-    return d
-
-
-def _tenant_of(gw: Gateway, lease_id: str) -> str:
-    try:
-        return gw.controller.get(lease_id).request.tenant
-    except UnknownId:
-        return ""
+        return handler
 
 
 # ---------------------------------------------------------------------- building a core request
@@ -367,17 +257,30 @@ def build_request(gw: Gateway, body: s.LeaseIn, who: Principal) -> CoreRequest:
 
 
 # ---------------------------------------------------------------------- routes
+def _resp(*codes: int, **models: Any) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses``: each code in ``codes`` with the lease API's error shape (422 with the
+    validation detail); ``models``: ``_201=LeaseOut`` style overrides."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for c in codes:
+        out[c] = {"model": s.ValidationErrorOut if c == 422 else s.ErrorOut}
+    for k, m in models.items():
+        out[int(k.lstrip("_"))] = {"model": m}
+    return out
+
+
+AUTH = (401,)
+BODY = (400, 401, 413, 422)
+ADMIN = (401, 403)
+ADMIN_BODY = (400, 401, 403, 413, 422)
+
+
 def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
     c = gw.controller
-
-    def admin(who: Principal) -> None:
-        if not who.is_admin:
-            raise _HttpError(403, "this route needs role admin", "forbidden")
 
     def scope(who: Principal) -> str | None:
         return None if who.is_admin else who.tenant
 
-    @app.get("/healthz", include_in_schema=True)
+    @app.get("/healthz", response_model=s.HealthOut, response_model_exclude_none=True)
     async def healthz() -> dict[str, Any]:
         if gw.committer.healthy():
             return {"ok": True}
@@ -390,23 +293,22 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         data, ctype = gw.metrics.render()
         return Response(data, media_type=ctype)
 
-    @app.post("/v1/noop", status_code=201)
+    @app.post("/v1/noop", status_code=201, responses=_resp(*BODY, _201=s.NoopOut))
     async def noop_acquire(who: Who, body: s.LeaseIn) -> JSONResponse:
         return JSONResponse({"id": "noop", "tenant": who.tenant}, status_code=201)
 
-    @app.delete("/v1/noop/{noop_id}")
+    @app.delete("/v1/noop/{noop_id}", responses=_resp(*AUTH, _200=s.NoopOut))
     async def noop_release(noop_id: str, who: Who) -> JSONResponse:
         return JSONResponse({"id": noop_id, "state": "released"})
 
     @app.post(
         "/v1/leases",
         status_code=201,
-        responses={
-            201: {"model": s.LeaseOut},
-            202: {"model": s.TicketOut},
-            429: {"model": s.ErrorOut},
-            503: {"model": s.ErrorOut},
-        },
+        responses=_resp(*BODY, 429, 503, _201=s.LeaseOut, _202=s.TicketOut),
+        description="Acquire a lease. 201 granted (``victims``: the caller's own preempted leases, "
+        "``victims_other_tenants``: how many of other tenants'), 202 queued (poll the ticket), "
+        "429 backpressure / shed / no capacity now (Retry-After), 503 no healthy slice could ever "
+        "hold it. " + s.PRIORITY_DOC,
     )
     async def acquire(body: s.LeaseIn, who: Who) -> JSONResponse:
         req = build_request(gw, body, who)
@@ -415,18 +317,19 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         queued = out.code is OutcomeCode.QUEUED and out.ticket
         if queued and body.wait_s > 0 and c.ticket(str(out.ticket)).state == "queued":
             await gw.hub.wait_ticket(str(out.ticket), body.wait_s)
-        return outcome_response(gw, out)
+        return outcome_response(gw, out, who)
 
-    @app.get("/v1/leases", responses={200: {"model": list[s.LeaseOut]}})
+    @app.get("/v1/leases", responses=_resp(*AUTH, _200=s.LeasesOut))
     async def list_leases(who: Who) -> JSONResponse:
         return JSONResponse({"leases": [lease_json(gw, x) for x in c.leases(tenant=scope(who))]})
 
-    @app.get("/v1/leases/{lease_id}", responses={200: {"model": s.LeaseOut}, 404: {"model": s.ErrorOut}})
+    @app.get("/v1/leases/{lease_id}", responses=_resp(*AUTH, 404, _200=s.LeaseOut))
     async def get_lease(lease_id: str, who: Who) -> JSONResponse:
         return JSONResponse(lease_json(gw, c.get(lease_id, tenant=scope(who))))
 
     @app.post(
-        "/v1/leases/{lease_id}/renew", responses={200: {"model": s.LeaseOut}, 404: {"model": s.ErrorOut}}
+        "/v1/leases/{lease_id}/renew",
+        responses=_resp(*BODY, 404, _200=s.LeaseOut, _409=s.RenewConflictOut),
     )
     async def renew(lease_id: str, who: Who, body: s.RenewIn | None = None) -> JSONResponse:
         out = c.renew(lease_id, ttl_s=body.ttl_s if body else None, tenant=scope(who))
@@ -442,14 +345,14 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
             }
         return JSONResponse(body_out, status_code=status)
 
-    @app.delete("/v1/leases/{lease_id}", responses={200: {"model": s.LeaseOut}, 404: {"model": s.ErrorOut}})
+    @app.delete("/v1/leases/{lease_id}", responses=_resp(*AUTH, 404, _200=s.LeaseOut))
     async def release(lease_id: str, who: Who) -> JSONResponse:
         out = c.release(lease_id, tenant=scope(who))
         await gw.committer.durable()
         assert out.lease is not None
         return JSONResponse(lease_json(gw, out.lease))
 
-    @app.get("/v1/tickets/{ticket}", responses={200: {"model": s.TicketOut}, 404: {"model": s.ErrorOut}})
+    @app.get("/v1/tickets/{ticket}", responses=_resp(*AUTH, 404, 422, _200=s.TicketOut))
     async def get_ticket(
         ticket: str, who: Who, wait_s: Annotated[float, Query(ge=0, le=60, allow_inf_nan=False)] = 0.0
     ) -> JSONResponse:
@@ -459,56 +362,51 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
             st = c.ticket(ticket, tenant=scope(who))
         return JSONResponse(ticket_json(gw, st))
 
-    @app.delete(
-        "/v1/tickets/{ticket}",
-        responses={200: {"model": s.TicketOut}, 404: {"model": s.ErrorOut}, 409: {"model": s.ErrorOut}},
-    )
+    @app.delete("/v1/tickets/{ticket}", responses=_resp(*AUTH, 404, 409, _200=s.TicketOut))
     async def cancel_ticket(ticket: str, who: Who) -> JSONResponse:
         st = c.cancel(ticket, tenant=scope(who))
         await gw.committer.durable()
         if st.state == "granted" and st.lease is not None:  # NOTE: cancelling never ends a lease
             lid = st.lease.id
             msg = f"ticket {ticket} was already granted lease {lid}; release it with DELETE /v1/leases/{lid}"
-            return _err(409, msg, "already_granted")
+            return err(409, msg, "already_granted")
         return JSONResponse(ticket_json(gw, st))
 
-    @app.get("/v1/pool")
+    @app.get("/v1/pool", responses=_resp(*AUTH, _200=dict[str, Any]))
     async def pool(who: Who) -> JSONResponse:
         return JSONResponse(pool_view(c))
 
-    @app.get("/v1/events", response_class=StreamingResponse)
-    async def events(request: Request, who: Who) -> StreamingResponse:
-        sub_id, q = gw.hub.subscribe(who)
-
-        async def stream() -> AsyncIterator[bytes]:
-            try:
-                yield b": gpupool events\n\n"
-                while True:
-                    try:
-                        e = await asyncio.wait_for(q.get(), 15.0)
-                    except TimeoutError:
-                        yield b": keep-alive\n\n"
-                        continue
-                    if e is None:
-                        return
-                    data = json.dumps(event_json(gw, e, who), separators=(",", ":"))
-                    yield f"event: {e.kind}\ndata: {data}\n\n".encode()
-            finally:
-                gw.hub.unsubscribe(sub_id)
-
+    @app.get(
+        "/v1/events",
+        response_class=StreamingResponse,
+        responses={
+            **_resp(*AUTH),
+            200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
+        },
+        description="Server-sent events, each with an ``id:``. Reconnect with ``Last-Event-ID`` "
+        f"to get every event after it without loss while it is among the last {gw.hub.retain} "
+        "events; older (or another process's) ids get a ``gap`` event first. A subscriber that "
+        "falls behind by more than its queue gets a ``lagged`` event and the stream ends (resume "
+        "with Last-Event-ID).",
+    )
+    async def events(
+        request: Request,
+        who: Who,
+        last_event_id: Annotated[str | None, Header(max_length=64)] = None,
+    ) -> StreamingResponse:
+        sub_id, q = gw.hub.subscribe(who, last_event_id)
         return StreamingResponse(
-            stream(),
+            sse_stream(gw, who, sub_id, q),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    @app.post("/v1/nodes/{node}/readings")
-    async def readings(node: str, body: s.ReadingsIn, who: Who) -> JSONResponse:
-        admin(who)
+    @app.post("/v1/nodes/{node}/readings", responses=_resp(*ADMIN_BODY, _200=s.ReadingsOut))
+    async def readings(node: str, body: s.ReadingsIn, who: AdminWho) -> JSONResponse:
         gpus = {st.slice.gpu_id: st.slice.node for st in c.allocator.states()}
         for i, g in enumerate(body.gpus):
             if gpus.get(g.gpu_id) != node:
-                raise InvalidInput(f"gpus[{i}].gpu_id", g.gpu_id, f"no such GPU on node {node!r}")
+                raise InvalidInput(f"gpus[{i}].gpu_id", g.gpu_id, f"no such GPU on node {node}")
         now = c.clock.now()
         signals = []
         for g in body.gpus:
@@ -531,10 +429,9 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
 
     if agent_events:
 
-        @app.post("/v1/nodes/{node}/events")
-        async def node_events(node: str, body: s.NodeEventsIn, who: Who) -> JSONResponse:
+        @app.post("/v1/nodes/{node}/events", responses=_resp(*ADMIN_BODY, _200=s.NodeEventsOut))
+        async def node_events(node: str, body: s.NodeEventsIn, who: AdminWho) -> JSONResponse:
             """Agent decisions; ``revoke`` of a lease on this node ends it (REVOKED), the rest is counted."""
-            admin(who)
             revoked = []
             for e in body.events:
                 if e.kind != "revoke" or not e.lease_id:
@@ -552,9 +449,8 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
             await gw.committer.durable()
             return JSONResponse({"accepted": len(body.events), "revoked": revoked})
 
-    @app.post("/v1/admin/gpus/{gpu_id:path}/drain")
-    async def drain(gpu_id: str, body: s.DrainIn, who: Who) -> JSONResponse:
-        admin(who)
+    @app.post("/v1/admin/gpus/{gpu_id:path}/drain", responses=_resp(*ADMIN_BODY, 404, _200=s.DrainOut))
+    async def drain(gpu_id: str, body: s.DrainIn, who: AdminWho) -> JSONResponse:
         if body.undo:
             c.undrain_gpu(gpu_id)
             ended: tuple[Lease, ...] = ()
@@ -563,23 +459,49 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         await gw.committer.durable()
         return JSONResponse({"gpu_id": gpu_id, "drained": not body.undo, "leases": [x.id for x in ended]})
 
-    @app.post("/v1/admin/slices/{slice_id:path}/health")
-    async def slice_health(slice_id: str, body: s.SliceHealthIn, who: Who) -> JSONResponse:
-        admin(who)
+    @app.post(
+        "/v1/admin/slices/{slice_id:path}/health", responses=_resp(*ADMIN_BODY, 404, _200=s.SliceHealthOut)
+    )
+    async def slice_health(slice_id: str, body: s.SliceHealthIn, who: AdminWho) -> JSONResponse:
         ended = c.mark_slice(slice_id, healthy=body.healthy, revoke=body.revoke, reason=body.reason)
         await gw.committer.durable()
         return JSONResponse({"slice_id": slice_id, "healthy": body.healthy, "leases": [x.id for x in ended]})
 
-    @app.put("/v1/admin/watermarks")
-    async def watermarks(body: s.WatermarksIn, who: Who) -> JSONResponse:
-        admin(who)
-        cfg = WatermarkConfig(**body.model_dump())
+    def set_watermarks(values: dict[str, Any]) -> JSONResponse:
+        cfg = WatermarkConfig(**values)  # InvalidInput (422) on an inconsistent set, nothing changed
         try:  # stored first: a store that refuses leaves the old thresholds in force
-            c.store.set_meta("watermarks", json.dumps(body.model_dump()))
+            c.store.set_meta("watermarks", json.dumps(values))
         except Exception as exc:
             raise StoreUnavailable(str(exc)) from exc
         c.set_watermarks(cfg)
-        return JSONResponse(body.model_dump())
+        return JSONResponse(values)
+
+    @app.get("/v1/admin/watermarks", responses=_resp(*ADMIN, _200=s.WatermarksOut))
+    async def get_watermarks(who: AdminWho) -> JSONResponse:
+        return JSONResponse(_watermarks(c))
+
+    @app.put(
+        "/v1/admin/watermarks",
+        responses=_resp(*ADMIN_BODY, _200=s.WatermarksOut),
+        description="Replace the whole configuration: every field is required (422 naming a missing "
+        "one). To change some fields only, use PATCH.",
+    )
+    async def put_watermarks(body: s.WatermarksIn, who: AdminWho) -> JSONResponse:
+        return set_watermarks(body.model_dump())
+
+    @app.patch(
+        "/v1/admin/watermarks",
+        responses=_resp(*ADMIN_BODY, _200=s.WatermarksOut),
+        description="Change the fields given; the others keep their current values.",
+    )
+    async def patch_watermarks(body: s.WatermarksPatch, who: AdminWho) -> JSONResponse:
+        given = {k: v for k, v in body.model_dump().items() if v is not None}
+        return set_watermarks({**_watermarks(c), **given})
+
+
+def _watermarks(c: LeaseController) -> dict[str, Any]:
+    cfg = c.bank.config
+    return {k: getattr(cfg, k) for k in s.WatermarksOut.model_fields}
 
 
 async def _ticker(gw: Gateway) -> None:
@@ -590,3 +512,15 @@ async def _ticker(gw: Gateway) -> None:
             gw.committer.kick()
         except Exception:  # noqa: S112 (the ticker must survive one bad tick)
             continue
+
+
+__all__ = [
+    "STATUS",
+    "Gateway",
+    "create_app",
+    "current_principal",
+    "event_json",
+    "lease_json",
+    "outcome_response",
+    "ticket_json",
+]

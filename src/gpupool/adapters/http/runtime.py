@@ -18,16 +18,24 @@ committer is unhealthy from then on until the store takes a write again: the nex
 commits, or a probe write made by `healthy` (``/healthz``).
 
 `EventHub` filters events per subscriber: an admin sees everything; a tenant sees events of its own
-leases and tickets, and pause/resume events naming one of its leases. Slow subscribers lose events
-(bounded queues) rather than slowing the gateway; they get a ``lagged`` event.
+leases and tickets, and pause/resume events naming one of its leases. Every event gets an id
+``EPOCH-SEQ`` (SEQ counts up from 1 per process, EPOCH is random per process) sent as the SSE
+``id:``; the last `RETAIN_EVENTS` (1024) events are kept, so a subscriber that reconnects with
+``Last-Event-ID`` gets every visible event after that id, in order, without loss; an id older than
+the window or from another process gets a `Gap` (SSE event ``gap``) first. A slow subscriber never
+slows the gateway: when its bounded queue is full its stream ends after what was queued (an SSE
+``lagged`` event), and the client resumes from its last id.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from gpupool.adapters.http.auth import Principal
 from gpupool.core.controller import LeaseController
@@ -160,39 +168,107 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+RETAIN_EVENTS = 1024
+"""`EventHub`'s retention window: the last this-many events can be replayed after ``Last-Event-ID``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Sent instead of a replay when events after ``last_event_id`` may be lost (not retained)."""
+
+    reason: str
+    last_event_id: str
+    oldest_event_id: str
+
+
+@dataclass
+class _Sub:
+    who: Principal
+    queue: asyncio.Queue[tuple[int, GatewayEvent] | Gap | None]
+    overflowed: bool = False
+
+
 class EventHub:
-    def __init__(self, *, queue_size: int = 1000) -> None:
-        self._subs: dict[int, tuple[Principal, asyncio.Queue[GatewayEvent | None]]] = {}
+    def __init__(self, *, queue_size: int = 1000, retain: int = RETAIN_EVENTS) -> None:
+        if retain < 1 or queue_size < 1:
+            raise ValueError(f"queue_size={queue_size}, retain={retain}: both must be >= 1")
+        self._subs: dict[int, _Sub] = {}
         self._tickets: dict[str, list[asyncio.Future[None]]] = {}
         self._next = 0
         self._queue_size = queue_size
         self.extra: list[Callable[[GatewayEvent], None]] = []
+        self.epoch = uuid.uuid4().hex[:8]
+        self._seq = 0
+        self._log: deque[tuple[int, GatewayEvent]] = deque(maxlen=retain)
 
     def __call__(self, event: GatewayEvent) -> None:
         for fn in self.extra:
             fn(event)
-        for who, q in self._subs.values():
-            if _visible(event, who):
-                with contextlib.suppress(asyncio.QueueFull):
-                    q.put_nowait(event)
+        self._seq += 1
+        item = (self._seq, event)
+        self._log.append(item)
+        for sub in self._subs.values():
+            if not sub.overflowed and _visible(event, sub.who):
+                try:
+                    sub.queue.put_nowait(item)
+                except asyncio.QueueFull:
+                    sub.overflowed = True  # its stream ends; the client resumes with Last-Event-ID
         if event.ticket and event.kind in ("granted", "shed", "failed"):
             for fut in self._tickets.pop(event.ticket, ()):
                 if not fut.done():
                     fut.set_result(None)
 
-    def subscribe(self, who: Principal) -> tuple[int, asyncio.Queue[GatewayEvent | None]]:
+    def event_id(self, seq: int) -> str:
+        """The SSE ``id:`` of event number ``seq``: ``EPOCH-SEQ`` (the epoch changes per process)."""
+        return f"{self.epoch}-{seq}"
+
+    def subscribe(
+        self, who: Principal, last_event_id: str | None = None
+    ) -> tuple[int, asyncio.Queue[tuple[int, GatewayEvent] | Gap | None]]:
+        """A queue of (seq, event) visible to ``who``; with ``last_event_id`` it starts with every
+        retained visible event after that id, or with a `Gap` when some may have been dropped."""
+        backlog: list[tuple[int, GatewayEvent] | Gap] = []
+        if last_event_id is not None:
+            backlog = self._replay(who, last_event_id.strip())
         self._next += 1
-        q: asyncio.Queue[GatewayEvent | None] = asyncio.Queue(maxsize=self._queue_size)
-        self._subs[self._next] = (who, q)
+        q: asyncio.Queue[tuple[int, GatewayEvent] | Gap | None] = asyncio.Queue(
+            maxsize=self._queue_size + len(backlog)
+        )
+        for item in backlog:
+            q.put_nowait(item)
+        self._subs[self._next] = _Sub(who, q)
         return self._next, q
+
+    def _replay(self, who: Principal, last_event_id: str) -> list[tuple[int, GatewayEvent] | Gap]:
+        epoch, _, num = last_event_id.partition("-")
+        oldest = self._log[0][0] if self._log else self._seq + 1
+        oldest_id = self.event_id(oldest) if self._log else ""
+        seq = int(num) if num.isdigit() and len(num) <= 18 else -1
+        if epoch != self.epoch or seq < 0 or seq > self._seq:
+            why = "unknown event id (the gateway restarted, or the id is not one of its own)"
+            return [Gap(why, last_event_id, oldest_id)]
+        out: list[tuple[int, GatewayEvent] | Gap] = []
+        if seq < oldest - 1:
+            why = f"{oldest - 1 - seq} events after this id are past the retention window of {self.retain}"
+            out.append(Gap(why, last_event_id, oldest_id))
+        out.extend(item for item in self._log if item[0] > seq and _visible(item[1], who))
+        return out
+
+    @property
+    def retain(self) -> int:
+        return self._log.maxlen or 0
+
+    def overflowed(self, sub_id: int) -> bool:
+        sub = self._subs.get(sub_id)
+        return sub is not None and sub.overflowed
 
     def unsubscribe(self, sub_id: int) -> None:
         self._subs.pop(sub_id, None)
 
     def close(self) -> None:
-        for _, q in self._subs.values():
+        for sub in self._subs.values():
             with contextlib.suppress(asyncio.QueueFull):
-                q.put_nowait(None)
+                sub.queue.put_nowait(None)
 
     @property
     def subscribers(self) -> int:

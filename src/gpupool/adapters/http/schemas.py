@@ -6,14 +6,25 @@ input is a 422 naming the field, never a 5xx. pydantic lives only in this adapte
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, StringConstraints
 
 from gpupool.core.model import MAX_GPU_COUNT, MAX_TTL_S, MAX_VRAM_MIB
 
 Kind = Literal["mig", "mps", "whole", "time-slice"]
 MAX_TOKENS = 10_000_000
+MAX_LABELS = 64
+MAX_LABEL_KEY_CHARS = 128
+MAX_LABEL_VALUE_CHARS = 1024
+LabelKey = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_LABEL_KEY_CHARS)]
+LabelValue = Annotated[StrictStr, StringConstraints(max_length=MAX_LABEL_VALUE_CHARS)]
+PRIORITY_DOC = (
+    "P0|P1|P2 or an integer (higher = more urgent). The named bands map to integers: "
+    "P0 = 100 (online agent interaction), P1 = 50 (online embedding / retrieval), "
+    "P2 = -1 (offline batch, preemptible by default). Responses carry both: `priority` (the integer) "
+    "and `band` (P0 for >= 100, P1 for 0..99, P2 below 0)."
+)
 
 
 class _Strict(BaseModel):
@@ -23,7 +34,13 @@ class _Strict(BaseModel):
 class LeaseIn(_Strict):
     """Either an explicit size (``vram_mib`` [+ ``compute_pct``]) or a model + token counts."""
 
-    priority: StrictInt | StrictStr = Field("P1", description="P0|P1|P2 or an integer (higher = more urgent)")
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={"examples": [{"priority": "P1", "vram_mib": 2048, "ttl_s": 60}]},
+    )
+
+    priority: StrictInt | StrictStr = Field("P1", description=PRIORITY_DOC)
     vram_mib: StrictInt | None = Field(None, ge=1, le=MAX_VRAM_MIB)
     compute_pct: StrictInt | None = Field(None, ge=0, le=100)
     compute_milli: StrictInt | None = Field(None, ge=0, le=1000)
@@ -38,7 +55,12 @@ class LeaseIn(_Strict):
     max_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS)
     queue_timeout_s: float | None = Field(None, gt=0, le=3600)
     wait_s: float = Field(0.0, ge=0, le=60, description="long-poll: wait up to this long for a queued grant")
-    labels: dict[StrictStr, StrictStr] = Field(default_factory=dict, max_length=64)
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        max_length=MAX_LABELS,
+        description=f"at most {MAX_LABELS} labels; keys 1-{MAX_LABEL_KEY_CHARS} characters, "
+        f"values up to {MAX_LABEL_VALUE_CHARS}",
+    )
 
 
 class RenewIn(_Strict):
@@ -56,7 +78,8 @@ class LeaseOut(BaseModel):
     id: str
     state: str
     tenant: str
-    priority: int
+    priority: int = Field(..., description=PRIORITY_DOC)
+    band: Literal["P0", "P1", "P2"] = Field(..., description="the priority's band name (see `priority`)")
     node: str
     slice_id: str
     gpu_id: str
@@ -71,7 +94,16 @@ class LeaseOut(BaseModel):
     reason: str = ""
     labels: dict[str, str] = {}
     early_warning: bool = False
-    victims: list[str] = []
+    victims: list[str] = Field(
+        [], description="ids of the caller's own leases preempted for this grant (all of them for an admin)"
+    )
+    victims_other_tenants: int = Field(
+        0, description="how many other tenants' leases were preempted for this grant (ids not shown)"
+    )
+
+
+class LeasesOut(BaseModel):
+    leases: list[LeaseOut]
 
 
 class TicketOut(BaseModel):
@@ -81,6 +113,7 @@ class TicketOut(BaseModel):
     deadline_at: float
     lease: LeaseOut | None = None
     reason: str = ""
+    poll: str | None = None
 
 
 class ErrorOut(BaseModel):
@@ -88,6 +121,71 @@ class ErrorOut(BaseModel):
     code: str
     field: str | None = None
     retry_after_s: float | None = None
+
+
+class ValidationDetail(BaseModel):
+    loc: list[str]
+    msg: str
+    type: str
+
+
+class ValidationErrorOut(ErrorOut):
+    detail: list[ValidationDetail] = []
+
+
+class RenewConflictOut(ErrorOut):
+    lease: LeaseOut
+
+
+class OpenAIErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class OpenAIErrorOut(BaseModel):
+    error: OpenAIErrorBody
+
+
+class HealthOut(BaseModel):
+    ok: bool
+    store_error: str | None = Field(None, description="the lease store's error while it refuses writes")
+
+
+class NoopOut(BaseModel):
+    id: str
+    tenant: str = ""
+    state: str = ""
+
+
+class SignalOut(BaseModel):
+    gpu_id: str
+    signal: str
+    lease_ids: list[str]
+
+
+class ReadingsOut(BaseModel):
+    accepted: int
+    signals: list[SignalOut]
+    paused_gpus: list[str]
+
+
+class NodeEventsOut(BaseModel):
+    accepted: int
+    revoked: list[str]
+
+
+class DrainOut(BaseModel):
+    gpu_id: str
+    drained: bool
+    leases: list[str]
+
+
+class SliceHealthOut(BaseModel):
+    slice_id: str
+    healthy: bool
+    leases: list[str]
 
 
 class GpuReadingIn(_Strict):
@@ -134,11 +232,31 @@ class NodeEventsIn(_Strict):
 
 
 class WatermarksIn(_Strict):
-    vram_high: float = Field(0.88, ge=0, le=1)
-    vram_low: float = Field(0.70, ge=0, le=1)
-    temp_high_c: StrictInt = Field(80, ge=0, le=150)
-    temp_low_c: StrictInt = Field(75, ge=0, le=150)
-    early_warning: float = Field(0.85, ge=0, le=1)
+    """``PUT``: the whole configuration, every field required (``PATCH`` changes some)."""
+
+    vram_high: float = Field(..., ge=0, le=1, description="PAUSE at or above this VRAM fraction")
+    vram_low: float = Field(..., ge=0, le=1, description="RESUME at or below (< vram_high)")
+    temp_high_c: StrictInt = Field(..., ge=0, le=150)
+    temp_low_c: StrictInt = Field(..., ge=0, le=150, description="< temp_high_c")
+    early_warning: float = Field(..., ge=0, le=1)
+
+
+class WatermarksPatch(_Strict):
+    """``PATCH``: only the fields given change; the others keep their current values."""
+
+    vram_high: float | None = Field(None, ge=0, le=1)
+    vram_low: float | None = Field(None, ge=0, le=1)
+    temp_high_c: StrictInt | None = Field(None, ge=0, le=150)
+    temp_low_c: StrictInt | None = Field(None, ge=0, le=150)
+    early_warning: float | None = Field(None, ge=0, le=1)
+
+
+class WatermarksOut(BaseModel):
+    vram_high: float
+    vram_low: float
+    temp_high_c: int
+    temp_low_c: int
+    early_warning: float
 
 
 class DrainIn(_Strict):

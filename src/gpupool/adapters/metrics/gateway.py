@@ -1,7 +1,8 @@
 """`GatewayMetrics`: the gateway's Prometheus exposition (prometheus-client), in its own registry.
 
 Scrape-time gauges read the `LeaseController` directly (no double bookkeeping):
-``gpupool_leases{band,state,tenant}``,
+``gpupool_leases{band,state}`` (``{band,state,tenant}`` only with ``tenant_labels=True``, i.e.
+``gpupool serve --metrics-tenant-labels``: tenant names are not shown to whoever can scrape by default),
 ``gpupool_slice_capacity_{vram_mib,compute_milli}{node,gpu,slice,kind}``,
 ``gpupool_slice_granted_{vram_mib,compute_milli}{...}``, ``gpupool_gpu_granted_vram_mib{node,gpu}``,
 ``gpupool_queue_depth{band}``, ``gpupool_admission_total{band,outcome}``, ``gpupool_preemptions_total``,
@@ -41,16 +42,21 @@ WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 
 
 class _ControllerCollector(Collector):
-    def __init__(self, c: LeaseController, commits: Callable[[], tuple[int, int]]) -> None:
+    def __init__(
+        self, c: LeaseController, commits: Callable[[], tuple[int, int]], *, tenant_labels: bool
+    ) -> None:
         self.c = c
         self.commits = commits
+        self.tenant_labels = tenant_labels
 
     def collect(self) -> Iterator[Any]:
         c = self.c
-        leases = GaugeMetricFamily("gpupool_leases", "Active leases", labels=["band", "state", "tenant"])
-        counts: Counter[tuple[str, str, str]] = Counter()
+        names = ["band", "state", "tenant"] if self.tenant_labels else ["band", "state"]
+        leases = GaugeMetricFamily("gpupool_leases", "Active leases", labels=names)
+        counts: Counter[tuple[str, ...]] = Counter()
         for x in c.leases():
-            counts[(band(x.priority), x.state.value, x.request.tenant)] += 1
+            key = (band(x.priority), x.state.value)
+            counts[(*key, x.request.tenant) if self.tenant_labels else key] += 1
         for k, n in sorted(counts.items()):
             leases.add_metric(list(k), n)
         yield leases
@@ -114,10 +120,14 @@ class _ControllerCollector(Collector):
 
 class GatewayMetrics:
     def __init__(
-        self, controller: LeaseController, *, commits: Callable[[], tuple[int, int]] = lambda: (0, 0)
+        self,
+        controller: LeaseController,
+        *,
+        commits: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        tenant_labels: bool = False,
     ) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_ControllerCollector(controller, commits))
+        self.registry.register(_ControllerCollector(controller, commits, tenant_labels=tenant_labels))
         self.events = PCounter(
             "gpupool_lease_events", "Lease and admission events", ["kind", "band"], registry=self.registry
         )

@@ -1,0 +1,342 @@
+"""The lease API on hostile or careless input, over real HTTP: 4xx naming the field (never 5xx) and
+nothing stored; body-size limits per route family; error texts with values; tenancy of ``victims``;
+PUT/PATCH watermarks; SSE ids and ``Last-Event-ID``; offline ``/docs``; ``/metrics`` tenant labels."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpupool.adapters.http import jsonbody
+from gpupool.adapters.http.app import create_app
+from gpupool.adapters.http.auth import TokenTable
+from gpupool.adapters.metrics.gateway import GatewayMetrics
+from gpupool.adapters.store import SqliteLeaseStore
+from gpupool.cli.demo import seed_example_pool
+from gpupool.core.clock import FunctionClock
+from gpupool.core.controller import LeaseController
+from tests.adapters.http.servers import running
+
+ADMIN, A, B = "admin-token-0001", "tenant-a-token-1", "tenant-b-token-2"
+MAX_BODY, MAX_PROXY_BODY = 16384, 65536
+JSON_CT = {"content-type": "application/json"}
+
+
+def h(tok: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tok}"}
+
+
+@pytest.fixture
+def gw(tmp_path: Path) -> Iterator[tuple[str, LeaseController]]:
+    store = SqliteLeaseStore(tmp_path / "l.db")
+    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=store)
+    tokens = TokenTable([(ADMIN, "ops", "admin"), (A, "a", "tenant"), (B, "b", "tenant")])
+    metrics = GatewayMetrics(c)
+    app = create_app(
+        c,
+        tokens=tokens,
+        metrics=metrics,
+        tick_s=0.05,
+        agent_events=True,
+        max_body_bytes=MAX_BODY,
+        max_proxy_body_bytes=MAX_PROXY_BODY,
+        events_retain=8,
+    )
+    with running(app) as url:
+        yield url, c
+    store.close()
+
+
+def state(c: LeaseController) -> Any:
+    return (sorted((x.id, x.state.value) for x in c.leases()), [s.granted for s in c.allocator.states()])
+
+
+# ---------------------------------------------------------------------- bounded JSON
+def test_lone_surrogate_label_is_400_naming_the_field_and_nothing_is_stored(
+    gw: tuple[str, LeaseController],
+) -> None:
+    url, c = gw
+    body = b'{"vram_mib": 100, "labels": {"k": "\\ud800"}}'
+    with httpx.Client(base_url=url, timeout=10) as cl:
+        r = cl.post("/v1/leases", headers={**h(A), **JSON_CT}, content=body)
+        assert r.status_code == 400, r.text
+        assert r.json()["field"] == "labels.k" and "surrogate" in r.json()["error"]
+        assert c.leases() == [] and c.store.leases() == []
+        for tok in (A, ADMIN):
+            assert cl.get("/v1/leases", headers=h(tok)).status_code == 200
+        key = b'{"vram_mib": 100, "labels": {"\\udc00": "v"}}'
+        r = cl.post("/v1/leases", headers={**h(A), **JSON_CT}, content=key)
+        assert r.status_code == 400 and r.json()["field"] == "labels.\\udc00", r.text
+    assert c.leases() == []
+
+
+ROUTES = [
+    ("POST", "/v1/leases"),
+    ("POST", "/v1/noop"),
+    ("POST", "/v1/leases/x/renew"),
+    ("POST", "/v1/nodes/gpu-a/readings"),
+    ("POST", "/v1/nodes/gpu-a/events"),
+    ("POST", "/v1/admin/gpus/gpu-a/0/drain"),
+    ("POST", "/v1/admin/slices/gpu-a/0/mig-3g.40gb-0/health"),
+    ("PUT", "/v1/admin/watermarks"),
+    ("PATCH", "/v1/admin/watermarks"),
+]
+
+
+def test_deeply_nested_json_is_400_on_every_body_route(gw: tuple[str, LeaseController]) -> None:
+    url, c = gw
+    before = state(c)
+    deep = b"[" * 1000 + b"]" * 1000
+    inner = b'{"vram_mib": 1, "labels": ' + b'{"a": ' * 1000 + b"1" + b"}" * 1000 + b"}"
+    with httpx.Client(base_url=url, headers={**h(ADMIN), **JSON_CT}, timeout=10) as cl:
+        for method, path in ROUTES:
+            for body in (deep, inner):
+                r = cl.request(method, path, content=body)
+                assert r.status_code == 400, (method, path, r.status_code, r.text[:200])
+                assert r.json()["code"] == "invalid_json" and "nested deeper" in r.json()["error"]
+    assert state(c) == before
+
+
+def test_malformed_json_names_the_problem_not_a_byte_offset(gw: tuple[str, LeaseController]) -> None:
+    url, _ = gw
+    with httpx.Client(base_url=url, headers={**h(A), **JSON_CT}, timeout=10) as cl:
+        r = cl.post("/v1/leases", content=b'{"field":"12"')
+        assert r.status_code == 400
+        doc = r.json()
+        assert doc["field"] == "body" and doc["code"] == "invalid_json"
+        assert doc["error"] == "malformed JSON: Expecting ',' delimiter at line 1 column 14"
+        for bad, words in (
+            (b'{"vram_mib": NaN}', "NaN is not valid JSON"),
+            (b"\xff\xfe", "not UTF-8"),
+            (b'{"vram_mib": 1' + b"0" * 5000 + b"}", "integer literal longer than"),
+        ):
+            r = cl.post("/v1/leases", content=bad)
+            assert r.status_code == 400 and words in r.json()["error"], r.text
+
+
+def test_jsonbody_bounds_depth_and_checks_strings_anywhere() -> None:
+    assert jsonbody.loads(b'{"a": [1, {"b": "\\u00e9"}]}') == {"a": [1, {"b": "\u00e9"}]}
+    assert jsonbody.loads("[[1]]", max_depth=2) == [[1]]
+    with pytest.raises(jsonbody.JsonBodyError) as e:
+        jsonbody.loads("[[[1]]]", max_depth=2)
+    assert e.value.field == "0.0" and "deeper than 2" in str(e.value)
+    with pytest.raises(jsonbody.JsonBodyError) as e:
+        jsonbody.loads(b'{"messages": [{"content": "ok"}, {"content": "\\udfff"}]}')
+    assert e.value.field == "messages.1.content"
+    with pytest.raises(jsonbody.JsonBodyError) as e:
+        jsonbody.loads(b"[" * 200_000 + b"]" * 200_000)
+    assert e.value.field == "body"
+    with pytest.raises(jsonbody.JsonBodyError, match="empty body"):
+        jsonbody.loads(b"  ")
+
+
+def test_error_texts_carry_values_not_python_reprs(gw: tuple[str, LeaseController]) -> None:
+    url, _ = gw
+    with httpx.Client(base_url=url, headers=h(A), timeout=10) as cl:
+        r = cl.post("/v1/leases", json={"vram_mib": 100, "kinds": ["time-slice"], "gpu_count": 2})
+        assert r.status_code == 422 and r.json()["field"] == "kinds"
+        assert r.json()["error"].startswith('invalid kinds=["time-slice"]: '), r.text
+        r = cl.post("/v1/leases", json={"vram_mib": 100, "kinds": ["time-slice"]})
+        assert r.status_code == 503 and "of kind time-slice could" in r.json()["error"], r.text
+        r = cl.post("/v1/leases", json={"vram_mib": 100, "priority": "P7"})
+        assert r.json()["error"] == 'invalid priority="P7": expected P0, P1, P2 or an integer'
+        r = cl.post("/v1/leases", json={"vram_mib": -5})
+        assert r.status_code == 422 and r.json()["error"].startswith("invalid vram_mib=-5: "), r.text
+        for text in (cl.post("/v1/leases", json={"vram_mib": 1, "kinds": ["x"]}).text,):
+            assert "SliceKind" not in text and "[<" not in text and "'x'" not in text
+        r = cl.get("/no/such/route")
+        assert r.status_code == 404 and r.json()["code"] == "not_found"
+
+
+def test_label_count_and_size_limits_name_the_field(gw: tuple[str, LeaseController]) -> None:
+    url, c = gw
+    with httpx.Client(base_url=url, headers=h(A), timeout=10) as cl:
+        r = cl.post("/v1/leases", json={"vram_mib": 1, "labels": {f"k{i}": "v" for i in range(65)}})
+        assert r.status_code == 422 and r.json()["field"] == "labels", r.text
+        r = cl.post("/v1/leases", json={"vram_mib": 1, "labels": {"k" * 129: "v"}})
+        assert r.status_code == 422 and r.json()["field"].startswith("labels."), r.text
+        r = cl.post("/v1/leases", json={"vram_mib": 1, "labels": {"k": "v" * 1025}})
+        assert r.status_code == 422 and r.json()["field"] == "labels.k", r.text
+        r = cl.post("/v1/leases", json={"vram_mib": 1, "labels": {"": "v"}})
+        assert r.status_code == 422, r.text
+    assert c.leases() == []
+
+
+# ---------------------------------------------------------------------- body size
+def test_body_limits_per_route_family_are_413_in_the_family_shape(gw: tuple[str, LeaseController]) -> None:
+    url, c = gw
+    big = json.dumps({"vram_mib": 1, "labels": {"k": "v" * (MAX_BODY + 10)}}).encode()
+    with httpx.Client(base_url=url, headers={**h(A), **JSON_CT}, timeout=10) as cl:
+        r = cl.post("/v1/leases", content=big)
+        assert r.status_code == 413, r.text
+        assert r.json()["code"] == "body_too_large" and r.json()["field"] == "body"
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+            for i in range(0, len(big), 1000):
+                yield big[i : i + 1000]
+
+        r = cl.post("/v1/leases", content=chunks())
+        assert r.status_code == 413 and r.json()["code"] == "body_too_large", r.text
+        # the OpenAI routes have their own, larger limit and OpenAI's error shape
+        mid = json.dumps({"model": "none", "prompt": "x" * (MAX_BODY * 2)}).encode()
+        r = cl.post("/v1/completions", content=mid)
+        assert r.status_code in (400, 404, 503), r.text  # past the lease limit, under the proxy one
+        huge = json.dumps({"model": "none", "prompt": "x" * MAX_PROXY_BODY}).encode()
+        r = cl.post("/v1/completions", content=huge)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large", r.text
+        assert cl.post("/v1/leases", json={"vram_mib": 1}).status_code == 201
+    assert len(c.leases()) == 1
+
+
+# ---------------------------------------------------------------------- tenancy
+def test_p0_victims_list_only_the_callers_own_leases(gw: tuple[str, LeaseController]) -> None:
+    url, _ = gw
+    half = {"priority": "P2", "vram_mib": 20 * 1024, "kinds": ["mig"], "gpu_id": "gpu-a/0"}
+    with httpx.Client(base_url=url, timeout=10) as cl:
+        mine = cl.post("/v1/leases", headers=h(A), json=half).json()
+        theirs = cl.post("/v1/leases", headers=h(B), json=half).json()
+        assert mine["slice_id"] == theirs["slice_id"] == "gpu-a/0/mig-3g.40gb-0"
+        p0 = cl.post(
+            "/v1/leases", headers=h(A), json={"priority": "P0", "vram_mib": 40 * 1024, "kinds": ["mig"]}
+        )
+        assert p0.status_code == 201, p0.text
+        assert p0.json()["victims"] == [mine["id"]] and p0.json()["victims_other_tenants"] == 1
+        assert theirs["id"] not in p0.text
+        assert p0.json()["band"] == "P0" and p0.json()["priority"] == 100
+        assert cl.get(f"/v1/leases/{theirs['id']}", headers=h(B)).json()["state"] == "preempted"
+        r = cl.post("/v1/leases", headers=h(B), json={"priority": 10, "vram_mib": 1024})
+        assert r.json()["band"] == "P1" and r.json()["priority"] == 10
+        r = cl.post("/v1/leases", headers=h(B), json={"priority": "p2", "vram_mib": 1024})
+        assert r.json()["band"] == "P2" and r.json()["priority"] == -1
+
+
+def test_metrics_show_tenant_names_only_when_asked(tmp_path: Path, gw: tuple[str, LeaseController]) -> None:
+    url, c = gw
+    with httpx.Client(base_url=url, timeout=10) as cl:
+        assert cl.post("/v1/leases", headers=h(A), json={"vram_mib": 1024}).status_code == 201
+        text = cl.get("/metrics").text
+    assert 'gpupool_leases{band="P1",state="active"} 1.0' in text
+    assert 'tenant="a"' not in text
+    opted = GatewayMetrics(c, tenant_labels=True).render()[0].decode()
+    assert 'gpupool_leases{band="P1",state="active",tenant="a"} 1.0' in opted
+
+
+# ---------------------------------------------------------------------- watermarks
+def test_put_watermarks_needs_every_field_and_patch_changes_only_what_it_names(
+    gw: tuple[str, LeaseController],
+) -> None:
+    url, c = gw
+    full = {"vram_high": 0.9, "vram_low": 0.6, "temp_high_c": 85, "temp_low_c": 70, "early_warning": 0.8}
+    with httpx.Client(base_url=url, headers=h(ADMIN), timeout=10) as cl:
+        assert cl.put("/v1/admin/watermarks", json=full).json() == full
+        r = cl.put("/v1/admin/watermarks", json={})
+        assert r.status_code == 422 and r.json()["field"] in full, r.text
+        r = cl.put("/v1/admin/watermarks", json={k: v for k, v in full.items() if k != "temp_low_c"})
+        assert r.status_code == 422 and r.json()["field"] == "temp_low_c", r.text
+        assert cl.get("/v1/admin/watermarks").json() == full
+        r = cl.patch("/v1/admin/watermarks", json={"vram_high": 0.95})
+        assert r.status_code == 200 and r.json() == {**full, "vram_high": 0.95}
+        r = cl.patch("/v1/admin/watermarks", json={"vram_low": 0.99})
+        assert r.status_code == 422 and r.json()["field"] == "watermarks.vram_low", r.text
+        assert cl.patch("/v1/admin/watermarks", json={}).json() == {**full, "vram_high": 0.95}
+        assert cl.patch("/v1/admin/watermarks", headers=h(A), json={}).status_code == 403
+        assert cl.put("/v1/admin/watermarks", headers=h(A), json={}).status_code == 403
+    assert c.bank.config.vram_high == 0.95 and c.bank.config.temp_low_c == 70
+
+
+# ---------------------------------------------------------------------- SSE ids / Last-Event-ID
+def read_events(url: str, tok: str, n: int, last_id: str | None = None) -> list[dict[str, Any]]:
+    """The first ``n`` events of a fresh ``/v1/events`` stream (with ``Last-Event-ID``)."""
+    out: list[dict[str, Any]] = []
+    headers = h(tok) if last_id is None else {**h(tok), "Last-Event-ID": last_id}
+    with httpx.Client(base_url=url, timeout=10) as cl, cl.stream("GET", "/v1/events", headers=headers) as r:
+        assert r.status_code == 200
+        cur: dict[str, Any] = {}
+        for line in r.iter_lines():
+            if line.startswith("id: "):
+                cur["id"] = line[4:]
+            elif line.startswith("event: "):
+                cur["event"] = line[7:]
+            elif line.startswith("data: "):
+                cur["data"] = json.loads(line[6:])
+            elif line == "" and "event" in cur:
+                out.append(cur)
+                cur = {}
+                if len(out) >= n:
+                    return out
+    return out
+
+
+def test_events_carry_ids_and_last_event_id_resumes_without_loss(gw: tuple[str, LeaseController]) -> None:
+    url, _ = gw
+    seen: list[dict[str, Any]] = []
+    ready = threading.Event()
+
+    def first() -> None:
+        with httpx.Client(base_url=url, timeout=10) as cl, cl.stream("GET", "/v1/events", headers=h(A)) as r:
+            ready.set()
+            for line in r.iter_lines():
+                if line.startswith("id: "):
+                    seen.append({"id": line[4:]})
+                    return
+
+    t = threading.Thread(target=first, daemon=True)
+    t.start()
+    assert ready.wait(5)
+    with httpx.Client(base_url=url, timeout=10) as cl:
+        ids = [cl.post("/v1/leases", headers=h(A), json={"vram_mib": 1024}).json()["id"] for _ in range(3)]
+        cl.post("/v1/leases", headers=h(B), json={"vram_mib": 1024})  # not A's: never replayed to A
+        t.join(5)
+        assert seen, "no id: line on the stream"
+        first_id = seen[0]["id"]
+        resumed = read_events(url, A, 2, last_id=first_id)  # the 2 grants after the first one
+        assert [e["data"]["lease"]["id"] for e in resumed] == ids[1:]
+        assert all(e["event"] == "granted" and e["id"] > first_id for e in resumed)
+        for lid in ids:
+            cl.delete(f"/v1/leases/{lid}", headers=h(A))
+        for _ in range(6):
+            cl.delete(f"/v1/leases/{ids[0]}", headers=h(A))  # idempotent: no new events
+        for _ in range(8):  # push the first grant out of the 8-event window
+            lid = cl.post("/v1/leases", headers=h(A), json={"vram_mib": 1024}).json()["id"]
+            cl.delete(f"/v1/leases/{lid}", headers=h(A))
+    gap = read_events(url, A, 1, last_id=first_id)
+    assert gap[0]["event"] == "gap" and "retention window of 8" in gap[0]["data"]["reason"]
+    other = read_events(url, A, 1, last_id="deadbeef-3")
+    assert other[0]["event"] == "gap" and "unknown event id" in other[0]["data"]["reason"]
+
+
+# ---------------------------------------------------------------------- docs / OpenAPI
+def test_docs_are_offline_and_the_openapi_declares_bearer_auth_and_real_shapes(
+    gw: tuple[str, LeaseController],
+) -> None:
+    url, _ = gw
+    with httpx.Client(base_url=url, timeout=10) as cl:
+        page = cl.get("/docs")
+        assert page.status_code == 200 and "/docs/assets/swagger-ui-bundle.js" in page.text
+        assert "http://" not in page.text and "https://" not in page.text and "cdn" not in page.text
+        js = cl.get("/docs/assets/swagger-ui-bundle.js")
+        assert js.status_code == 200 and len(js.content) > 100_000 and "SwaggerUIBundle" in js.text
+        assert cl.get("/docs/assets/swagger-ui.css").status_code == 200
+        assert "Apache License" in cl.get("/docs/assets/LICENSE").text
+        spec = cl.get("/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": spec["components"]["securitySchemes"]["bearer"]["description"],
+    }
+    ops = spec["paths"]
+    assert ops["/v1/leases"]["get"]["security"] == [{"bearer": []}]
+    assert "security" not in ops["/healthz"]["get"]
+    listed = ops["/v1/leases"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert listed == {"$ref": "#/components/schemas/LeasesOut"}
+    assert spec["components"]["schemas"]["LeasesOut"]["required"] == ["leases"]
+    assert {"band", "victims_other_tenants"} <= set(spec["components"]["schemas"]["LeaseOut"]["properties"])
+    assert "patch" in ops["/v1/admin/watermarks"] and "put" in ops["/v1/admin/watermarks"]
+    assert "P0 = 100" in json.dumps(ops["/v1/leases"]["post"])
