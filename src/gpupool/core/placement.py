@@ -72,7 +72,7 @@ def unresolvable(
     if request.gpu_count > 1:
         if any(len(cards) >= request.gpu_count for _, cards in _card_nodes(alloc, request)):
             return None
-        where = f"nodes {sorted(request.nodes)}" if request.nodes else "any node"
+        where = f"nodes {', '.join(sorted(request.nodes))}" if request.nodes else "any node"
         return (
             f"no node ({where}) has {request.gpu_count} healthy whole GPUs that could hold "
             f"{request.demand} each"
@@ -84,15 +84,15 @@ def unresolvable(
     elif any(_could_use(st, request) for st in _scoped(alloc, request, gpu_id, kv_models)):
         return None
     if kv_models is not None:
-        where = f"model {request.model!r}"
+        where = f"model {request.model}"
     elif gpu_id:
         where = f"GPU {gpu_id}"
     elif request.nodes:
-        where = f"nodes {sorted(request.nodes)}"
+        where = f"nodes {', '.join(sorted(request.nodes))}"
     else:
         where = "the pool"
-    kinds = sorted(k.value for k in request.kinds) if request.kinds else "any"
-    return f"no healthy slice of {where} (kind {kinds}) could ever hold {request.demand}"
+    kinds = ", ".join(sorted(k.value for k in request.kinds)) if request.kinds else "any"
+    return f"no healthy slice of {where} of kind {kinds} could ever hold {request.demand}"
 
 
 def fit_now(

@@ -205,7 +205,7 @@ def test_deeply_nested_json_is_400_not_500(stack: Stack) -> None:
     with stack.http() as cl:
         for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
             r = cl.post(path, content=deep, headers={"content-type": "application/json"})
-            assert r.status_code == 400 and "nests deeper" in r.json()["error"]["message"], path
+            assert r.status_code == 400 and "nested deeper" in r.json()["error"]["message"], path
             assert cl.post(path, content=b"{nope").status_code == 400
 
 

@@ -145,7 +145,6 @@ def create_app(
     )
     app.router.route_class = _Route
     app.state.gateway = gw
-    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes, max_proxy_body_bytes=max_proxy_body_bytes)
     errors.install(app)
 
     @app.exception_handler(StoreUnavailable)
@@ -161,6 +160,8 @@ def create_app(
     from gpupool.adapters.http.console import add_console_routes
 
     add_console_routes(app)
+    # added last, so outermost: it also covers the proxy's fast path (a middleware added above)
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes, max_proxy_body_bytes=max_proxy_body_bytes)
     return app
 
 
