@@ -10,7 +10,7 @@ import pytest
 
 from gpupool.core import P0, P1, Allocator, LeaseState, ManualClock, OutcomeCode, Resources, SliceKind
 from gpupool.core.allocator import LeaseEvent
-from gpupool.core.errors import InvalidInput, InvariantViolation
+from gpupool.core.errors import DuplicateId, InvalidInput, InvariantViolation
 from gpupool.core.ids import seeded_lease_ids
 from tests.builders import a_pool, a_request, a_slice
 
@@ -194,3 +194,33 @@ def test_place_refuses_a_multi_gpu_request_on_a_card_holding_any_lease() -> None
     out = alloc.place(a_request("x2", vram_gib=10, gpu_count=2), ("n0/0", "n0/1"))
     assert out.code is OutcomeCode.NO_CAPACITY
     alloc.check_invariants()
+
+
+def test_place_of_a_two_gpu_request_takes_both_cards_whole() -> None:
+    alloc, _ = a_pool(*(a_slice(f"n0/{i}") for i in range(2)))
+    out = alloc.place(a_request("x2", vram_gib=10, compute=100, gpu_count=2), ("n0/0", "n0/1"))
+    assert out.lease is not None
+    assert [g.resources for g in out.lease.grants] == [Resources(80 * 1024, 1000)] * 2
+
+
+def test_early_warning_boundary_is_exact_in_integers() -> None:
+    # 100 GiB slice: 85 % is 87,040 MiB; 86,980 MiB is below it, 87,040 reaches it
+    for used_mib, warned in ((86_980, False), (87_040, True)):
+        alloc, _ = a_pool(a_slice("A", vram_gib=100))
+        out = alloc.allocate(a_request("r", vram_mib=used_mib))
+        assert out.granted and out.early_warning is warned, used_mib
+
+
+def test_a_failed_commit_leaves_the_books_unchanged() -> None:
+    alloc = Allocator([a_slice("A")], clock=ManualClock(0.0), lease_ids=lambda: "same")  # type: ignore[arg-type,return-value]
+    alloc.allocate(a_request("first", vram_gib=10))
+    with pytest.raises(DuplicateId):
+        alloc.allocate(a_request("second", vram_gib=10))
+    assert alloc.ledger.state("A").granted == Resources(10 * 1024, 0)
+    alloc.check_invariants()
+
+
+def test_unresolvable_reason_names_two_gpus_too() -> None:
+    alloc, _ = a_pool(a_slice("A"))
+    out = alloc.allocate(a_request("x2", vram_gib=80, compute=1000, gpu_count=2))
+    assert out.code is OutcomeCode.UNRESOLVABLE and "x 2 GPUs on one node" in out.reason
