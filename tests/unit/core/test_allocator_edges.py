@@ -224,3 +224,55 @@ def test_unresolvable_reason_names_two_gpus_too() -> None:
     alloc, _ = a_pool(a_slice("A"))
     out = alloc.allocate(a_request("x2", vram_gib=80, compute=1000, gpu_count=2))
     assert out.code is OutcomeCode.UNRESOLVABLE and "x 2 GPUs on one node" in out.reason
+
+
+def test_lease_events_are_slotted_and_the_ratio_is_at_most_one() -> None:
+    seen: list[LeaseEvent] = []
+    alloc = Allocator([a_slice("A")], clock=ManualClock(0.0), on_event=seen.append)
+    alloc.allocate(a_request("r"))
+    assert not hasattr(seen[0], "__dict__")
+    with pytest.raises(InvalidInput):
+        Allocator([a_slice("A")], clock=ManualClock(0.0), early_warning_ratio=1.5)
+    with pytest.raises(TypeError):
+        alloc.allocate(a_request("s"), False)  # type: ignore[misc]
+
+
+def test_the_node_constraint_skips_a_tighter_slice_of_the_same_shape() -> None:
+    # A (n0) and B (n1) have the same shape; A is tighter (70 GiB used), so best fit looks at it first
+    alloc, _ = a_pool(a_slice("A", node="n0"), a_slice("B", node="n1"))
+    alloc.place(a_request("fill", vram_gib=70), ("A",))
+    out = alloc.allocate(a_request("r", vram_gib=5, nodes=("n1",)))
+    assert out.lease is not None and out.lease.slice_ids == ("B",)
+
+
+def test_the_lowest_priority_single_victim_wins() -> None:
+    # A: one preemptible P1 lease; B: one P2 lease; both free 40 GiB if cleared. A is looked at
+    # first; B's plan evicts a lower priority, so it is the one taken.
+    alloc, _ = a_pool(a_slice("A", vram_gib=40, gpu="gA"), a_slice("B", vram_gib=40, gpu="gB"))
+    alloc.place(a_request("p1", vram_gib=30, priority=P1, preemptible=True), ("A",))
+    alloc.place(a_request("p2", vram_gib=35), ("B",))
+    out = alloc.allocate(a_request("p0", vram_gib=30, priority=P0))
+    assert [v.request.id for v in out.victims] == ["p2"]
+
+
+def test_unhealthy_cards_make_a_multi_gpu_request_unresolvable() -> None:
+    alloc, _ = a_pool(*(a_slice(f"n0/{i}") for i in range(2)))
+    alloc.mark_unhealthy("n0/0")
+    out = alloc.allocate(a_request("x2", vram_gib=80, compute=1000, gpu_count=2))
+    assert out.code is OutcomeCode.UNRESOLVABLE
+
+
+def test_multi_gpu_node_constraint_on_the_direct_and_preemption_paths() -> None:
+    alloc, _ = a_pool(*(a_slice(f"{n}/{i}", node=n) for n in ("n0", "n1") for i in range(2)))
+    direct = alloc.allocate(
+        a_request("x2", vram_gib=80, compute=1000, gpu_count=2, nodes=("n1",)), preempt=False
+    )
+    assert direct.code is OutcomeCode.GRANTED and direct.lease is not None and direct.lease.node == "n1"
+    alloc.release(direct.lease.id)
+    for sid in ("n0/0", "n0/1", "n1/0", "n1/1"):
+        alloc.place(a_request(f"b-{sid}", vram_gib=10), (sid,))
+    out = alloc.allocate(
+        a_request("p0x2", vram_gib=80, compute=1000, priority=P0, gpu_count=2, nodes=("n1",))
+    )
+    assert out.code is OutcomeCode.PREEMPTED_VICTIMS and out.lease is not None and out.lease.node == "n1"
+    assert sorted(v.request.id for v in out.victims) == ["b-n1/0", "b-n1/1"]
