@@ -276,3 +276,13 @@ def test_multi_gpu_node_constraint_on_the_direct_and_preemption_paths() -> None:
     )
     assert out.code is OutcomeCode.PREEMPTED_VICTIMS and out.lease is not None and out.lease.node == "n1"
     assert sorted(v.request.id for v in out.victims) == ["b-n1/0", "b-n1/1"]
+
+
+def test_revocation_on_an_unhealthy_slice_says_why_and_release_reason_is_keyword_only() -> None:
+    alloc, _ = a_pool(a_slice("A"))
+    lease = alloc.allocate(a_request("r")).lease
+    assert lease is not None
+    (ended,) = alloc.mark_unhealthy("A", revoke=True)
+    assert ended.state is LeaseState.REVOKED and ended.reason == "slice A unhealthy"
+    with pytest.raises(TypeError):
+        alloc.release(lease.id, "x")  # type: ignore[misc]
