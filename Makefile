@@ -54,7 +54,7 @@ image:
 	DOCKER_BUILDKIT=1 $(DOCKER) build -t $(IMAGE) .
 
 # Mutation testing (BENCHMARKS.md, section "mutation"); MODULE=core/ledger.py runs one module,
-# MUTATE_ARGS="--mode rerun-survivors" runs only the last session's survivors again.
+# MUTATE_ARGS="--mode rerun-survivors" runs only the survivors of the last run again.
 MODULE ?=
 MUTATE_ARGS ?=
 mutate: $(STAMP)

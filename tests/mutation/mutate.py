@@ -4,8 +4,8 @@ Role: for each listed module, copy the repository's sources and tests into a scr
 cosmic-ray mutate the module there (the working tree is never touched, even if the run is
 interrupted), run only the tests that cover that module against each mutant (``pytest -x``, no
 plugins), and print generated / killed / survived / timed out. Survivors' diffs are written to
-``out/mutation/<module>.survivors.txt`` (the session beside it, ``<module>.sqlite``) so each can be
-judged (equivalent mutant, or a missing test).
+``out/mutation/<module>.survivors.txt`` (cosmic-ray's session database beside it,
+``<module>.sqlite``) so each can be judged (equivalent mutant, or a missing test).
 
 Invariants:
 - the unmutated baseline must pass with the same test selection, otherwise the module is reported

@@ -10,7 +10,7 @@ import pytest
 
 from gpupool.core import P0, P1, Allocator, LeaseState, ManualClock, OutcomeCode, Resources, SliceKind
 from gpupool.core.allocator import LeaseEvent
-from gpupool.core.errors import InvalidInput, InvariantViolation
+from gpupool.core.errors import DuplicateId, InvalidInput, InvariantViolation
 from gpupool.core.ids import seeded_lease_ids
 from tests.builders import a_pool, a_request, a_slice
 
@@ -194,3 +194,95 @@ def test_place_refuses_a_multi_gpu_request_on_a_card_holding_any_lease() -> None
     out = alloc.place(a_request("x2", vram_gib=10, gpu_count=2), ("n0/0", "n0/1"))
     assert out.code is OutcomeCode.NO_CAPACITY
     alloc.check_invariants()
+
+
+def test_place_of_a_two_gpu_request_takes_both_cards_whole() -> None:
+    alloc, _ = a_pool(*(a_slice(f"n0/{i}") for i in range(2)))
+    out = alloc.place(a_request("x2", vram_gib=10, compute=100, gpu_count=2), ("n0/0", "n0/1"))
+    assert out.lease is not None
+    assert [g.resources for g in out.lease.grants] == [Resources(80 * 1024, 1000)] * 2
+
+
+def test_early_warning_boundary_is_exact_in_integers() -> None:
+    # 100 GiB slice: 85 % is 87,040 MiB; 86,980 MiB is below it, 87,040 reaches it
+    for used_mib, warned in ((86_980, False), (87_040, True)):
+        alloc, _ = a_pool(a_slice("A", vram_gib=100))
+        out = alloc.allocate(a_request("r", vram_mib=used_mib))
+        assert out.granted and out.early_warning is warned, used_mib
+
+
+def test_a_failed_commit_leaves_the_books_unchanged() -> None:
+    alloc = Allocator([a_slice("A")], clock=ManualClock(0.0), lease_ids=lambda: "same")  # type: ignore[arg-type,return-value]
+    alloc.allocate(a_request("first", vram_gib=10))
+    with pytest.raises(DuplicateId):
+        alloc.allocate(a_request("second", vram_gib=10))
+    assert alloc.ledger.state("A").granted == Resources(10 * 1024, 0)
+    alloc.check_invariants()
+
+
+def test_unresolvable_reason_names_two_gpus_too() -> None:
+    alloc, _ = a_pool(a_slice("A"))
+    out = alloc.allocate(a_request("x2", vram_gib=80, compute=1000, gpu_count=2))
+    assert out.code is OutcomeCode.UNRESOLVABLE and "x 2 GPUs on one node" in out.reason
+
+
+def test_lease_events_are_slotted_and_the_ratio_is_at_most_one() -> None:
+    seen: list[LeaseEvent] = []
+    alloc = Allocator([a_slice("A")], clock=ManualClock(0.0), on_event=seen.append)
+    alloc.allocate(a_request("r"))
+    assert not hasattr(seen[0], "__dict__")
+    with pytest.raises(InvalidInput):
+        Allocator([a_slice("A")], clock=ManualClock(0.0), early_warning_ratio=1.5)
+    with pytest.raises(TypeError):
+        alloc.allocate(a_request("s"), False)  # type: ignore[misc]
+
+
+def test_the_node_constraint_skips_a_tighter_slice_of_the_same_shape() -> None:
+    # A (n0) and B (n1) have the same shape; A is tighter (70 GiB used), so best fit looks at it first
+    alloc, _ = a_pool(a_slice("A", node="n0"), a_slice("B", node="n1"))
+    alloc.place(a_request("fill", vram_gib=70), ("A",))
+    out = alloc.allocate(a_request("r", vram_gib=5, nodes=("n1",)))
+    assert out.lease is not None and out.lease.slice_ids == ("B",)
+
+
+def test_the_lowest_priority_single_victim_wins() -> None:
+    # A: one preemptible P1 lease; B: one P2 lease; both free 40 GiB if cleared. A is looked at
+    # first; B's plan evicts a lower priority, so it is the one taken.
+    alloc, _ = a_pool(a_slice("A", vram_gib=40, gpu="gA"), a_slice("B", vram_gib=40, gpu="gB"))
+    alloc.place(a_request("p1", vram_gib=30, priority=P1, preemptible=True), ("A",))
+    alloc.place(a_request("p2", vram_gib=35), ("B",))
+    out = alloc.allocate(a_request("p0", vram_gib=30, priority=P0))
+    assert [v.request.id for v in out.victims] == ["p2"]
+
+
+def test_unhealthy_cards_make_a_multi_gpu_request_unresolvable() -> None:
+    alloc, _ = a_pool(*(a_slice(f"n0/{i}") for i in range(2)))
+    alloc.mark_unhealthy("n0/0")
+    out = alloc.allocate(a_request("x2", vram_gib=80, compute=1000, gpu_count=2))
+    assert out.code is OutcomeCode.UNRESOLVABLE
+
+
+def test_multi_gpu_node_constraint_on_the_direct_and_preemption_paths() -> None:
+    alloc, _ = a_pool(*(a_slice(f"{n}/{i}", node=n) for n in ("n0", "n1") for i in range(2)))
+    direct = alloc.allocate(
+        a_request("x2", vram_gib=80, compute=1000, gpu_count=2, nodes=("n1",)), preempt=False
+    )
+    assert direct.code is OutcomeCode.GRANTED and direct.lease is not None and direct.lease.node == "n1"
+    alloc.release(direct.lease.id)
+    for sid in ("n0/0", "n0/1", "n1/0", "n1/1"):
+        alloc.place(a_request(f"b-{sid}", vram_gib=10), (sid,))
+    out = alloc.allocate(
+        a_request("p0x2", vram_gib=80, compute=1000, priority=P0, gpu_count=2, nodes=("n1",))
+    )
+    assert out.code is OutcomeCode.PREEMPTED_VICTIMS and out.lease is not None and out.lease.node == "n1"
+    assert sorted(v.request.id for v in out.victims) == ["b-n1/0", "b-n1/1"]
+
+
+def test_revocation_on_an_unhealthy_slice_says_why_and_release_reason_is_keyword_only() -> None:
+    alloc, _ = a_pool(a_slice("A"))
+    lease = alloc.allocate(a_request("r")).lease
+    assert lease is not None
+    (ended,) = alloc.mark_unhealthy("A", revoke=True)
+    assert ended.state is LeaseState.REVOKED and ended.reason == "slice A unhealthy"
+    with pytest.raises(TypeError):
+        alloc.release(lease.id, "x")  # type: ignore[misc]

@@ -142,6 +142,8 @@ def test_group_info_is_frozen_and_health_round_trips_its_count() -> None:
     (group,) = led.groups()
     with pytest.raises(dataclasses.FrozenInstanceError):
         group.num_healthy = 0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        led.state("s0").num_leases = 1  # type: ignore[misc]
     led.set_healthy("s0", False)
     assert led.groups()[0].num_healthy == 1
     led.set_healthy("s0", True)
@@ -152,6 +154,8 @@ def test_group_info_is_frozen_and_health_round_trips_its_count() -> None:
 def test_transaction_flags_are_keyword_only_too() -> None:
     led = ledger(SliceKind.MPS)
     tx = LedgerTransaction(led)
+    with pytest.raises(TypeError):
+        tx.grant("s0", Resources(1, 0), False)  # type: ignore[misc]
     tx.grant("s0", Resources(1, 0), preemptible=False)
     with pytest.raises(TypeError):
         tx.ungrant("s0", Resources(1, 0), False)  # type: ignore[misc]
