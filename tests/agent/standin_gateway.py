@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpupool.adapters.http.schemas import ErrorOut, LeaseOut, NodeEventsIn, ReadingsIn
+from gpupool.core.priority import band
 
 ROUTES = {
     ("POST", "/v1/nodes/{node}/readings"),
@@ -43,6 +44,7 @@ def lease_out(
         "state": "active",
         "tenant": "t",
         "priority": priority,
+        "band": band(priority),
         "node": node,
         "slice_id": gpu_id,
         "gpu_id": gpu_id,

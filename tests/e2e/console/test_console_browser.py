@@ -13,6 +13,7 @@ Skipped when chromium or playwright is absent (``.ci/run`` installs chromium).
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,16 @@ def _granted(g: dict[str, Any]) -> int:
     return sum(s["granted"]["vram_mib"] for s in g["slices"])
 
 
+def wait_js(page: Any, fn: str, arg: Any = None, *, timeout_ms: int = 5000) -> None:
+    """Poll ``fn(arg)`` in the page until truthy, at most ``timeout_ms``. Playwright's own
+    ``wait_for_function`` polls through ``eval`` inside the page, which the console's CSP (no
+    'unsafe-eval') rightly refuses; ``evaluate`` goes through the DevTools protocol instead."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not page.evaluate(fn, arg):
+        assert time.monotonic() < deadline, f"not true within {timeout_ms} ms: {fn}"
+        time.sleep(0.02)
+
+
 def _push_readings(adm: httpx.Client, sim: Any, pool: dict[str, Any], hot_gpu: str) -> None:
     """What the node agents would send: the simulated cluster's readings, one GPU at 90 % VRAM."""
     for n in pool["nodes"]:
@@ -148,11 +159,12 @@ def test_console_live_heat_map_and_drain(gateway: tuple[str, Any], browser: Any)
     r = alice.post("/v1/leases", json={"priority": "P1", "vram_mib": 4096, "gpu_id": target["gpu_id"]})
     assert r.status_code == 201, r.text
     want = _granted(target) + 4096
-    page.wait_for_function(
+    wait_js(
+        page,
         "([id, want]) => { const e = document.querySelector(`.gpu[data-gpu-id='${id}']`);"
         " return e !== null && Number(e.dataset.grantedMib) === want; }",
-        arg=[target["gpu_id"], want],
-        timeout=1000,
+        [target["gpu_id"], want],
+        timeout_ms=1000,
     )
     page.wait_for_selector("#events li[data-kind='granted']", timeout=2000)
     # ... and exactly once: after the refreshes that follow, the figure is still the granted total
@@ -162,11 +174,12 @@ def test_console_live_heat_map_and_drain(gateway: tuple[str, Any], browser: Any)
     assert page.locator("#lease-bands tr[data-tenant='bob']").count() == 1
     # a release moves it back
     assert alice.delete(f"/v1/leases/{r.json()['id']}").status_code == 200
-    page.wait_for_function(
+    wait_js(
+        page,
         "([id, want]) => Number(document.querySelector(`.gpu[data-gpu-id='${id}']`).dataset.grantedMib)"
         " === want",
-        arg=[target["gpu_id"], want - 4096],
-        timeout=5000,
+        [target["gpu_id"], want - 4096],
+        timeout_ms=5000,
     )
     page.wait_for_selector("#lease-bands tr[data-tenant='alice']", state="detached", timeout=5000)
     assert alice.post("/v1/leases", json={"priority": "P1", "vram_mib": 4096}).status_code == 201
@@ -222,7 +235,7 @@ def test_console_tenant_sees_own_leases_and_bad_token_is_refused(
     page.wait_for_selector("#signin-form", state="visible")
     page.fill("#token", "not-a-real-token")
     page.click("#signin-form button[type='submit']")
-    page.wait_for_function("document.getElementById('signin-error').textContent.includes('rejected')")
+    wait_js(page, "() => document.getElementById('signin-error').textContent.includes('rejected')")
     assert page.evaluate("sessionStorage.getItem('gpupool.token')") is None
 
     page.fill("#token", ALICE)

@@ -50,8 +50,8 @@ def test_run_prints_a_signed_in_console_link(tmp_path: Path) -> None:
             except queue.Empty:
                 assert proc.poll() is None, "gpupool run exited"
                 continue
-            if line.startswith("console: "):
-                link = line.split(" ", 1)[1].strip()
+            if "console: " in line:  # (after the status line's timestamp)
+                link = line.split("console: ", 1)[1].strip()
         assert link, "no console link printed"
         parts = urlsplit(link)
         assert (parts.scheme, parts.netloc, parts.path) == ("http", f"127.0.0.1:{port}", "/")

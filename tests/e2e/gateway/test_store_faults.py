@@ -92,11 +92,11 @@ def test_refused_watermark_change_keeps_the_old_thresholds(
     before = c.bank.config
     store.disk_full()
     with httpx.Client(base_url=url, headers=h(ADMIN)) as cl:
-        r = cl.put("/v1/admin/watermarks", json={"vram_high": 0.8})
+        r = cl.patch("/v1/admin/watermarks", json={"vram_high": 0.8})
         assert r.status_code == 503 and DISK_FULL in r.text, r.text
         assert c.bank.config == before and store.inner.get_meta("watermarks") is None
         store.heal()
-        assert cl.put("/v1/admin/watermarks", json={"vram_high": 0.8}).status_code == 200
+        assert cl.patch("/v1/admin/watermarks", json={"vram_high": 0.8}).status_code == 200
         assert c.bank.config.vram_high == 0.8 and store.inner.get_meta("watermarks") is not None
 
 
