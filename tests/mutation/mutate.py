@@ -71,15 +71,26 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "core/admission.py": [
         "tests/unit/core/test_admission.py",
+        "tests/unit/core/test_admission_rule.py",
         "tests/unit/core/test_controller.py",
+        "tests/unit/core/test_ticket_durability.py",
+        "tests/unit/core/test_admission_properties.py",
     ],
     "core/controller.py": [
         "tests/unit/core/test_controller.py",
+        "tests/unit/core/test_admission_rule.py",
+        "tests/unit/core/test_ticket_durability.py",
         "tests/unit/core/test_admission.py",
         "tests/unit/core/test_watermarks.py",
+        "tests/adapters/store/test_store_faults.py",
+        "tests/adapters/store/test_store_faults_property.py",
+        "tests/unit/core/test_admission_properties.py",
     ],
     "adapters/store/sqlite.py": [
         "tests/contract/store/test_lease_store_contract.py",
+        "tests/contract/store/test_ticket_store_contract.py",
+        "tests/adapters/store/test_sqlite_damage.py",
+        "tests/adapters/store/test_store_faults.py",
         "tests/contract/store/test_power_loss.py",
     ],
 }
