@@ -4,8 +4,11 @@ paths through FastAPI, a completed request releases its KV lease."""
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -69,3 +72,68 @@ def test_fast_path_answers_and_releases_the_request_lease(gateway: tuple[str, Le
         bad = cl.post("/v1/completions", headers=auth, content=b"{not json")
         assert bad.status_code == 400
         assert len(c.kv.leases) == 0  # the request lease was released before the answer
+
+
+def test_fast_path_reads_a_chunked_body_and_answers_with_exact_headers(
+    gateway: tuple[str, LeaseController],
+) -> None:
+    """A body sent in several chunks is joined whole; the answer's Content-Length is the body's
+    length, the backend's JSON content type passes through, the lease id is a UUID4."""
+    url, c = gateway
+    auth = {"Authorization": f"Bearer {TOK}", "content-type": "application/json"}
+    doc = json.dumps({"model": MODEL, "prompt": "hi there", "max_tokens": 2}).encode()
+
+    def parts() -> Iterator[bytes]:
+        for i in range(0, len(doc), 7):
+            yield doc[i : i + 7]
+
+    with httpx.Client(base_url=url, timeout=20) as cl:
+        r = cl.post("/v1/completions", headers=auth, content=parts())
+        assert r.status_code == 200, r.text
+        assert r.request.headers.get("transfer-encoding") == "chunked"
+        assert int(r.headers["content-length"]) == len(r.content)
+        assert r.headers["content-type"] == "application/json"
+        lease = uuid.UUID(r.headers["x-gpupool-lease"])
+        assert lease.version == 4 and str(lease) == r.headers["x-gpupool-lease"]
+        assert r.json()["object"] == "text_completion"
+    assert len(c.kv.leases) == 0
+
+
+def test_fast_path_repeated_authorization_first_value_wins(gateway: tuple[str, LeaseController]) -> None:
+    """As with Starlette's ``Headers.get``: of two Authorization headers the first one counts."""
+    url, _ = gateway
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+    good, bad = ("Authorization", f"Bearer {TOK}"), ("Authorization", "Bearer wrong-token-123")
+    with httpx.Client(base_url=url, timeout=20) as cl:
+        r = cl.post("/v1/completions", headers=[good, bad], json=body)
+        assert r.status_code == 200, r.text
+        r = cl.post("/v1/completions", headers=[bad, good], json=body)
+        assert r.status_code == 401, r.text
+
+
+async def _text_backend(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A backend answering ``text/plain`` without a charset (and its model list)."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    head = [(b"content-type", b"text/plain"), (b"content-length", b"5")]
+    await send({"type": "http.response.start", "status": 200, "headers": head})
+    await send({"type": "http.response.body", "body": b"plain"})
+
+
+def test_fast_path_text_answer_gets_a_charset_like_starlette_would_add() -> None:
+    with running(_text_backend) as be_url:
+        c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=MemoryLeaseStore())
+        c.register_backend(Backend("be", MODEL, be_url, node="gpu-b", gpu_id="gpu-b/0", kv_budget_mib=64))
+        app = create_app(c, tokens=TokenTable([(TOK, "t", "tenant")]), sizer=KvSizer())
+        with running(app) as url, httpx.Client(base_url=url, timeout=20) as cl:
+            r = cl.post(
+                "/v1/completions",
+                headers={"Authorization": f"Bearer {TOK}"},
+                json={"model": MODEL, "prompt": "hi", "max_tokens": 1},
+            )
+            assert r.status_code == 200 and r.content == b"plain"
+            assert r.headers["content-type"] == "text/plain; charset=utf-8"
+            assert r.headers["content-length"] == "5" and r.headers["x-gpupool-backend"] == "be"
+        assert len(c.kv.leases) == 0

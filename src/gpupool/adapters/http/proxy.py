@@ -29,13 +29,14 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from inspect import isawaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpupool.adapters.http.jsonbody import JsonBodyError, loads_bounded
@@ -130,6 +131,58 @@ def set_objectives(app: FastAPI, table: dict[str, int]) -> None:
     app.state.openai.objectives = dict(table)
 
 
+class Incoming(Protocol):
+    """What `forward` reads of a request: a Starlette ``Request`` or the fast path's `_FastRequest`."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    async def body(self) -> bytes: ...
+
+
+class _FastRequest:
+    """The fast path's request: headers decoded once into a dict (first value of a repeated name
+    wins, as with Starlette's ``Headers.get``), the body read straight from ``receive``."""
+
+    __slots__ = ("_receive", "headers")
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        h: dict[str, str] = {}
+        for k, v in scope["headers"]:
+            name = k.decode("latin-1")
+            if name not in h:
+                h[name] = v.decode("latin-1")
+        self.headers = h
+        self._receive = receive
+
+    async def body(self) -> bytes:
+        chunks: list[bytes] = []
+        while True:
+            msg = await self._receive()
+            if msg["type"] == "http.request":
+                chunks.append(msg.get("body", b""))
+                if not msg.get("more_body", False):
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            elif msg["type"] == "http.disconnect":
+                raise ClientDisconnect()
+
+
+class RawResponse(Response):
+    """A complete response whose header list is built by the caller (no ``init_headers`` pass);
+    sent like any Starlette ``Response``."""
+
+    def __init__(self, body: bytes, status_code: int, raw_headers: list[tuple[bytes, bytes]]) -> None:
+        self.body, self.status_code, self.raw_headers = body, status_code, raw_headers
+        self.background = None
+
+
+def _media(ct: str) -> bytes:
+    """Starlette's rule for a ``media_type``: text types get a charset when they lack one."""
+    if ct.startswith("text/") and "charset=" not in ct.lower():
+        ct += "; charset=utf-8"
+    return ct.encode("latin-1")
+
+
 def _err(exc: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
@@ -169,7 +222,7 @@ def add_proxy_routes(
         typ = "requests" if status == 429 else ""
         return _err(OpenAIError(status, msg, code=code, typ=typ), headers)
 
-    def principal(request: Request) -> Principal | JSONResponse:
+    def principal(request: Incoming) -> Principal | JSONResponse:
         h = request.headers.get("authorization", "")
         who = gw.tokens.lookup(h[7:].strip()) if h[:7].lower() == "bearer " else None
         if who is not None:
@@ -238,7 +291,7 @@ def add_proxy_routes(
             return None
         return count if type(count) is int and count >= 0 else None
 
-    async def forward(request: Request, path: str, kind: str) -> Response:
+    async def forward(request: Incoming, path: str, kind: str) -> Response:
         who = principal(request)
         if isinstance(who, Response):
             return who
@@ -358,7 +411,6 @@ def add_proxy_routes(
             if gw.metrics is not None:
                 gw.metrics.observe_proxy(model, 502, None, time.perf_counter() - t0)
             return err(502, f"backend {backend.id} unreachable: {type(exc).__name__}", "bad_gateway")
-        out_headers = {"x-gpupool-lease": lease_id, "x-gpupool-backend": backend.id}
         if not shape.stream:
             try:
                 content = await upstream.read()
@@ -373,12 +425,13 @@ def add_proxy_routes(
                 gw.metrics.observe_proxy(model, upstream.status_code, dt, dt)
             if upstream.status_code == 200 and (actual := usage_prompt_tokens(content)) is not None:
                 surf.correction.observe(model, est, actual)
-            return Response(
-                content,
-                status_code=upstream.status_code,
-                media_type=upstream.headers.get("content-type", "application/json"),
-                headers=out_headers,
-            )
+            raw_headers = [
+                (b"x-gpupool-lease", lease_id.encode("latin-1")),
+                (b"x-gpupool-backend", backend.id.encode("latin-1")),
+                (b"content-length", str(len(content)).encode("latin-1")),
+                (b"content-type", _media(upstream.headers.get("content-type", "application/json"))),
+            ]
+            return RawResponse(content, upstream.status_code, raw_headers)
 
         async def relay() -> AsyncIterator[bytes]:
             first: float | None = None
@@ -399,7 +452,7 @@ def add_proxy_routes(
             relay(),
             status_code=upstream.status_code,
             media_type=upstream.headers.get("content-type", "text/event-stream"),
-            headers=out_headers,
+            headers={"x-gpupool-lease": lease_id, "x-gpupool-backend": backend.id},
         )
 
     @app.post("/v1/chat/completions")
@@ -443,14 +496,16 @@ class ProxyFastPath:
     """Pure ASGI middleware: ``POST`` on the proxy paths goes straight to ``forward`` (same handler,
     same responses, the app's own exception handlers), skipping FastAPI's routing, dependency
     solving and exception middleware; everything else passes through untouched. The FastAPI routes
-    stay registered (OpenAPI, other methods). Measured (proxy-peers bench): the framework layers
-    skipped here were the larger part of the proxy's per-request CPU."""
+    stay registered (OpenAPI, other methods). No Starlette ``Request`` is built unless an exception
+    handler needs one (`_FastRequest`), and a complete answer is a `RawResponse`. Measured
+    (proxy-peers bench): the framework layers skipped here were the larger part of the proxy's
+    per-request CPU."""
 
     def __init__(
         self,
         app: ASGIApp,
         *,
-        forward: Callable[[Request, str, str], Awaitable[Response]],
+        forward: Callable[[Incoming, str, str], Awaitable[Response]],
         paths: dict[str, str],
     ) -> None:
         self.app, self.forward, self.paths = app, forward, paths
@@ -460,10 +515,10 @@ class ProxyFastPath:
         if scope["type"] != "http" or scope["method"] != "POST" or path not in self.paths:
             await self.app(scope, receive, send)
             return
-        request = Request(scope, receive)
         try:
-            response = await self.forward(request, path, self.paths[path])
+            response = await self.forward(_FastRequest(scope, receive), path, self.paths[path])
         except Exception as exc:
+            request = Request(scope, receive)
             handlers = request.app.exception_handlers
             handler = next((handlers[t] for t in type(exc).__mro__ if t in handlers), None)
             if handler is None:

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+MAX_TARGETS = 1024
+"""Parsed (method, url) pairs kept; the cache is emptied when it reaches this many."""
 
 
 class UpstreamError(Exception):
@@ -101,16 +103,16 @@ class UpstreamPool:
         self.connect_timeout_s = connect_timeout_s
         self.max_idle = max_idle
         self._idle: dict[tuple[str, int], list[Conn]] = {}
+        self._targets: dict[tuple[str, str], tuple[tuple[str, int], str]] = {}
 
     async def request(
         self, method: str, url: str, *, content: bytes, headers: dict[str, str]
     ) -> UpstreamResponse:
-        u = urlsplit(url)
-        if u.scheme != "http" or not u.hostname:
-            raise UpstreamError(f"unsupported backend url {url!r} (http:// only)")
-        key = (u.hostname, u.port or 80)
-        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-        head = [f"{method} {path} HTTP/1.1", f"Host: {u.netloc}", f"Content-Length: {len(content)}"]
+        target = self._targets.get((method, url))
+        if target is None:
+            target = self._target(method, url)
+        key, start = target
+        head = [start, f"Content-Length: {len(content)}"]
         head += [f"{k}: {v}" for k, v in headers.items()]
         raw = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + content
         for attempt in (0, 1):
@@ -126,6 +128,20 @@ class UpstreamPool:
                 if not reused or attempt:
                     raise UpstreamError(f"{type(exc).__name__}: {exc}") from None
         raise UpstreamError("unreachable")  # pragma: no cover
+
+    def _target(self, method: str, url: str) -> tuple[tuple[str, int], str]:
+        """(host, port) and the request line + Host header for ``url``, cached (a few backends)."""
+        u = urlsplit(url)
+        if u.scheme != "http" or not u.hostname:
+            raise UpstreamError(f"unsupported backend url {url!r} (http:// only)")
+        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        if len(self._targets) >= MAX_TARGETS:
+            self._targets.clear()
+        t = self._targets[(method, url)] = (
+            (u.hostname, u.port or 80),
+            f"{method} {path} HTTP/1.1\r\nHost: {u.netloc}",
+        )
+        return t
 
     async def _connect(self, key: tuple[str, int]) -> Conn:
         try:

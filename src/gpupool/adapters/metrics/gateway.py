@@ -155,6 +155,8 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._proxy_kids: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
+        """(model, status) -> the children of proxy_requests, ttft, latency (`observe_proxy`)."""
 
     def observe_event(self, e: GatewayEvent) -> None:
         b = band(e.lease.priority) if e.lease is not None else ""
@@ -163,10 +165,18 @@ class GatewayMetrics:
             self.wait.labels(b).observe(e.wait_s)
 
     def observe_proxy(self, model: str, status: int, ttft_s: float | None, latency_s: float) -> None:
-        self.proxy_requests.labels(model, str(status)).inc()
+        """Per proxied request: the labelled children are looked up once per (model, status)."""
+        kids = self._proxy_kids.get((model, status))
+        if kids is None:
+            kids = self._proxy_kids[(model, status)] = (
+                self.proxy_requests.labels(model, str(status)),
+                self.ttft.labels(model),
+                self.latency.labels(model),
+            )
+        kids[0].inc()
         if ttft_s is not None:
-            self.ttft.labels(model).observe(ttft_s)
-        self.latency.labels(model).observe(latency_s)
+            kids[1].observe(ttft_s)
+        kids[2].observe(latency_s)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

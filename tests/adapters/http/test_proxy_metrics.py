@@ -1,0 +1,33 @@
+"""`GatewayMetrics.observe_proxy`: counts per (model, status) and latency per model, each observation
+landing in its own series (the labelled children are cached per (model, status))."""
+
+from __future__ import annotations
+
+import time
+
+from gpupool.adapters.metrics.gateway import GatewayMetrics
+from gpupool.adapters.store import MemoryLeaseStore
+from gpupool.cli.demo import seed_example_pool
+from gpupool.core.clock import FunctionClock
+from gpupool.core.controller import LeaseController
+
+
+def _sample(text: str, name: str, labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{labels}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name}{{{labels}}} in the exposition")
+
+
+def test_observe_proxy_counts_each_model_and_status_apart() -> None:
+    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=MemoryLeaseStore())
+    m = GatewayMetrics(c)
+    for model, status, ttft in [("a", 200, 0.01), ("a", 200, 0.02), ("a", 502, None), ("b", 200, 0.5)]:
+        m.observe_proxy(model, status, ttft, 1.0)
+    text = m.render()[0].decode()
+    assert _sample(text, "gpupool_proxy_requests_total", 'model="a",status="200"') == 2
+    assert _sample(text, "gpupool_proxy_requests_total", 'model="a",status="502"') == 1
+    assert _sample(text, "gpupool_proxy_requests_total", 'model="b",status="200"') == 1
+    assert _sample(text, "gpupool_proxy_latency_seconds_count", 'model="a"') == 3
+    assert _sample(text, "gpupool_proxy_ttft_seconds_count", 'model="a"') == 2  # no TTFT for a 502
+    assert _sample(text, "gpupool_proxy_ttft_seconds_count", 'model="b"') == 1
