@@ -120,15 +120,15 @@ def test_options_are_keyword_only(tmp_path: Path) -> None:
     s = SqliteLeaseStore(tmp_path / "leases.db")
     try:
         with pytest.raises(TypeError):
-            s.leases("t")  # type: ignore[misc]
+            s.leases("t")  # type: ignore[call-arg]
         with pytest.raises(TypeError):
-            s.purge_ended(1.0)  # type: ignore[misc]
+            s.purge_ended(1.0)  # type: ignore[call-arg]
         with pytest.raises(TypeError):
-            s.purge_tickets(1.0)  # type: ignore[misc]
+            s.purge_tickets(1.0)  # type: ignore[call-arg]
         assert s.leases(tenant="t") == [] and s.purge_ended(before_s=1.0) == 0
         assert s.purge_tickets(before_s=1.0) == 0
     finally:
         s.close()
     with pytest.raises(TypeError):
-        SqliteLeaseStore(tmp_path / "x.db", False)  # type: ignore[misc]
+        SqliteLeaseStore(tmp_path / "x.db", False)  # type: ignore[call-arg]
     SqliteLeaseStore(path=tmp_path / "y.db").close()
