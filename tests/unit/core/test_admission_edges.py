@@ -184,7 +184,14 @@ def test_round_robin_order_equals_plain_deficit_round_robin(seed: int) -> None:
         assert q.push(t)
         fifos.setdefault(tenant, []).append((t.ticket, t.cost))
     deficit = dict.fromkeys(fifos, 0)
-    for _ in range(3):  # deficits carry over from one pass to the next
+    for n in range(3):  # deficits carry over from one pass to the next
+        for j in range(rng.randint(0, 3) if n else 0):  # newcomers; a returning tenant starts at 0
+            tenant = rng.choice("abcde")
+            t = a_ticket(q, f"n{n}-{j}", tenant=tenant, vram_mib=rng.choice([500, 1000, 9000]))
+            assert q.push(t)
+            if tenant not in fifos:
+                fifos[tenant], deficit[tenant] = [], 0
+            fifos[tenant].append((t.ticket, t.cost))
         blocked = {x for x in q._items if rng.random() < 0.4}
         offered: list[str] = []
         granted = q.drain(a_pool(blocked, offered))
@@ -204,3 +211,44 @@ def test_many_removals_keep_deadlines_exact() -> None:
         q.remove(it.ticket)  # stale heap entries pile up and get compacted
     assert [x.ticket for x in q.expire(1150.0)] == [f"t{i}" for i in range(1100, 1151)]
     assert len(q) == 49 and q.expire(1150.0) == []
+    for it in items[1151:]:
+        q.remove(it.ticket)
+    assert len(q) == 0 and q._bands == {} and q._order == []  # an empty band leaves the books
+
+
+def test_a_deadline_equal_to_now_has_expired() -> None:
+    q = AdmissionQueue()
+    assert q.push(a_ticket(q, "a", deadline=5.0))
+    assert q.expire(4.999) == []
+    assert [x.ticket for x in q.expire(5.0)] == ["a"]
+
+
+def test_depth_by_band_counts_each_band() -> None:
+    q = AdmissionQueue()
+    assert q.depth_by_band() == {"P0": 0, "P1": 0, "P2": 0}
+    for t, prio in (("a", 100), ("b", 150), ("c", 0), ("d", -1)):
+        assert q.push(a_ticket(q, t, prio=prio))
+    assert q.depth_by_band() == {"P0": 2, "P1": 1, "P2": 1}
+
+
+def test_drain_hands_each_band_the_right_holds() -> None:
+    """Online bands (priority >= 0, band 0 included) see every earlier hold; sheddable items, while
+    the minimum share is unused, see only the holds of earlier sheddable items."""
+    q = AdmissionQueue(AdmissionConfig(p2_min_share=0.5))
+    for t, prio in (("hi", 50), ("zero", 0), ("zero2", 0), ("neg", -1), ("neg2", -2)):
+        assert q.push(a_ticket(q, t, prio=prio))
+    holds = {"hi": {"u50"}, "zero": {"u0"}, "neg": {"u-1"}}
+    seen: dict[str, frozenset[str]] = {}
+
+    def pool(x: Ticketed, avoid: frozenset[str]) -> tuple[Verdict, frozenset[str]]:
+        seen[x.ticket] = avoid
+        return Verdict.BLOCKED, frozenset(holds.get(x.ticket, set()))
+
+    assert q.share_ok() and q.drain(pool) == []
+    assert seen == {
+        "hi": set(),
+        "zero": {"u50"},
+        "zero2": {"u50", "u0"},
+        "neg": set(),
+        "neg2": {"u-1"},
+    }
