@@ -81,6 +81,7 @@ def test_ticketed_cost_scope_and_immutability() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         two.seq = 7  # type: ignore[misc]
     assert not hasattr(two, "__dict__")  # slots: no per-instance dict
+    assert not hasattr(AdmissionConfig(), "__dict__")
     with pytest.raises(dataclasses.FrozenInstanceError):
         AdmissionConfig().max_total = 1  # type: ignore[misc]
 
@@ -214,6 +215,15 @@ def test_many_removals_keep_deadlines_exact() -> None:
     for it in items[1951:]:
         q.remove(it.ticket)
     assert len(q) == 0 and q._bands == {} and q._order == []  # an empty band leaves the books
+
+
+def test_a_new_tenant_starts_with_no_deficit() -> None:
+    """quantum 1000: ``a`` needs 1001 (two quanta), ``b`` 1000 (one), so ``b`` goes first; a tenant
+    starting with any credit at all would let ``a`` through in the first round."""
+    q = AdmissionQueue(AdmissionConfig(quantum_mib=1000))
+    assert q.push(a_ticket(q, "a1", tenant="a", vram_mib=1001))
+    assert q.push(a_ticket(q, "b1", tenant="b", vram_mib=1000))
+    assert [x.ticket for x in q.drain(a_pool(set(), []))] == ["b1", "a1"]
 
 
 def test_a_deadline_equal_to_now_has_expired() -> None:
