@@ -1,7 +1,8 @@
 """Edges of `AdmissionQueue` and `AdmissionConfig`: the documented defaults and every validation
 bound, the deficit-round-robin order against a plain reference implementation (the idle-round skip
-must not change it), the minimum-share window and its boundary, the band boundary of `avoid`,
-`Ticketed` cost, scope and immutability."""
+must not change it), the minimum-share window and its boundary, the band boundaries of `avoid` and
+of the holds `drain` offers, deadlines equal to ``now`` and across heap compaction, `Ticketed` cost,
+scope and immutability."""
 
 from __future__ import annotations
 
