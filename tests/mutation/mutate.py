@@ -70,6 +70,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/unit/core/test_controller.py",
     ],
     "core/admission.py": [
+        "tests/unit/core/test_admission_edges.py",
         "tests/unit/core/test_admission.py",
         "tests/unit/core/test_admission_rule.py",
         "tests/unit/core/test_controller.py",
@@ -87,6 +88,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/unit/core/test_admission_properties.py",
     ],
     "adapters/store/sqlite.py": [
+        "tests/adapters/store/test_sqlite_edges.py",
         "tests/contract/store/test_lease_store_contract.py",
         "tests/contract/store/test_ticket_store_contract.py",
         "tests/adapters/store/test_sqlite_damage.py",
