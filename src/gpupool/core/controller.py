@@ -51,6 +51,7 @@ from gpupool.core.admission import NOTHING, AdmissionConfig, AdmissionQueue, Tic
 from gpupool.core.allocator import Allocator, LeaseEvent
 from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput, UnknownId
+from gpupool.core.gpu_admin import GpuAdmin
 from gpupool.core.ids import LeaseIdFactory, random_lease_id
 from gpupool.core.model import Lease, LeaseState, Request, validate_request
 from gpupool.core.outcome import Outcome, OutcomeCode
@@ -67,7 +68,7 @@ from gpupool.core.ports import (
 )
 from gpupool.core.priority import P0, band
 from gpupool.core.tickets import MissMemo, TicketStatus, from_record, to_record
-from gpupool.core.watermarks import Reading, Signal, WatermarkBank, WatermarkConfig
+from gpupool.core.watermarks import Reading, WatermarkBank, WatermarkConfig
 from gpupool.hardware.slices import Slice, SliceKind
 from gpupool.hardware.units import Resources
 
@@ -89,7 +90,7 @@ MAX_PUMP_PASSES = 4
 """Passes of one pump while a pass itself frees capacity (preemption, expiry); bounded on purpose."""
 
 
-class LeaseController:
+class LeaseController(GpuAdmin):
     def __init__(
         self,
         slices: Iterable[Slice],
@@ -256,74 +257,6 @@ class LeaseController:
     def backend_of(self, lease: Lease) -> Backend | None:
         sid = lease.slice_ids[0] if lease.grants else ""
         return self.backends.get(sid[len(KV_PREFIX) :]) if sid.startswith(KV_PREFIX) else None
-
-    # ================================================================== pressure and admin
-    def feed_reading(
-        self, reading: Reading, *, health: str = "ok", xids: tuple[int, ...] = ()
-    ) -> GatewayEvent | None:
-        """One GPU sample from a node agent or device source. Returns the pause/resume event, if any."""
-        gpu = reading.gpu_id
-        if gpu not in self._gpus:
-            raise InvalidInput("gpu_id", gpu, "no such GPU in the pool")
-        if health not in ("ok", "degraded", "failed"):
-            raise InvalidInput("health", health, "must be ok, degraded or failed")
-        self.readings[gpu] = reading
-        self._set_health(gpu, health, xids)
-        t = self.bank.feed(reading)
-        ev = None
-        if t is not None:
-            p2 = self._p2_on_gpu(gpu)
-            ev = GatewayEvent(
-                kind=t.signal.value,
-                at=t.at_s,
-                gpu_id=gpu,
-                reason=t.reason,
-                lease_ids=tuple(x.id for x in p2),
-                tenants=tuple(sorted({x.request.tenant for x in p2})),
-            )
-            self._events.append(ev)
-            if t.signal is Signal.RESUME:
-                self._freed = True
-        self._finish(None)
-        return ev
-
-    def drain_gpu(self, gpu_id: str, *, revoke: bool = False, reason: str = "") -> tuple[Lease, ...]:
-        sids = self._gpu_slices(gpu_id)
-        self.drained.add(gpu_id)
-        out: list[Lease] = []
-        for sid in sids:
-            why = reason or f"GPU {gpu_id} drained"
-            out.extend(self.allocator.mark_unhealthy(sid, revoke=revoke, reason=why))
-        self._finish(None)
-        return tuple(out)
-
-    def undrain_gpu(self, gpu_id: str) -> None:
-        sids = self._gpu_slices(gpu_id)
-        self.drained.discard(gpu_id)
-        if self.gpu_health.get(gpu_id, "ok") == "ok":
-            for sid in sids:
-                self.allocator.mark_healthy(sid)
-        self._freed = True
-        self._finish(None)
-
-    def mark_slice(
-        self, slice_id: str, *, healthy: bool, revoke: bool = False, reason: str = ""
-    ) -> tuple[Lease, ...]:
-        self.allocator.slice_state(slice_id)  # raises UnknownId
-        out: tuple[Lease, ...] = ()
-        if healthy:
-            self.allocator.mark_healthy(slice_id)
-            self._freed = True
-        else:
-            out = self.allocator.mark_unhealthy(slice_id, revoke=revoke, reason=reason or "marked unhealthy")
-        self._finish(None)
-        return out
-
-    def set_watermarks(self, config: WatermarkConfig) -> None:
-        self.bank.reconfigure(config)
-
-    def paused_gpus(self) -> set[str]:
-        return {g for g, m in self.bank.machines().items() if m.paused}
 
     # ================================================================== durability
     def take_batch(self) -> Batch:
@@ -650,41 +583,6 @@ class LeaseController:
         if lease is None or (tenant is not None and lease.request.tenant != tenant):
             raise UnknownId("lease", lease_id)
         return alloc, lease
-
-    def _gpu_slices(self, gpu_id: str) -> list[str]:
-        sids = self.allocator.ledger.on_gpu(gpu_id)
-        if not sids:
-            raise UnknownId("gpu", gpu_id)
-        return list(sids)
-
-    def _p2_on_gpu(self, gpu_id: str) -> list[Lease]:
-        out: dict[str, Lease] = {}
-        for sid in self.allocator.ledger.on_gpu(gpu_id):
-            for x in self.allocator.leases.on_slice(sid):
-                if x.request.is_preemptible:
-                    out[x.id] = x
-        for st in self.kv.states():
-            if st.slice.gpu_id == gpu_id:
-                for x in self.kv.leases.on_slice(st.slice.id):
-                    if x.request.is_preemptible:
-                        out[x.id] = x
-        return [out[k] for k in sorted(out)]
-
-    def _set_health(self, gpu: str, health: str, xids: tuple[int, ...]) -> None:
-        before = self.gpu_health.get(gpu, "ok")
-        if health == before:
-            return
-        self.gpu_health[gpu] = health
-        sids = self.allocator.ledger.on_gpu(gpu)
-        if health == "ok":
-            if gpu not in self.drained:
-                for sid in sids:
-                    self.allocator.mark_healthy(sid)
-                self._freed = True
-            return
-        why = f"GPU {gpu} {health}" + (f" (XID {', '.join(map(str, xids))})" if xids else "")
-        for sid in sids:
-            self.allocator.mark_unhealthy(sid, revoke=health == "failed", reason=why)
 
 
 __all__ = ["Backend", "Batch", "ControllerConfig", "LeaseController", "RecoveryReport", "TicketStatus"]

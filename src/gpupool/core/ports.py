@@ -166,24 +166,45 @@ class EventSink(Protocol):
 
 
 # ---------------------------------------------------------------------- codec
+def request_to_dict(r: Request) -> dict[str, Any]:
+    """A `Request` as the JSON object stored inside a lease or a ticket."""
+    return {
+        "id": r.id,
+        "tenant": r.tenant,
+        "priority": r.priority,
+        "vram_mib": r.demand.vram_mib,
+        "compute_milli": r.demand.compute_milli,
+        "ttl_s": r.ttl_s,
+        "kinds": sorted(k.value for k in r.kinds),
+        "preemptible": r.preemptible,
+        "gpu_count": r.gpu_count,
+        "nodes": sorted(r.nodes),
+        "model": r.model,
+        "labels": [list(kv) for kv in r.labels],
+    }
+
+
+def request_from_dict(r: dict[str, Any]) -> Request:
+    """The inverse of `request_to_dict`; KeyError / TypeError / ValueError on a malformed object."""
+    return Request(
+        id=str(r["id"]),
+        tenant=str(r["tenant"]),
+        priority=int(r["priority"]),
+        demand=Resources(int(r["vram_mib"]), int(r["compute_milli"])),
+        ttl_s=float(r["ttl_s"]),
+        kinds=frozenset(SliceKind(k) for k in r["kinds"]),
+        preemptible=r["preemptible"],
+        gpu_count=int(r["gpu_count"]),
+        nodes=frozenset(r["nodes"]),
+        model=str(r["model"]),
+        labels=tuple((str(k), str(v)) for k, v in r["labels"]),
+    )
+
+
 def lease_to_dict(lease: Lease) -> dict[str, Any]:
-    r = lease.request
     return {
         "id": lease.id,
-        "request": {
-            "id": r.id,
-            "tenant": r.tenant,
-            "priority": r.priority,
-            "vram_mib": r.demand.vram_mib,
-            "compute_milli": r.demand.compute_milli,
-            "ttl_s": r.ttl_s,
-            "kinds": sorted(k.value for k in r.kinds),
-            "preemptible": r.preemptible,
-            "gpu_count": r.gpu_count,
-            "nodes": sorted(r.nodes),
-            "model": r.model,
-            "labels": [list(kv) for kv in r.labels],
-        },
+        "request": request_to_dict(lease.request),
         "node": lease.node,
         "grants": [
             {
@@ -205,20 +226,7 @@ def lease_to_dict(lease: Lease) -> dict[str, Any]:
 
 def lease_from_dict(d: dict[str, Any]) -> Lease:
     try:
-        r = d["request"]
-        request = Request(
-            id=str(r["id"]),
-            tenant=str(r["tenant"]),
-            priority=int(r["priority"]),
-            demand=Resources(int(r["vram_mib"]), int(r["compute_milli"])),
-            ttl_s=float(r["ttl_s"]),
-            kinds=frozenset(SliceKind(k) for k in r["kinds"]),
-            preemptible=r["preemptible"],
-            gpu_count=int(r["gpu_count"]),
-            nodes=frozenset(r["nodes"]),
-            model=str(r["model"]),
-            labels=tuple((str(k), str(v)) for k, v in r["labels"]),
-        )
+        request = request_from_dict(d["request"])
         grants = tuple(
             Grant(
                 slice_id=str(g["slice_id"]),
@@ -244,24 +252,10 @@ def lease_from_dict(d: dict[str, Any]) -> Lease:
 
 
 def ticket_to_dict(t: TicketRecord) -> dict[str, Any]:
-    r = t.request
     return {
         "ticket": t.ticket,
         "state": t.state,
-        "request": {
-            "id": r.id,
-            "tenant": r.tenant,
-            "priority": r.priority,
-            "vram_mib": r.demand.vram_mib,
-            "compute_milli": r.demand.compute_milli,
-            "ttl_s": r.ttl_s,
-            "kinds": sorted(k.value for k in r.kinds),
-            "preemptible": r.preemptible,
-            "gpu_count": r.gpu_count,
-            "nodes": sorted(r.nodes),
-            "model": r.model,
-            "labels": [list(kv) for kv in r.labels],
-        },
+        "request": request_to_dict(t.request),
         "enqueued_at": t.enqueued_at,
         "deadline_at": t.deadline_at,
         "gpu_id": t.gpu_id,
@@ -273,20 +267,7 @@ def ticket_to_dict(t: TicketRecord) -> dict[str, Any]:
 
 def ticket_from_dict(d: dict[str, Any]) -> TicketRecord:
     try:
-        r = d["request"]
-        request = Request(
-            id=str(r["id"]),
-            tenant=str(r["tenant"]),
-            priority=int(r["priority"]),
-            demand=Resources(int(r["vram_mib"]), int(r["compute_milli"])),
-            ttl_s=float(r["ttl_s"]),
-            kinds=frozenset(SliceKind(k) for k in r["kinds"]),
-            preemptible=r["preemptible"],
-            gpu_count=int(r["gpu_count"]),
-            nodes=frozenset(r["nodes"]),
-            model=str(r["model"]),
-            labels=tuple((str(k), str(v)) for k, v in r["labels"]),
-        )
+        request = request_from_dict(d["request"])
         return TicketRecord(
             ticket=str(d["ticket"]),
             state=str(d["state"]),

@@ -1,0 +1,135 @@
+"""`GpuAdmin`: the per-GPU half of `LeaseController`: readings into the watermarks, GPU health from
+node agents (XIDs), drain / undrain, slice health, watermark thresholds.
+
+Role: a mixin of `LeaseController` only (it owns none of the state it touches; the controller's
+``__init__`` creates every attribute declared below). Split out to keep the controller's admission,
+queue and durability code readable; the invariants are the controller's (see its module docstring):
+every change goes through the allocator's health marks, so its events, store writes and queue pumps
+follow as for any other lease change, and each public call ends with ``_finish``.
+"""
+
+from __future__ import annotations
+
+from gpupool.core.allocator import Allocator
+from gpupool.core.errors import InvalidInput, UnknownId
+from gpupool.core.model import Lease
+from gpupool.core.outcome import Outcome
+from gpupool.core.ports import GatewayEvent
+from gpupool.core.watermarks import Reading, Signal, WatermarkBank, WatermarkConfig
+
+
+class GpuAdmin:
+    allocator: Allocator
+    kv: Allocator
+    bank: WatermarkBank
+    readings: dict[str, Reading]
+    gpu_health: dict[str, str]
+    drained: set[str]
+    _gpus: set[str]
+    _events: list[GatewayEvent]
+    _freed: bool
+
+    def _finish(self, out: Outcome | None) -> Outcome:  # the controller's
+        raise NotImplementedError
+
+    def feed_reading(
+        self, reading: Reading, *, health: str = "ok", xids: tuple[int, ...] = ()
+    ) -> GatewayEvent | None:
+        """One GPU sample from a node agent or device source. Returns the pause/resume event, if any."""
+        gpu = reading.gpu_id
+        if gpu not in self._gpus:
+            raise InvalidInput("gpu_id", gpu, "no such GPU in the pool")
+        if health not in ("ok", "degraded", "failed"):
+            raise InvalidInput("health", health, "must be ok, degraded or failed")
+        self.readings[gpu] = reading
+        self._set_health(gpu, health, xids)
+        t = self.bank.feed(reading)
+        ev = None
+        if t is not None:
+            p2 = self._p2_on_gpu(gpu)
+            ev = GatewayEvent(
+                kind=t.signal.value,
+                at=t.at_s,
+                gpu_id=gpu,
+                reason=t.reason,
+                lease_ids=tuple(x.id for x in p2),
+                tenants=tuple(sorted({x.request.tenant for x in p2})),
+            )
+            self._events.append(ev)
+            if t.signal is Signal.RESUME:
+                self._freed = True
+        self._finish(None)
+        return ev
+
+    def drain_gpu(self, gpu_id: str, *, revoke: bool = False, reason: str = "") -> tuple[Lease, ...]:
+        sids = self._gpu_slices(gpu_id)
+        self.drained.add(gpu_id)
+        out: list[Lease] = []
+        for sid in sids:
+            why = reason or f"GPU {gpu_id} drained"
+            out.extend(self.allocator.mark_unhealthy(sid, revoke=revoke, reason=why))
+        self._finish(None)
+        return tuple(out)
+
+    def undrain_gpu(self, gpu_id: str) -> None:
+        sids = self._gpu_slices(gpu_id)
+        self.drained.discard(gpu_id)
+        if self.gpu_health.get(gpu_id, "ok") == "ok":
+            for sid in sids:
+                self.allocator.mark_healthy(sid)
+        self._freed = True
+        self._finish(None)
+
+    def mark_slice(
+        self, slice_id: str, *, healthy: bool, revoke: bool = False, reason: str = ""
+    ) -> tuple[Lease, ...]:
+        self.allocator.slice_state(slice_id)  # raises UnknownId
+        out: tuple[Lease, ...] = ()
+        if healthy:
+            self.allocator.mark_healthy(slice_id)
+            self._freed = True
+        else:
+            out = self.allocator.mark_unhealthy(slice_id, revoke=revoke, reason=reason or "marked unhealthy")
+        self._finish(None)
+        return out
+
+    def set_watermarks(self, config: WatermarkConfig) -> None:
+        self.bank.reconfigure(config)
+
+    def paused_gpus(self) -> set[str]:
+        return {g for g, m in self.bank.machines().items() if m.paused}
+
+    def _gpu_slices(self, gpu_id: str) -> list[str]:
+        sids = self.allocator.ledger.on_gpu(gpu_id)
+        if not sids:
+            raise UnknownId("gpu", gpu_id)
+        return list(sids)
+
+    def _p2_on_gpu(self, gpu_id: str) -> list[Lease]:
+        out: dict[str, Lease] = {}
+        for sid in self.allocator.ledger.on_gpu(gpu_id):
+            for x in self.allocator.leases.on_slice(sid):
+                if x.request.is_preemptible:
+                    out[x.id] = x
+        for st in self.kv.states():
+            if st.slice.gpu_id == gpu_id:
+                for x in self.kv.leases.on_slice(st.slice.id):
+                    if x.request.is_preemptible:
+                        out[x.id] = x
+        return [out[k] for k in sorted(out)]
+
+    def _set_health(self, gpu: str, health: str, xids: tuple[int, ...]) -> None:
+        before = self.gpu_health.get(gpu, "ok")
+        if health == before:
+            return
+        self.gpu_health[gpu] = health
+        sids = self.allocator.ledger.on_gpu(gpu)
+        if health == "ok":
+            if gpu not in self.drained:
+                for sid in sids:
+                    self.allocator.mark_healthy(sid)
+                self._freed = True
+            return
+        why = f"GPU {gpu} {health}" + (f" (XID {', '.join(map(str, xids))})" if xids else "")
+        for sid in sids:
+            self.allocator.mark_unhealthy(sid, revoke=health == "failed", reason=why)
