@@ -53,6 +53,7 @@ from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.gpu_admin import GpuAdmin
 from gpupool.core.ids import LeaseIdFactory, random_lease_id
+from gpupool.core.kvlane import KvLane
 from gpupool.core.model import Lease, LeaseState, Request, validate_request
 from gpupool.core.outcome import Outcome, OutcomeCode
 from gpupool.core.ports import (
@@ -119,6 +120,8 @@ class LeaseController(GpuAdmin):
             ended_capacity=4096,
         )
         self.kv = Allocator((), clock=clock, lease_ids=lease_ids, on_event=self._on_kv, ended_capacity=4096)
+        self.lane = KvLane(self.kv, now=clock.now, lease_ids=lease_ids)
+        """Request leases granted inside shares of the KV budgets (`gpupool.core.kvlane`)."""
         self.queue = AdmissionQueue(self.config.admission)
         self.bank = WatermarkBank(self.config.watermarks)
         self.backends: dict[str, Backend] = {}
@@ -167,12 +170,23 @@ class LeaseController(GpuAdmin):
         return self._finish(self._count(request, out))
 
     def release(self, lease_id: str, *, tenant: str | None = None, reason: str = "") -> Outcome:
+        lane = self._lane_lease(lease_id, tenant)
+        if lane is not None:
+            return self._end_lane(lane, LeaseState.RELEASED, reason or "released by holder")
         alloc, lease = self._owner(lease_id, tenant)
         if alloc is None:
             return Outcome(OutcomeCode.ALREADY_ENDED, lease=lease, reason=f"lease already {lease.state}")
         return self._finish(alloc.release(lease_id, reason=reason or "released by holder"))
 
     def renew(self, lease_id: str, *, ttl_s: float | None = None, tenant: str | None = None) -> Outcome:
+        lane = self._lane_lease(lease_id, tenant)
+        if lane is not None and not lane.state.ended:
+            ttl = lane.request.ttl_s if ttl_s is None else ttl_s
+            validate_request(replace(lane.request, ttl_s=ttl))
+            renewed = self.lane.renew(lease_id, self.clock.now() + float(ttl))
+            return self._finish(Outcome(OutcomeCode.RENEWED, lease=renewed))
+        if lane is not None:
+            return Outcome(OutcomeCode.ALREADY_ENDED, lease=lane, reason=f"lease already {lane.state}")
         alloc, lease = self._owner(lease_id, tenant)
         if alloc is None:
             return Outcome(OutcomeCode.ALREADY_ENDED, lease=lease, reason=f"lease already {lease.state}")
@@ -180,23 +194,33 @@ class LeaseController(GpuAdmin):
 
     def revoke(self, lease_id: str, *, reason: str) -> Outcome:
         """End a lease on the pool's initiative (a node agent could not free its GPU in time)."""
+        lane = self._lane_lease(lease_id, None)
+        if lane is not None:
+            return self._end_lane(lane, LeaseState.REVOKED, reason)
         alloc, lease = self._owner(lease_id, None)
         if alloc is None:
             return Outcome(OutcomeCode.ALREADY_ENDED, lease=lease, reason=f"lease already {lease.state}")
         return self._finish(alloc.revoke(lease_id, reason=reason))
 
     def get(self, lease_id: str, *, tenant: str | None = None) -> Lease:
-        return self._owner(lease_id, tenant)[1]
+        lane = self._lane_lease(lease_id, tenant)
+        return lane if lane is not None else self._owner(lease_id, tenant)[1]
 
     def leases(self, *, tenant: str | None = None) -> list[Lease]:
         """Active placement and request leases (of one tenant), sorted by id."""
-        out = [
-            x
-            for a in (self.allocator, self.kv)
-            for x in a.leases
-            if tenant is None or x.request.tenant == tenant
-        ]
+        out = [x for x in self.allocator.leases if tenant is None or x.request.tenant == tenant]
+        out += [x for x in self.request_leases() if tenant is None or x.request.tenant == tenant]
         return sorted(out, key=lambda x: x.id)
+
+    def request_leases(self) -> Iterable[Lease]:
+        """Active request leases (KV budgets): the lane's and the KV allocator's, without shares."""
+        yield from self.lane.active()
+        for x in self.kv.leases:
+            if not self.lane.is_share(x.id):
+                yield x
+
+    def request_lease_count(self) -> int:
+        return len(self.lane) + len(self.kv.leases) - self.lane.shares()
 
     def ticket(self, ticket: str, *, tenant: str | None = None) -> TicketStatus:
         st = self._tickets.get(ticket)
@@ -220,6 +244,8 @@ class LeaseController(GpuAdmin):
         """Expire due leases and queue deadlines, then pump the queue. Call every ~100-200 ms."""
         self.allocator.expire_due()
         self.kv.expire_due()
+        ended = self.lane.expire_due()
+        self._ends += ended
         for item in self.queue.expire(self.clock.now()):
             st = self._tickets.get(item.ticket)
             if st is not None:
@@ -246,6 +272,7 @@ class LeaseController(GpuAdmin):
         )
         self.backends[b.id] = b
         self._kv_models[KV_PREFIX + b.id] = b.model
+        self.lane.add_slice(KV_PREFIX + b.id, model=b.model, budget_mib=b.kv_budget_mib)
         self._freed = True
         self._models = {}
         for x in sorted(self.backends.values(), key=lambda x: x.id):
@@ -345,6 +372,7 @@ class LeaseController(GpuAdmin):
     def check_invariants(self) -> None:
         self.allocator.check_invariants()
         self.kv.check_invariants()
+        self.lane.check()
 
     # ================================================================== internals
     def _admit(self, request: Request, *, wait_s: float | None, gpu_id: str, kv: bool) -> Outcome:
@@ -352,6 +380,14 @@ class LeaseController(GpuAdmin):
         if wait_s is not None and not 0 < wait_s <= cfg.max_wait_s:
             raise InvalidInput("queue_timeout_s", wait_s, f"must be in (0, {cfg.max_wait_s}]")
         kv_models = self._kv_models if kv else None
+        if kv and KvLane.eligible(request):
+            held = self.queue.avoid(request.priority) if len(self.queue) else NOTHING
+            lease = self.lane.grant(request, held)
+            if lease is not None:
+                self.queue.record_grant(request.priority)
+                return self._count(request, Outcome(OutcomeCode.GRANTED, lease=lease))
+        if kv:
+            self.lane.yield_all()  # the allocator's path must see the true free room
         if kv and not len(self.queue):
             # Request leases with nothing queued: try the placement first; a grant proves a slice in
             # scope could hold the request, which is all `unresolvable` would establish (same outcome,
@@ -429,6 +465,7 @@ class LeaseController(GpuAdmin):
     def _pump(self) -> None:
         """Offer every queued item capacity (see `AdmissionQueue.drain`); again while a pass ends
         leases (preemption, expiry), at most `MAX_PUMP_PASSES` times."""
+        self.lane.yield_all()  # queued requests see the KV budgets' true free room
         for _ in range(MAX_PUMP_PASSES):
             start = self._ends
             self.queue.drain(MissMemo(self._try_queued, lambda: self._ends))
@@ -555,7 +592,25 @@ class LeaseController(GpuAdmin):
     def _on_kv(self, ev: LeaseEvent) -> None:
         if ev.lease.state.ended:
             self._freed = True
-            self._ends += 1
+            if self.lane.is_share(ev.lease.id):
+                self.lane.on_share_ended(ev.lease.id, ev.lease.reason)
+            else:
+                self._ends += 1
+
+    def _lane_lease(self, lease_id: str, tenant: str | None) -> Lease | None:
+        """The lane's lease (active or recently ended) of this id; another tenant's is unknown."""
+        lease = self.lane.get(lease_id)
+        if lease is not None and tenant is not None and lease.request.tenant != tenant:
+            raise UnknownId("lease", lease_id)
+        return lease
+
+    def _end_lane(self, lease: Lease, state: LeaseState, reason: str) -> Outcome:
+        if lease.state.ended:
+            return Outcome(OutcomeCode.ALREADY_ENDED, lease=lease, reason=f"lease already {lease.state}")
+        ended = self.lane.end(lease.id, state, reason, give_back=bool(len(self.queue)))
+        self._freed = True
+        self._ends += 1
+        return self._finish(Outcome(OutcomeCode.RELEASED, lease=ended))
 
     def _write(self, lease: Lease, expected: int | None, previous: Lease | None = None) -> None:
         """Queue the write; ``previous`` is the allocator's version before it (None: not held)."""
@@ -571,6 +626,8 @@ class LeaseController(GpuAdmin):
 
         Another tenant's lease is unknown (`UnknownId`), so tenants cannot probe ids."""
         alloc: Allocator | None = None
+        if self.lane.is_share(lease_id):
+            raise UnknownId("lease", lease_id)  # the lane's own bookkeeping, nobody's to touch
         lease = self.allocator.leases.get(lease_id)
         if lease is not None:
             alloc = self.allocator

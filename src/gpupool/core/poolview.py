@@ -42,7 +42,10 @@ def pool_view(c: LeaseController) -> dict[str, object]:
     kv = []
     for st in c.kv.states():
         b = c.backends[st.slice.id[len(KV_PREFIX) :]]
-        view = _slice_view(st.slice, st.granted, st.free, st.num_leases, st.healthy)
+        share, used, n = c.lane.usage(st.slice.id)  # the lane's share counts as what it uses
+        granted = st.granted - Resources(share - used, 0)
+        leases = st.num_leases - (1 if share else 0) + n
+        view = _slice_view(st.slice, granted, st.free + Resources(share - used, 0), leases, st.healthy)
         kv.append({**view, "model": b.model, "backend": b.id, "url": b.url})
     cap = granted = Resources(0, 0)
     for st in c.allocator.states():
@@ -52,7 +55,7 @@ def pool_view(c: LeaseController) -> dict[str, object]:
         "capacity": {"vram_mib": cap.vram_mib, "compute_milli": cap.compute_milli},
         "granted": {"vram_mib": granted.vram_mib, "compute_milli": granted.compute_milli},
         "active_leases": len(c.allocator.leases),
-        "request_leases": len(c.kv.leases),
+        "request_leases": c.request_lease_count(),
         "queue": c.queue.depth_by_band(),
         "paused_gpus": sorted(c.paused_gpus()),
         "watermarks": {

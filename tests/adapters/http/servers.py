@@ -1,4 +1,5 @@
-"""Real uvicorn servers on 127.0.0.1 (port 0) in a background thread, for tests."""
+"""Real uvicorn servers on 127.0.0.1 (port 0) in a background thread, for tests, configured as
+`gpupool serve` configures its own (`server_config`) unless asked for uvicorn's defaults."""
 
 from __future__ import annotations
 
@@ -12,13 +13,24 @@ from typing import Any
 import uvicorn
 
 
+def config(app: Any, port: int, *, plain: bool = False) -> uvicorn.Config:
+    """The gateway's own server configuration (`server_config`: its protocol, limits and the
+    native proxy path), or with ``plain`` uvicorn's defaults (every request through ASGI)."""
+    if plain:
+        return uvicorn.Config(app, log_level="warning", lifespan="on")
+    from gpupool.adapters.http.server import server_config
+
+    return server_config(app, host="127.0.0.1", port=port, lifespan="on")
+
+
 @contextlib.contextmanager
-def running(app: Any) -> Iterator[str]:
+def running(app: Any, *, plain: bool = False) -> Iterator[str]:
+    """``plain``: uvicorn's defaults instead of the gateway's server configuration."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(config(app, port, plain=plain))
     t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     t.start()
     deadline = time.monotonic() + 10

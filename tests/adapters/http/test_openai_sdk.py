@@ -88,7 +88,7 @@ def stack() -> Iterator[Stack]:
         configure_model(app, "echo-fcfs", task="generate", max_model_len=64)
         with running(app) as url:
             yield Stack(url, c, app.state.openai, seen)
-            assert len(c.kv.leases) == 0
+            assert c.request_lease_count() == 0
             c.check_invariants()
 
 

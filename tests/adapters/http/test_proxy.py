@@ -71,7 +71,7 @@ def test_completion_stream_and_release(stack: tuple[str, LeaseController, list[d
         assert lines[-1] == "data: [DONE]" and len(lines) == 6  # role chunk + 4 tokens + [DONE]
         emb = cl.post("/v1/embeddings", headers=h("P1"), json={"model": MODEL, "input": "abc"})
         assert emb.status_code == 400 and emb.json()["error"]["param"] == "model"  # a chat model
-    assert c.kv.leases.__len__() == 0
+    assert c.request_lease_count() == 0
     c.check_invariants()
 
 
@@ -86,11 +86,11 @@ def test_client_disconnect_releases_the_request_lease(
     ):
         it = s.iter_lines()
         next(it)
-        assert len(c.kv.leases) == 1
+        assert c.request_lease_count() == 1
     deadline = time.monotonic() + 5
-    while len(c.kv.leases) and time.monotonic() < deadline:
+    while c.request_lease_count() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert len(c.kv.leases) == 0
+    assert c.request_lease_count() == 0
 
 
 def test_priority_is_forwarded_inverted_and_errors(

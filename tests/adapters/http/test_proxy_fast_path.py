@@ -71,7 +71,7 @@ def test_fast_path_answers_and_releases_the_request_lease(gateway: tuple[str, Le
         assert r.headers["x-gpupool-backend"] == "be" and r.headers["x-gpupool-lease"]
         bad = cl.post("/v1/completions", headers=auth, content=b"{not json")
         assert bad.status_code == 400
-        assert len(c.kv.leases) == 0  # the request lease was released before the answer
+        assert c.request_lease_count() == 0  # the request lease was released before the answer
 
 
 def test_fast_path_reads_a_chunked_body_and_answers_with_exact_headers(
@@ -96,7 +96,7 @@ def test_fast_path_reads_a_chunked_body_and_answers_with_exact_headers(
         lease = uuid.UUID(r.headers["x-gpupool-lease"])
         assert lease.version == 4 and str(lease) == r.headers["x-gpupool-lease"]
         assert r.json()["object"] == "text_completion"
-    assert len(c.kv.leases) == 0
+    assert c.request_lease_count() == 0
 
 
 def test_fast_path_repeated_authorization_first_value_wins(gateway: tuple[str, LeaseController]) -> None:
@@ -136,4 +136,4 @@ def test_fast_path_text_answer_gets_a_charset_like_starlette_would_add() -> None
             assert r.status_code == 200 and r.content == b"plain"
             assert r.headers["content-type"] == "text/plain; charset=utf-8"
             assert r.headers["content-length"] == "5" and r.headers["x-gpupool-backend"] == "be"
-        assert len(c.kv.leases) == 0
+        assert c.request_lease_count() == 0

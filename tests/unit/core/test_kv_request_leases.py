@@ -37,11 +37,11 @@ def test_kv_grant_with_an_empty_queue_is_counted_once() -> None:
     before = dict(c.outcomes)
     out = c.acquire(_req(60))
     assert out.code is OutcomeCode.GRANTED and out.lease is not None
-    assert len(c.kv.leases) == 1 and c.backend_of(out.lease) is not None
+    assert c.request_lease_count() == 1 and c.backend_of(out.lease) is not None
     grew = {k: v - before.get(k, 0) for k, v in c.outcomes.items() if v != before.get(k, 0)}
     assert list(grew.values()) == [1] and next(iter(grew))[1] == "granted"
     c.release(out.lease.id)
-    assert len(c.kv.leases) == 0
+    assert c.request_lease_count() == 0
     c.check_invariants()
 
 

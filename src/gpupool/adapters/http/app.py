@@ -162,6 +162,7 @@ def create_app(
     add_console_routes(app)
     # added last, so outermost: it also covers the proxy's fast path (a middleware added above)
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes, max_proxy_body_bytes=max_proxy_body_bytes)
+    app.state.max_proxy_body_bytes = max_proxy_body_bytes  # the native proxy path's limit (`native`)
     return app
 
 

@@ -95,7 +95,8 @@ def _text(path: str, limit: int) -> str:
     return f"request body larger than {limit} bytes (the limit for {path})"
 
 
-async def _send_413(send: Any, path: str, limit: int) -> None:
+def body_413(path: str, limit: int) -> bytes:
+    """The 413 body for ``path``: OpenAI's error shape on the proxy routes, the gateway's elsewhere."""
     text = _text(path, limit)
     if is_openai_path(path):
         doc: dict[str, Any] = {
@@ -108,7 +109,11 @@ async def _send_413(send: Any, path: str, limit: int) -> None:
         }
     else:
         doc = {"error": text, "code": "body_too_large", "field": "body"}
-    body = json.dumps(doc).encode("utf-8")
+    return json.dumps(doc).encode("utf-8")
+
+
+async def _send_413(send: Any, path: str, limit: int) -> None:
+    body = body_413(path, limit)
     await send(
         {
             "type": "http.response.start",

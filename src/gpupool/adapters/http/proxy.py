@@ -468,6 +468,10 @@ def add_proxy_routes(
         return await forward(request, "/v1/embeddings", EMBEDDINGS)
 
     app.add_middleware(ProxyFastPath, forward=forward, paths=PROXY_PATHS)
+    from gpupool.adapters.http.native import NativeProxy
+
+    # the gateway's own HTTP protocol answers these below ASGI (`server`), with the same `forward`
+    app.state.native_proxy = NativeProxy(app=app, forward=forward, paths=PROXY_PATHS)
 
 
 PROXY_PATHS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/embeddings": EMBEDDINGS}

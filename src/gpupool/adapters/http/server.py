@@ -24,6 +24,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gpupool.adapters.http.native import NativeCycle, NativeProxy
+
 HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5
 MAX_CONNECTIONS = 1000
@@ -34,6 +36,8 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol plus a timer on reading each request head."""
 
     header_timeout_s: float = HEADER_TIMEOUT_S
+    native: NativeProxy | None = None
+    """Set when the app has an OpenAI proxy: its POST routes are answered by `native`."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -60,7 +64,27 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()
+        native: NativeProxy | None = self.native
+        if native is not None and self._native_ok():
+            route = native.route(self.url)
+            if route is not None:
+                keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+                self.scope["method"] = "POST"
+                cycle = NativeCycle(self, native, route[0], route[1], keep_alive)
+                self.cycle = cycle  # type: ignore[assignment]
+                cycle.begin()
+                return
         super().on_headers_complete()
+
+    def _native_ok(self) -> bool:
+        """A proxy POST may skip ASGI: no pipelined request pending, no 100-continue, no upgrade,
+        and below uvicorn's concurrency limit (past it uvicorn answers 503 itself)."""
+        if self.parser.get_method() != b"POST" or self.expect_100_continue or self.parser.should_upgrade():
+            return False
+        if self.cycle is not None and not self.cycle.response_complete:
+            return False
+        limit = self.limit_concurrency
+        return limit is None or (len(self.connections) < limit and len(self.tasks) < limit)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
@@ -82,7 +106,12 @@ def server_config(
         raise ValueError(f"header_timeout_s={header_timeout_s}: must be > 0")
     if type(max_connections) is not int or max_connections < 1:
         raise ValueError(f"max_connections={max_connections}: must be an integer >= 1")
-    protocol = type("GatewayHttpProtocol", (HeadTimeoutProtocol,), {"header_timeout_s": header_timeout_s})
+    native = getattr(getattr(app, "state", None), "native_proxy", None)
+    protocol = type(
+        "GatewayHttpProtocol",
+        (HeadTimeoutProtocol,),
+        {"header_timeout_s": header_timeout_s, "native": native if isinstance(native, NativeProxy) else None},
+    )
     return uvicorn.Config(
         app,
         host=host,

@@ -109,7 +109,7 @@ class _ControllerCollector(Collector):
             bp.add_metric([gpu], 1 if gpu in paused else 0)
         yield bp
         rl = GaugeMetricFamily("gpupool_request_leases", "Active request leases per model", labels=["model"])
-        per_model: Counter[str] = Counter(x.request.model for x in c.kv.leases)
+        per_model: Counter[str] = Counter(x.request.model for x in c.request_leases())
         for m in sorted(c.models()):
             rl.add_metric([m], per_model[m])
         yield rl

@@ -1,0 +1,268 @@
+"""`KvLane`: request leases granted from a share of each model instance's KV budget, in O(1).
+
+Role: the proxy takes one request lease per inference request (thousands per second). Granting each
+through the KV `Allocator` (placement scan, ledger re-index, lease table, events) cost ~0.1 ms of CPU
+per grant + release, the largest part of the proxy's per-request cost. The lane instead holds, per KV
+slice, one *share lease* in that allocator (a real lease, so the ledger still sees every MiB in use)
+and grants request leases inside the share with counters. This is the delegation shape the one-ledger
+design uses for proxy replicas (a replica grants inside a share the ledger gave it).
+
+What the lane serves: a request with a model, no ``nodes``/``kinds``/GPU scope, one GPU, no compute
+demand, not preemptible (P0/P1 by default), and only on slices no queued request holds (``avoid``):
+everything else takes the allocator's own path, unchanged. Placement is the allocator path's rule for
+request leases: the slice with the most free KV (share left + ledger free), ties by slice id.
+
+Share sizing: a share grows (its lease is replaced by a larger one, never beyond the ledger's free
+room) to ``used + demand + headroom`` with headroom an eighth of the slice's budget, and shrinks
+back when more than a quarter of the budget sits unused in it. `yield_all` shrinks every share to
+exactly what its requests use; the controller calls it before anything queues on or pumps the KV
+allocator, so queued requests always see the true free room.
+
+Invariants (checked by `check`):
+- per slice: ``used_mib`` = the sum of its lane leases' VRAM <= ``share_mib``, and the share lease is
+  active in the allocator with exactly ``share_mib`` (none when ``share_mib`` is 0);
+- a lane lease is in exactly one slice's book; ended lane leases are remembered (bounded) so `get`
+  and a second release answer as for any other lease.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from gpupool.core.allocator import Allocator
+from gpupool.core.errors import InvariantViolation
+from gpupool.core.model import Grant, Lease, LeaseState, Request
+from gpupool.core.priority import PRIORITY_MAX
+from gpupool.hardware.units import Resources
+
+SHARE_TENANT = "gpupool-kv-lane"
+"""Tenant of the share leases (never a real tenant: tenants cannot see or release them)."""
+SHARE_TTL_S = 24 * 3600.0
+"""Share leases are renewed by `tick` long before this."""
+ENDED_MEMORY = 4096
+
+
+@dataclass(slots=True)
+class _Book:
+    slice_id: str
+    gpu_id: str
+    node: str
+    model: str
+    budget_mib: int
+    share_id: str = ""
+    share_mib: int = 0
+    used_mib: int = 0
+    leases: dict[str, Lease] = field(default_factory=dict)
+
+
+class KvLane:
+    def __init__(self, kv: Allocator, *, now: Callable[[], float], lease_ids: Callable[[], str]) -> None:
+        self.kv = kv
+        self._now = now
+        self._lease_ids = lease_ids
+        self._books: dict[str, _Book] = {}
+        self._by_model: dict[str, list[_Book]] = {}
+        self._where: dict[str, _Book] = {}
+        """Active lane lease id -> its slice's book."""
+        self._expiry: list[tuple[float, str]] = []
+        self._ended: OrderedDict[str, Lease] = OrderedDict()
+        self._shares: dict[str, _Book] = {}
+        """Share lease id -> book (to hide shares and to notice when one is revoked)."""
+        self._resizing = False
+
+    # ------------------------------------------------------------------ slices
+    def add_slice(self, slice_id: str, *, model: str, budget_mib: int) -> None:
+        s = self.kv.ledger.slice(slice_id)
+        book = _Book(slice_id, s.gpu_id, s.node, model, budget_mib)
+        self._books[slice_id] = book
+        books = self._by_model.setdefault(model, [])
+        books.append(book)
+        books.sort(key=lambda b: b.slice_id)
+
+    # ------------------------------------------------------------------ grants
+    @staticmethod
+    def eligible(request: Request) -> bool:
+        return (
+            not request.nodes
+            and not request.kinds
+            and request.gpu_count == 1
+            and request.demand.compute_milli == 0
+            and not request.is_preemptible
+        )
+
+    def grant(self, request: Request, avoid: frozenset[str]) -> Lease | None:
+        """A lane lease for ``request`` (validated, `eligible`), or None when no share can hold it now."""
+        need = request.demand.vram_mib
+        ledger = self.kv.ledger
+        best: _Book | None = None
+        best_free = -1
+        for b in self._by_model.get(request.model, ()):
+            if b.slice_id in avoid or not ledger.is_healthy(b.slice_id):
+                continue
+            free = b.share_mib - b.used_mib + ledger.free(b.slice_id).vram_mib
+            if free >= need and free > best_free:
+                best, best_free = b, free
+        if best is None:
+            return None
+        if best.share_mib - best.used_mib < need:
+            room = best.share_mib + ledger.free(best.slice_id).vram_mib
+            if not self._resize(best, min(room, best.used_mib + need + best.budget_mib // 8)):
+                return None
+        now = self._now()
+        lease = Lease(
+            id=self._lease_ids(),
+            request=request,
+            node=best.node,
+            grants=(Grant(best.slice_id, best.gpu_id, Resources(need, 0)),),
+            granted_at=now,
+            expires_at=now + request.ttl_s,
+        )
+        best.used_mib += need
+        best.leases[lease.id] = lease
+        self._where[lease.id] = best
+        heapq.heappush(self._expiry, (lease.expires_at, lease.id))
+        return lease
+
+    def end(self, lease_id: str, state: LeaseState, reason: str, *, give_back: bool = False) -> Lease | None:
+        """End an active lane lease (None when it is not one). ``give_back``: shrink its share to
+        what is still used (the controller asks when requests are queued)."""
+        book = self._where.pop(lease_id, None)
+        if book is None:
+            return None
+        lease = book.leases.pop(lease_id)
+        book.used_mib -= lease.grants[0].resources.vram_mib
+        ended = lease.with_state(state, at=self._now(), reason=reason)
+        self._remember(ended)
+        if give_back:
+            self._resize(book, book.used_mib)
+        elif book.share_mib - book.used_mib > book.budget_mib // 4:
+            self._resize(book, book.used_mib + book.budget_mib // 8)
+        return ended
+
+    def renew(self, lease_id: str, expires_at: float) -> Lease | None:
+        book = self._where.get(lease_id)
+        if book is None:
+            return None
+        renewed = book.leases[lease_id].renewed(expires_at)
+        book.leases[lease_id] = renewed
+        heapq.heappush(self._expiry, (expires_at, lease_id))
+        return renewed
+
+    def expire_due(self) -> int:
+        """End every lane lease past its expiry; renew shares that come near theirs. Returns ended."""
+        now = self._now()
+        n = 0
+        while self._expiry and self._expiry[0][0] <= now:
+            _, lid = heapq.heappop(self._expiry)
+            book = self._where.get(lid)
+            if book is not None and book.leases[lid].expires_at <= now:
+                self.end(lid, LeaseState.EXPIRED, "ttl passed without renewal")
+                n += 1
+        for book in self._books.values():
+            if book.share_id:
+                share = self.kv.leases.active(book.share_id)
+                if share is not None and share.expires_at - now < SHARE_TTL_S / 2:
+                    self.kv.renew(book.share_id, SHARE_TTL_S)
+        return n
+
+    def yield_all(self) -> None:
+        """Shrink every share to what its requests use (before queueing or pumping KV requests)."""
+        for book in self._books.values():
+            if book.share_mib > book.used_mib:
+                self._resize(book, book.used_mib)
+
+    # ------------------------------------------------------------------ the allocator's side
+    def on_share_ended(self, share_id: str, reason: str) -> None:
+        """A share lease ended outside the lane (GPU drained, slice failed): its requests end too."""
+        book = self._shares.pop(share_id, None)
+        if book is None or self._resizing:
+            return
+        book.share_id, book.share_mib = "", 0
+        for lid in list(book.leases):
+            self._where.pop(lid, None)
+            lease = book.leases.pop(lid)
+            self._remember(lease.with_state(LeaseState.REVOKED, at=self._now(), reason=reason))
+        book.used_mib = 0
+
+    def is_share(self, lease_id: str) -> bool:
+        return lease_id in self._shares
+
+    def shares(self) -> int:
+        return len(self._shares)
+
+    def _resize(self, book: _Book, share_mib: int) -> bool:
+        """Replace the book's share lease by one of ``share_mib`` (0: none). False if it cannot grow."""
+        if share_mib == book.share_mib:
+            return True
+        self._resizing = True
+        try:
+            if book.share_id:
+                self.kv.release(book.share_id, reason="kv lane share resized")
+                self._shares.pop(book.share_id, None)
+                book.share_id, book.share_mib = "", 0
+            if share_mib <= 0:
+                return True
+            req = Request(
+                id=f"kv-lane:{book.slice_id}",
+                tenant=SHARE_TENANT,
+                priority=PRIORITY_MAX,
+                demand=Resources(share_mib, 0),
+                ttl_s=SHARE_TTL_S,
+                model=book.model,
+                preemptible=False,
+            )
+            out = self.kv.place(req, (book.slice_id,))
+            if out.lease is None or not out.granted:
+                if book.used_mib:  # cannot happen: the old share was just freed and held at least this
+                    raise InvariantViolation(f"kv lane lost the share of {book.slice_id}: {out.reason}")
+                return False
+            book.share_id, book.share_mib = out.lease.id, share_mib
+            self._shares[book.share_id] = book
+            return True
+        finally:
+            self._resizing = False
+
+    # ------------------------------------------------------------------ reading
+    def get(self, lease_id: str) -> Lease | None:
+        book = self._where.get(lease_id)
+        if book is not None:
+            return book.leases[lease_id]
+        return self._ended.get(lease_id)
+
+    def active(self) -> Iterator[Lease]:
+        for book in self._books.values():
+            yield from book.leases.values()
+
+    def on_slice(self, slice_id: str) -> list[Lease]:
+        book = self._books.get(slice_id)
+        return list(book.leases.values()) if book is not None else []
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def usage(self, slice_id: str) -> tuple[int, int, int]:
+        """(share MiB, MiB used by lane leases, lane leases) of one KV slice."""
+        book = self._books.get(slice_id)
+        return (0, 0, 0) if book is None else (book.share_mib, book.used_mib, len(book.leases))
+
+    def check(self) -> None:
+        for book in self._books.values():
+            used = sum(x.grants[0].resources.vram_mib for x in book.leases.values())
+            if used != book.used_mib or used > book.share_mib:
+                raise InvariantViolation(
+                    f"kv lane {book.slice_id}: used {book.used_mib} (leases {used}), share {book.share_mib}"
+                )
+            if book.share_mib:
+                share = self.kv.leases.active(book.share_id)
+                if share is None or share.total.vram_mib != book.share_mib:
+                    raise InvariantViolation(f"kv lane {book.slice_id}: share lease missing or resized")
+            elif book.share_id:
+                raise InvariantViolation(f"kv lane {book.slice_id}: empty share with a lease")
+
+    def _remember(self, lease: Lease) -> None:
+        self._ended[lease.id] = lease
+        if len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
