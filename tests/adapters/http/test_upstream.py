@@ -17,6 +17,8 @@ ANSWERS = {
     b"/ok": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Type: application/json\r\n\r\nhello",
     b"/chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
     b"/short": b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+    b"/hang": b"",
+    b"/eof": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end",
 }
 
 
@@ -40,7 +42,7 @@ def server() -> Iterator[tuple[int, list[int]]]:
                 head, buf = buf.split(b"\r\n\r\n", 1)
                 path = head.split(b" ")[1]
                 c.sendall(ANSWERS[path])
-                if path == b"/short":
+                if path in (b"/short", b"/eof"):
                     return
 
     def accept_loop() -> None:
@@ -96,3 +98,36 @@ def test_body_cut_short_is_an_upstream_error_and_not_pooled(server: tuple[int, l
 
     assert asyncio.run(go()) == b"hello"
     assert len(accepted) == 2  # the cut connection was dropped, a fresh one opened
+
+
+def test_no_answer_within_the_timeout_is_an_upstream_error_and_not_pooled(
+    server: tuple[int, list[int]],
+) -> None:
+    port, accepted = server
+
+    async def go() -> bytes:
+        pool = UpstreamPool(timeout_s=0.3)
+        try:
+            with pytest.raises(UpstreamError, match="timeout"):
+                await pool.request("POST", f"http://127.0.0.1:{port}/hang", content=b"", headers={})
+            r = await pool.request("POST", f"http://127.0.0.1:{port}/ok", content=b"", headers={})
+            return await r.read()
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(go()) == b"hello"
+    assert len(accepted) == 2  # the silent connection was dropped
+
+
+def test_a_body_framed_by_the_connections_end_is_read_whole(server: tuple[int, list[int]]) -> None:
+    port, _ = server
+
+    async def go() -> list[bytes]:
+        pool = UpstreamPool(timeout_s=5)
+        try:
+            r = await pool.request("POST", f"http://127.0.0.1:{port}/eof", content=b"", headers={})
+            return [c async for c in r.aiter_raw()]
+        finally:
+            await pool.aclose()
+
+    assert b"".join(asyncio.run(go())) == b"until the end"

@@ -99,11 +99,8 @@ class NativeCycle:
 
     def __init__(self, proto: Any, native: NativeProxy, path: str, kind: str, keep_alive: bool) -> None:
         self.proto, self.native, self.path, self.kind = proto, native, path, kind
-        h: dict[str, str] = {}
-        for k, v in proto.headers:
-            name = k.decode("latin-1")
-            if name not in h:  # first value of a repeated name wins, as with Starlette's Headers.get
-                h[name] = v.decode("latin-1")
+        # reversed: the first value of a repeated name wins, as with Starlette's Headers.get
+        h = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(proto.headers)}
         self.headers = h
         self.body = bytearray()
         self.more_body = True

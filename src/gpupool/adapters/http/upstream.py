@@ -49,7 +49,13 @@ class _Conn(asyncio.Protocol):
         self.error: str | None = None
         self._reset()
 
+    def timed_out(self) -> None:
+        if not self.head_done:
+            self.timeout = True
+            self._fail("TimeoutError: no answer within the proxy timeout")
+
     def _reset(self) -> None:
+        self.timeout = False
         self.status = 0
         self.headers: dict[str, str] = {}
         self.head_done = False
@@ -207,17 +213,20 @@ class UpstreamPool:
                 conn, reused = await self._connect(key), False
             assert conn.transport is not None
             conn.transport.write(raw)
+            # one timer handle, cheaper than asyncio.timeout's context manager on this path
+            timer = asyncio.get_running_loop().call_later(self.timeout_s, conn.timed_out)
             try:
-                async with asyncio.timeout(self.timeout_s):  # no extra task, unlike wait_for
-                    while not conn.head_done:
-                        if conn.error is not None:
-                            raise UpstreamError(conn.error)
-                        await conn.wait()
-            except (UpstreamError, TimeoutError) as exc:
+                while not conn.head_done:
+                    if conn.error is not None:
+                        raise UpstreamError(conn.error)
+                    await conn.wait()
+            except UpstreamError as exc:
                 conn.transport.close()
-                if not reused or attempt or isinstance(exc, TimeoutError):
-                    raise UpstreamError(f"{type(exc).__name__}: {exc}") from None
+                if not reused or attempt or conn.timeout:
+                    raise UpstreamError(str(exc)) from None
                 continue
+            finally:
+                timer.cancel()
             return UpstreamResponse(self, key, conn)
         raise UpstreamError("unreachable")  # pragma: no cover
 
