@@ -42,6 +42,9 @@ class UpstreamError(Exception):
 class _Conn(asyncio.Protocol):
     """One backend connection and the response being read on it (at most one at a time)."""
 
+    head_done: bool
+    timeout: bool
+
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
