@@ -79,9 +79,12 @@ class SnapshotSource:
     def __init__(self, inner: Any, *, node: str) -> None:
         self.inner = inner
         self.node = node
+        self.last: Any = None
+        """The newest ``DeviceSnapshot`` read (PCI bus ids, MIG mode, profiles: for discovery)."""
 
     def read(self) -> Sequence[GpuSample]:
-        return samples_from_snapshot(self.inner.read(), node=self.node)
+        self.last = self.inner.read()
+        return samples_from_snapshot(self.last, node=self.node)
 
     def close(self) -> None:
         close = getattr(self.inner, "close", None)

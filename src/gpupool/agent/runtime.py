@@ -92,6 +92,8 @@ class AgentRuntime:
     _stopped: bool = False
     pauser_status: dict[str, str] = field(default_factory=dict)
     """Pauser name -> '' when usable here, else the detected reason (cuda-checkpoint, cgroup)."""
+    publishers: list[Any] = field(default_factory=list)
+    """Observers with ``start()``/``stop()`` (the slice publisher): started and stopped with the loop."""
 
     def _observe(self, snap: NodeSnapshot, events: Sequence[AgentEvent]) -> None:
         for g in snap.gpus:
@@ -119,6 +121,9 @@ class AgentRuntime:
             self.reporter.start()
         if self.scraper is not None:
             self.scraper.start()
+        for pub in self.publishers:
+            self.agent.observers.append(pub)
+            pub.start()
         if metrics_port is not None:
             self.metrics = AgentMetrics(self.agent.config.node, self.gauges)
             self._server, self.metrics_port = self.metrics.serve(host=metrics_host, port=metrics_port)
@@ -142,6 +147,8 @@ class AgentRuntime:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.agent.close()
+        for pub in self.publishers:
+            pub.stop()
         if self.scraper is not None:
             self.scraper.stop()
         if self.reporter is not None:
