@@ -13,7 +13,8 @@ Rules:
   capability rule): MIG already on -> its existing instances are adopted; MIG-capable with MIG off
   -> served whole, with the MIG layout reported as pending (applying it is the partition
   actuator's job, never discovery's); Volta or newer -> one MPS pool share (pipe dir published);
-  older -> one time-slice slice, ``flagged`` (no VRAM isolation); unknown model -> whole.
+  older -> one time-slice slice, ``flagged`` (no VRAM isolation); a model the catalogue does not
+  know -> whole, also ``flagged``.
 - Health: a slice is healthy when NVML reads its GPU and the agent has not marked the GPU
   unhealthy (an XID or NVML error is sticky in the agent until it restarts).
 
@@ -204,8 +205,8 @@ def _detected(
         return (
             [one(SliceKind.WHOLE, "whole", total)],
             "whole",
-            f"unknown model {g.name!r}: served whole",
-            False,
+            f"unknown model {g.name!r}: no known MIG/MPS support, served whole without VRAM isolation",
+            True,
         )
     try:
         choice = choose_mode(model, wants_hard_isolation=model.mig_capable, allow_time_slicing=True)

@@ -73,7 +73,7 @@ def mig_profile_name(sm_slices: int, memory_mib: int, parent_total_mib: int) -> 
     return f"{sm_slices}g.{gb}gb"
 
 
-def _text(value: Any) -> str:
+def text_of(value: Any) -> str:
     """A ctypes char-array field as str (pynvml returns bytes on some versions)."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace").rstrip("\x00")
@@ -179,7 +179,7 @@ class NvmlDeviceSource:
         reserved_mib = int(getattr(mem, "reserved", 0) or 0) // MIB if mem is not None else 0
         try:
             pci = self._soft(nv.nvmlDeviceGetPciInfo, h)
-            bus_id = _text(getattr(pci, "busId", "")) if pci is not None else ""
+            bus_id = text_of(getattr(pci, "busId", "")) if pci is not None else ""
             mig_mode = self._soft(nv.nvmlDeviceGetMigMode, h)
             mig_enabled = bool(mig_mode and int(mig_mode[0]) == 1)
             mig_pending = bool(int(mig_mode[1]) == 1) if mig_mode and len(mig_mode) > 1 else None
@@ -251,7 +251,7 @@ class NvmlDeviceSource:
         key = (parent_uuid, profile_id)
         if key not in self._profile_names:
             info = self._soft(self._nv.nvmlDeviceGetGpuInstanceProfileInfoById, parent, profile_id)
-            name = _text(getattr(info, "name", "")) if info is not None else ""
+            name = text_of(getattr(info, "name", "")) if info is not None else ""
             self._profile_names[key] = name.removeprefix("MIG ").strip()
         return self._profile_names[key]
 
