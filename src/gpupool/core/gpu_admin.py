@@ -114,6 +114,8 @@ class GpuAdmin:
             owner = next((led.slice(x).node for x in led.on_gpu(s.gpu_id)), node)
             if owner != node:
                 raise InvalidInput(f"slices[{i}].gpu_id", s.gpu_id, f"is a GPU of node {owner!r}")
+            if s.id in led and led.slice(s.id).node != node:
+                raise InvalidInput(f"slices[{i}].id", s.id, f"is a slice of node {led.slice(s.id).node!r}")
         want = {s.id: s for s in slices}
         report: dict[str, list[str]] = {"added": [], "removed": [], "health": [], "revoked": []}
         mine = sorted(sid for sid in led.slice_ids() if led.slice(sid).node == node)
