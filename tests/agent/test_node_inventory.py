@@ -107,3 +107,23 @@ def test_simulated_devices_give_the_same_view() -> None:
         if g.mig_enabled:
             uuids = {s.uuid for s in inv.slices if s.gpu_id == f"{node}/{g.index}"}
             assert uuids == {d.uuid for d in g.mig_devices}
+
+
+def test_nvml_samples_give_dcgm_exporter_labels() -> None:
+    """NVML's device name and PCI bus id reach the agent's samples; a MIG instance's series carries
+    the parent GPU's UUID and PCI bus id, told apart by its profile (``+me`` kept) and GI id."""
+    from gpupool.agent.devices import SnapshotSource
+    from gpupool.agent.loop import AgentConfig, NodeAgent
+    from gpupool.agent.runtime import gauges_of
+    from gpupool.core.clock import ManualClock
+
+    nvml = NvmlDeviceSource("n1", nvml=FakeNvml.from_fixture(FIXTURES / "h100-sxm5-mig-me-pending.json"))
+    agent = NodeAgent(AgentConfig("n1"), SnapshotSource(nvml, node="n1"), {}, clock=ManualClock())
+    try:
+        view = gauges_of(agent.tick(), last_xid={}, reporter=None)
+    finally:
+        nvml.close()
+    parent = next(g for g in view.gpus if g.index == 0 and not g.mig_profile)
+    me = next(g for g in view.gpus if g.mig_profile == "1g.10gb+me")
+    assert parent.model == "NVIDIA H100 80GB HBM3" and parent.pci_bus_id == "00000000:18:00.0"
+    assert (me.uuid, me.pci_bus_id, me.gi_id) == (parent.uuid, "00000000:18:00.0", 7)

@@ -50,6 +50,8 @@ def samples_from_snapshot(snap: Any, *, node: str) -> tuple[GpuSample, ...]:
                     processes=_procs(getattr(d, "processes", ())),
                     mig_profile=str(d.profile),
                     gi_id=int(d.gpu_instance_id),
+                    name=str(g.name),
+                    pci_bus_id=str(getattr(g, "pci_bus_id", "")),
                 )
             )
         out.append(
@@ -67,6 +69,8 @@ def samples_from_snapshot(snap: Any, *, node: str) -> tuple[GpuSample, ...]:
                 error="" if g.healthy else (g.error or "unhealthy"),
                 xids=tuple(gpu_xids),
                 instances=tuple(instances),
+                name=str(g.name),
+                pci_bus_id=str(getattr(g, "pci_bus_id", "")),
             )
         )
     out.sort(key=lambda s: (s.index, s.gpu_id))

@@ -33,13 +33,17 @@ from gpupool.core.pausers import Workload
 from gpupool.hardware.slices import Slice, SliceKind
 
 
-def _gauge(s: GpuSample, **own: Any) -> GpuGauges:
+def _gauge(s: GpuSample, *, parent: GpuSample | None = None, **own: Any) -> GpuGauges:
+    """dcgm-exporter's view: a MIG instance carries its parent GPU's UUID and PCI bus id (it is told
+    apart by ``GPU_I_ID``); ``modelName`` is NVML's device name when the source knows it."""
+    card = parent if parent is not None else s
     return GpuGauges(
         s.index,
-        s.uuid,
+        card.uuid,
         s.vram_used_mib,
         s.vram_total_mib,
-        model=s.model,
+        model=card.name or s.name or s.model,
+        pci_bus_id=card.pci_bus_id,
         util_pct=s.util_pct,
         engine_active_ratio=s.engine_active_ratio,
         temperature_c=s.temperature_c,
@@ -67,7 +71,7 @@ def gauges_of(
             )
         )
         for inst in s.instances:
-            gpus.append(_gauge(inst, paused=g.paused, healthy=g.healthy))
+            gpus.append(_gauge(inst, parent=s, paused=g.paused, healthy=g.healthy))
     states = Counter(st for _lid, _gpu, st in snap.workloads)
     return AgentGauges(
         tuple(gpus),
