@@ -127,3 +127,18 @@ def test_nvml_samples_give_dcgm_exporter_labels() -> None:
     me = next(g for g in view.gpus if g.mig_profile == "1g.10gb+me")
     assert parent.model == "NVIDIA H100 80GB HBM3" and parent.pci_bus_id == "00000000:18:00.0"
     assert (me.uuid, me.pci_bus_id, me.gi_id) == (parent.uuid, "00000000:18:00.0", 7)
+
+
+def test_a_gpu_nvml_cannot_read_keeps_its_slices_unhealthy() -> None:
+    """A failure is not a reshape: the lost GPU's MIG slices stay listed (same ids), unhealthy."""
+    cluster = embedded_default()
+    before = discover(cluster.source("gpu-a").read())
+    cluster.xid("gpu-a/0", 79)  # fatal: the simulated GPU is lost, as NVML reports it
+    lost = cluster.source("gpu-a").read()
+    assert not lost.gpu(0).mig_devices  # nothing to discover any more
+    after = discover(lost, previous=before.slices)
+    on0 = [[s.id for s in inv.slices if s.gpu_id == "gpu-a/0"] for inv in (before, after)]
+    assert on0[0] == on0[1] and len(on0[0]) == 2
+    assert not any(s.healthy for s in after.slices if s.gpu_id == "gpu-a/0")
+    assert all(s.healthy for s in after.slices if s.gpu_id != "gpu-a/0")
+    assert [s.id for s in discover(lost).slices if s.gpu_id == "gpu-a/0"] == ["gpu-a/0/whole"]

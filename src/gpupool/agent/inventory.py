@@ -16,7 +16,9 @@ Rules:
   older -> one time-slice slice, ``flagged`` (no VRAM isolation); a model the catalogue does not
   know -> whole, also ``flagged``.
 - Health: a slice is healthy when NVML reads its GPU and the agent has not marked the GPU
-  unhealthy (an XID or NVML error is sticky in the agent until it restarts).
+  unhealthy (an XID or NVML error is sticky in the agent until it restarts). A GPU that NVML can no
+  longer read keeps the slices it had (``previous``), marked unhealthy: a failure is not a reshape,
+  so the same slice ids stay listed and only their health changes.
 
 Invariants: slice ids are the planner's (``<node>/<index>/mig-<profile>-<start>``,
 ``<node>/<index>/mps-pool``, ``<node>/<index>/whole``, ``<node>/<index>/time-slice``); the output
@@ -234,12 +236,16 @@ def discover(
     unhealthy: Mapping[str, str] | None = None,
     mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR,
     mps_pipe_dirs: Mapping[str, str] | None = None,
+    previous: Sequence[Slice] = (),
 ) -> NodeInventory:
     """The node's inventory from one snapshot, the node's planned slices and the agent's health view
     (``unhealthy``: gpu id -> why). MPS slices get ``mps_pipe_dirs[gpu_id]`` (the pipe directory of
     that GPU's control daemon), else ``mps_pipe_dir``."""
     bad = dict(unhealthy or {})
     node = snapshot.node
+    before: dict[str, list[Slice]] = {}
+    for s in previous:
+        before.setdefault(s.gpu_id, []).append(s)
     by_gpu: dict[str, list[Slice]] = {}
     for s in planned:
         if s.node == node:
@@ -253,7 +259,11 @@ def discover(
         seen.add(gpu_id)
         healthy = g.healthy and gpu_id not in bad
         flagged = False
-        if gpu_id in by_gpu:
+        if not g.healthy and gpu_id in before:  # unreadable now: keep what it was, unhealthy
+            found = before[gpu_id]
+            mode = next((k.value for k in SliceKind if any(s.kind is k for s in found)), "whole")
+            reason, origin = "last known slices", "plan" if gpu_id in by_gpu else "detected"
+        elif gpu_id in by_gpu:
             found, mode, reason = _planned(snapshot, g, by_gpu[gpu_id], diffs)
             origin = "plan"
         else:

@@ -135,6 +135,7 @@ class SlicePublisher:
             unhealthy=unhealthy,
             mps_pipe_dir=self.mps_pipe_dir,
             mps_pipe_dirs=self.mps_pipe_dirs,
+            previous=self.last.slices if self.last is not None else (),
         )
 
     def __call__(self, snap: NodeSnapshot, events: Sequence[AgentEvent]) -> None:
