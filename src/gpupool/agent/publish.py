@@ -72,6 +72,18 @@ def device_snapshot_of(snap: NodeSnapshot) -> DeviceSnapshot:
     return DeviceSnapshot(snap.node, snap.at_s, tuple(gpus), source="scripted")
 
 
+def _signature(dev: DeviceSnapshot) -> tuple[object, ...]:
+    """What discovery reads from a snapshot (not the moving numbers: used memory, temperature)."""
+    return tuple(
+        (
+            g.index, g.uuid, g.name, g.model, g.pci_bus_id, g.memory_total_mib, g.memory_reserved_mib,
+            g.mig_enabled, g.mig_pending, g.healthy, g.error,
+            tuple((d.uuid, d.profile, d.start, d.gpu_instance_id, d.memory_total_mib) for d in g.mig_devices),
+        )
+        for g in dev.gpus
+    )  # fmt: skip
+
+
 def _start_of(slice_id: str) -> int:
     tail = slice_id.rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else -1
@@ -120,15 +132,24 @@ class SlicePublisher:
         self._retry_at = -float("inf")
         self._inflight_key: str | None = None
         self._stop = False
+        self._sig: object = None
+        self._last_key = ""
         self._thread: threading.Thread | None = None
         self._client: Any = None
 
     # ------------------------------------------------------------------ tick thread
     def inventory(self, snap: NodeSnapshot) -> NodeInventory:
+        dev, unhealthy = self._inputs(snap)
+        return self._discover(dev, unhealthy)
+
+    def _inputs(self, snap: NodeSnapshot) -> tuple[DeviceSnapshot, dict[str, str]]:
         dev = self.device_snapshot() if self.device_snapshot is not None else None
         if dev is None or dev.node != snap.node:
             dev = device_snapshot_of(snap)
         unhealthy = {g.sample.gpu_id: g.problem or "unhealthy" for g in snap.gpus if not g.healthy}
+        return dev, unhealthy
+
+    def _discover(self, dev: DeviceSnapshot, unhealthy: dict[str, str]) -> NodeInventory:
         return discover(
             dev,
             planned=self.planned,
@@ -139,9 +160,13 @@ class SlicePublisher:
         )
 
     def __call__(self, snap: NodeSnapshot, events: Sequence[AgentEvent]) -> None:
-        inv = self.inventory(snap)
-        self.last = inv
-        key = self._key(inv)
+        dev, unhealthy = self._inputs(snap)
+        sig = (_signature(dev), tuple(sorted(unhealthy.items())))
+        if sig != self._sig or self.last is None:  # discovery only when what it reads changed
+            self._sig = sig
+            self.last = self._discover(dev, unhealthy)
+            self._last_key = self._key(self.last)
+        inv, key = self.last, self._last_key
         with self._cond:
             now = self.clock()
             due = now - self._sent_at >= self.resync_s
