@@ -92,3 +92,19 @@ def test_follow_reports_only_changes() -> None:
     assert plugin.follow([card(0)]) == []
     assert plugin.follow([card(0, healthy=False)]) == [f"{NODE}/0"]
     assert plugin.device_list() == [("gpu-a_0-0", "Unhealthy")]
+
+
+def test_allocate_uses_the_pipe_dir_the_agent_published(fake_api: FakeApiServer) -> None:
+    from gpupool.adapters.k8s.annotations import PlacedGrant, Placement
+
+    mps = card(0, kind=SliceKind.MPS)
+    text = encode_slices([mps, card(1)], pipe_dirs={mps.id: "/run/mps/0"})
+    fake_api.add_node(make_node(NODE, {"gpupool.io/slices": text}))
+    plugin = DevicePlugin(PluginConfig(node=NODE, replicas=1), cards_of([mps, card(1)], NODE))
+    grant = PlacedGrant(mps.id, mps.gpu_id, mps.uuid, SliceKind.MPS, 0, "", 4096, 100, True)
+    placed = Placement(
+        "l1", "uid", "default", "p", "main", NODE, -1, True, 4096, 100, 1, (SliceKind.MPS,), (grant,), 1.0
+    )
+    assert plugin.pipe_dir_of(placed) == "/tmp/nvidia-mps"  # nothing read yet: the flag's default
+    plugin.read_node_once(KubeApi.for_host(fake_api.url), "gpupool.io/slices")
+    assert plugin.pipe_dir_of(placed) == "/run/mps/0"

@@ -18,11 +18,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from gpupool.adapters.http.app import create_app
 from gpupool.adapters.http.auth import TokenTable
-from gpupool.adapters.k8s.annotations import decode_slices
+from gpupool.adapters.k8s.annotations import decode_placement, decode_slices
 from gpupool.adapters.k8s.device_plugin import DevicePlugin, PluginConfig, cards_of
 from gpupool.adapters.k8s.extender import Extender, ExtenderServer
 from gpupool.adapters.k8s.inventory import slices_from_nodes, sync_from_nodes
@@ -45,6 +46,9 @@ from tests.adapters.k8s.k8s_helpers import Client, wait_until
 REPO = Path(__file__).resolve().parents[3]
 ADMIN = "agent-admin-token-01"
 KEY = "gpupool.io/slices"
+PLACEMENT = "gpupool.io/placement"
+PIPES = {"gpu-b/0": "/run/gpupool/mps-0", "gpu-b/1": "/run/gpupool/mps-1"}
+"""The pipe directory of each L40S's MPS control daemon, as the agent publishes it."""
 
 
 @pytest.fixture
@@ -93,6 +97,7 @@ def test_discovered_gpus_reach_the_scheduler_and_the_container(dirs: dict[str, P
                     gateway=gw,
                     token=ADMIN,
                     kube=KubeApi.for_host(api_server.url),
+                    mps_pipe_dirs=PIPES,
                 )
                 agent.observers.append(pub)
                 agents[n] = (agent, pub)
@@ -168,6 +173,38 @@ def test_discovered_gpus_reach_the_scheduler_and_the_container(dirs: dict[str, P
             env = dict(resp.container_responses[0].envs)
             assert grant.kind is SliceKind.MIG  # best fit for 35000 MiB: a 3g/4g.40gb instance
             assert env["NVIDIA_VISIBLE_DEVICES"] == grant.uuid and grant.uuid in truth
+
+            # an MPS pod on gpu-b: the subprocess plugin hands it the pipe dir the agent published
+            guard = make_pod("guard", vram_mib=6000, compute_pct=20, gpus=1)
+            api_server.add_pod(guard)
+            assert client.post("filter", {"Pod": guard, "Nodes": None, "NodeNames": ["gpu-b"]})[
+                "NodeNames"
+            ] == ["gpu-b"]
+            g = guard["metadata"]
+            bind = {"PodName": g["name"], "PodNamespace": g["namespace"], "PodUID": g["uid"], "Node": "gpu-b"}
+            assert client.post("bind", bind) == {"Error": ""}
+            annotations = api_server.pod("default", "guard")["metadata"]["annotations"]
+            (mps_grant,) = decode_placement(annotations[PLACEMENT]).grants
+            assert mps_grant.kind is SliceKind.MPS
+            channel_b, stub_b = kubelets["gpu-b"].plugin(req_b.endpoint)
+            request = pb.AllocateRequest(
+                container_requests=[
+                    pb.ContainerAllocateRequest(devices_ids=[f"{mps_grant.gpu_id.replace('/', '_')}-0"])
+                ]
+            )
+            got: list[dict[str, str]] = []
+
+            def allocated() -> bool:
+                try:
+                    got.append(dict(stub_b.Allocate(request, timeout=10).container_responses[0].envs))
+                except grpc.RpcError:
+                    return False  # the plugin's pod feed has not seen the bind yet
+                return True
+
+            wait_until(allocated, what="Allocate on gpu-b")
+            assert got[0]["CUDA_MPS_PIPE_DIRECTORY"] == PIPES[mps_grant.gpu_id]
+            assert got[0]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6000M"
+            channel_b.close()
 
             # GPU gpu-a/0 falls off the bus: one publish later every view has it unhealthy
             cluster.xid("gpu-a/0", 79)
