@@ -30,6 +30,7 @@ from gpupool.agent.runtime import AgentRuntime
 from gpupool.core.clock import FunctionClock, ManualClock
 from gpupool.core.controller import LeaseController
 from gpupool.hardware.devices import DeviceSnapshot, GpuReading, XidEvent
+from gpupool.hardware.slices import Slice
 from tests.adapters.http.servers import running
 from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_node
 from tests.adapters.k8s.k8s_fakekubelet import FakeKubelet
@@ -252,3 +253,52 @@ def test_runtime_publishes_and_the_device_plugin_follows_health(gateway: str, ku
         for f in d.iterdir():
             f.unlink()
         d.rmdir()
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_cli_agent_adopts_its_plan_and_annotates_its_node(kube: FakeApiServer) -> None:
+    """``gpupool agent --kube --cluster --workloads`` as a real subprocess: the node annotation lists
+    the planned slices of the simulated node (the plan adopted, nothing differs)."""
+    import os
+    import subprocess
+    import sys
+
+    from gpupool.cli.extender import build_slices
+
+    kube.add_node(make_node("gpu-b"))
+    cluster, workloads = (
+        REPO / "examples" / "cluster-a100-l40s.yaml",
+        REPO / "examples" / "workloads-agent-platform.yaml",
+    )
+    args = [
+        sys.executable, "-m", "gpupool.cli.main", "agent", "--node", "gpu-b", "--devices", "simulated",
+        "--kube", "--kube-api", kube.url, "--cluster", str(cluster), "--workloads", str(workloads),
+        "--metrics-port", "-1", "--period-ms", "50", "--duration-s", "30",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        args, env=dict(os.environ, PYTHONPATH=str(REPO / "src")), stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert wait_for(lambda: KEY in kube.nodes["gpu-b"]["metadata"].get("annotations", {}), timeout_s=30)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    planned, _ = build_slices(cluster, workloads, api=None, domain="gpupool.io")
+    want = {s.id for s in planned if isinstance(s, Slice) and s.node == "gpu-b"}
+    got = decode_slices(kube.nodes["gpu-b"]["metadata"]["annotations"][KEY], node="gpu-b")
+    assert {s.id for s in got} == want, err[-2000:]
+    assert all(s.healthy for s in got)
+
+
+def test_cli_agent_workloads_without_cluster_is_exit_2() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", "agent", "--node", "n", "--devices", "scripted",
+         "--kube", "--kube-api", "http://127.0.0.1:9", "--workloads", "w.yaml", "--metrics-port", "-1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2 and "--workloads needs --cluster" in out.stderr, out.stderr
