@@ -142,3 +142,11 @@ def test_a_gpu_nvml_cannot_read_keeps_its_slices_unhealthy() -> None:
     assert not any(s.healthy for s in after.slices if s.gpu_id == "gpu-a/0")
     assert all(s.healthy for s in after.slices if s.gpu_id != "gpu-a/0")
     assert [s.id for s in discover(lost).slices if s.gpu_id == "gpu-a/0"] == ["gpu-a/0/whole"]
+
+
+def test_mig_on_without_instances_is_listed_unhealthy() -> None:
+    """Nothing to lease, but the GPU stays known to the control plane (its readings are accepted)."""
+    g = GpuReading(0, "GPU-x", "NVIDIA H100 80GB HBM3", "H100-SXM5-80GB", 81559, 0, mig_enabled=True)
+    inv = discover(DeviceSnapshot("n1", 0.0, (g,)))
+    assert [(s.id, s.healthy) for s in inv.slices] == [("n1/0/whole", False)]
+    assert any("no MIG instance exists" in d for d in inv.differences)

@@ -11,10 +11,11 @@ Rules:
   unhealthy; an instance the plan does not name; MIG wanted but MIG mode off; another model).
 - A GPU no plan names gets its mode from what was detected, through `choose_mode` (the planner's
   capability rule): MIG already on -> its existing instances are adopted; MIG-capable with MIG off
-  -> served whole, with the MIG layout reported as pending (applying it is the partition
-  actuator's job, never discovery's); Volta or newer -> one MPS pool share (pipe dir published);
-  older -> one time-slice slice, ``flagged`` (no VRAM isolation); a model the catalogue does not
-  know -> whole, also ``flagged``.
+  -> served whole, with the MIG layout reported as pending (applying it is the partition actuator's
+  job, never discovery's); MIG on without any instance -> one unhealthy whole slice (nothing to
+  lease, but the control plane keeps knowing the GPU); Volta or newer -> one MPS pool share (pipe
+  dir published); older -> one time-slice slice, ``flagged`` (no VRAM isolation); a model the
+  catalogue does not know -> whole, also ``flagged``.
 - Health: a slice is healthy when NVML reads its GPU and the agent has not marked the GPU
   unhealthy (an XID or NVML error is sticky in the agent until it restarts). A GPU that NVML can no
   longer read keeps the slices it had (``previous``), marked unhealthy: a failure is not a reshape,
@@ -200,8 +201,15 @@ def _detected(
 
     if g.mig_enabled:
         found = [replace(s, gpu_model=model_name) for s in inventory_from_snapshot(_one(snapshot, g))]
-        if not found:
+        if not found:  # listed, but unhealthy: the control plane still knows the GPU (its readings)
             diffs.append(f"{gpu_id}: MIG mode is on but no MIG instance exists; nothing to lease on it")
+            empty = replace(one(SliceKind.WHOLE, "whole", total), healthy=False)
+            return (
+                [empty],
+                "mig",
+                "MIG on without instances: listed unhealthy until a layout is applied",
+                False,
+            )
         return found, "mig", f"MIG on: adopted {len(found)} existing instance(s)", False
     if model is None:
         return (
