@@ -43,6 +43,8 @@ def mig_node() -> ScriptedSource:
                 10000,
                 uuid="GPU-0000",
                 model="H100-SXM5-80GB",
+                name="NVIDIA H100 80GB HBM3",
+                pci_bus_id="00000000:18:00.0",
                 temperature_c=41,
                 util_pct=30,
                 power_mw=123_500,
@@ -54,6 +56,8 @@ def mig_node() -> ScriptedSource:
                 81920,
                 uuid="GPU-1111",
                 model="A100-SXM4-80GB",
+                name="NVIDIA A100-SXM4-80GB",
+                pci_bus_id="00000000:19:00.0",
                 temperature_c=39,
                 power_mw=90_000,
                 instances=inst,
@@ -87,7 +91,8 @@ def test_runtime_pauses_reports_and_serves_dcgm_metrics(batch_job: subprocess.Po
             'gpu="0"' in s
             and 'UUID="GPU-0000"' in s
             and 'hostname="n1"' in s
-            and 'modelName="H100-SXM5-80GB"' in s
+            and 'modelName="NVIDIA H100 80GB HBM3"' in s  # NVML's name, as dcgm-exporter's modelName
+            and 'pci_bus_id="00000000:18:00.0"' in s
             and s.endswith(" 9500.0")
             for s in used
         ), used
@@ -96,18 +101,24 @@ def test_runtime_pauses_reports_and_serves_dcgm_metrics(batch_job: subprocess.Po
             len(mig) == 1
             and 'GPU_I_PROFILE="3g.40gb"' in mig[0]
             and 'GPU_I_ID="1"' in mig[0]
-            and 'UUID="MIG-aaaa"' in mig[0]
+            and 'UUID="GPU-1111"' in mig[0]  # dcgm-exporter: the parent GPU's UUID, told apart by GPU_I_ID
+            and 'pci_bus_id="00000000:19:00.0"' in mig[0]
+            and "MIG-aaaa" not in mig[0]
         )
         assert any(s.endswith(" 500.0") and 'gpu="0"' in s for s in series(text, "DCGM_FI_DEV_FB_FREE"))
         util = series(text, "DCGM_FI_DEV_GPU_UTIL")
         assert len(util) == 1 and 'gpu="0"' in util[0]  # never exported for MIG instances or when unknown
         assert any(
-            "MIG-aaaa" in s and s.endswith(" 0.25") for s in series(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+            'GPU_I_ID="1"' in s and s.endswith(" 0.25") for s in series(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
         )
         assert any('gpu="0"' in s and s.endswith(" 123.5") for s in series(text, "DCGM_FI_DEV_POWER_USAGE"))
         assert any('gpu="0"' in s and s.endswith(" 41.0") for s in series(text, "DCGM_FI_DEV_GPU_TEMP"))
         assert any(
-            'UUID="GPU-1111"' in s and s.endswith(" 48.0") for s in series(text, "DCGM_FI_DEV_XID_ERRORS")
+            'UUID="GPU-1111"' in s
+            and 'err_code="48"' in s
+            and 'err_msg="Double Bit ECC Error"' in s
+            and s.endswith(" 48.0")
+            for s in series(text, "DCGM_FI_DEV_XID_ERRORS")
         )
         assert any(
             'gpu="0"' in s and s.endswith(" 1.0") for s in series(text, "gpupool_agent_watermark_paused")

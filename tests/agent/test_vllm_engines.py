@@ -54,7 +54,7 @@ def test_sleep_level_and_wake_through_the_loop(engine: StandinEngine) -> None:
     agent.tick()
     assert agent.workloads.get("batch-engine").state is RunState.PAUSING  # type: ignore[union-attr]
     agent.drain()
-    assert engine.calls == ["/sleep?level=2"] and engine.sleeping == 2
+    assert engine.calls == ["/sleep?level=2&mode=keep"] and engine.sleeping == 2
     assert [e.kind for e in events] == ["watermark_pause", "paused"]
     assert events[1].frees == "compute+vram"
     assert agent.pausers["vllm-sleep"].is_paused(agent.workloads.get("batch-engine").workload)  # type: ignore[union-attr]
@@ -62,7 +62,7 @@ def test_sleep_level_and_wake_through_the_loop(engine: StandinEngine) -> None:
     clock.advance(0.2)
     agent.tick()
     agent.drain()
-    assert engine.calls == ["/sleep?level=2", "/wake_up"] and engine.sleeping == 0
+    assert engine.calls == ["/sleep?level=2&mode=keep", "/wake_up"] and engine.sleeping == 0
     assert [e.kind for e in events][-2:] == ["watermark_resume", "resumed"]
     agent.close()
 
@@ -82,11 +82,11 @@ def test_failed_sleep_is_a_pauser_failure_and_is_retried(engine: StandinEngine) 
     engine.fail_sleep = False
     clock.advance(0.2)
     agent.tick()  # within retry_s: no new attempt
-    assert engine.calls == ["/sleep?level=1"]
+    assert engine.calls == ["/sleep?level=1&mode=keep"]
     clock.advance(1.0)
     agent.tick()
     agent.drain()
-    assert engine.sleeping == 1 and engine.calls == ["/sleep?level=1", "/sleep?level=1"]
+    assert engine.sleeping == 1 and engine.calls == ["/sleep?level=1&mode=keep", "/sleep?level=1&mode=keep"]
     agent.close()
 
 
@@ -226,3 +226,21 @@ def test_a_failing_vram_pauser_is_not_trusted_and_gets_revoked(engine: StandinEn
     assert len(revoke) == 1 and "last pause failed" in revoke[0].reason
     assert "gateway stops routing" in revoke[0].reason  # an engine is not killed by the agent
     agent.close()
+
+
+def test_kv_metric_names_old_engines_and_absent_metric() -> None:
+    """An engine that exposes only the pre-rename ``vllm:gpu_cache_usage_perc`` is read by that name;
+    the current name wins when both are there; a page with neither is full (fail closed), not empty."""
+    old = 'vllm:gpu_cache_usage_perc{model_name="a"} 0.3\nvllm:num_requests_waiting 1\n'
+    assert parse_engine_metrics(old, endpoint="e", at_s=0.0).kv_usage == 0.3
+    both = old + 'vllm:kv_cache_usage_perc{model_name="a"} 0.6\n'
+    assert parse_engine_metrics(both, endpoint="e", at_s=0.0).kv_usage == 0.6
+    none = "vllm:num_requests_waiting 1\nvllm:num_requests_running 2\n"
+    m = parse_engine_metrics(none, endpoint="e", at_s=0.0)
+    assert (m.kv_usage, m.requests_waiting, m.requests_running) == (1.0, 1, 2)
+
+
+def test_sleep_mode_is_validated() -> None:
+    with pytest.raises(ValueError, match="sleep mode 'drop'"):
+        VllmSleepPauser(mode="drop")
+    assert VllmSleepPauser(mode="wait").mode == "wait"

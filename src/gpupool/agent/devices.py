@@ -50,6 +50,8 @@ def samples_from_snapshot(snap: Any, *, node: str) -> tuple[GpuSample, ...]:
                     processes=_procs(getattr(d, "processes", ())),
                     mig_profile=str(d.profile),
                     gi_id=int(d.gpu_instance_id),
+                    name=str(g.name),
+                    pci_bus_id=str(getattr(g, "pci_bus_id", "")),
                 )
             )
         out.append(
@@ -67,6 +69,8 @@ def samples_from_snapshot(snap: Any, *, node: str) -> tuple[GpuSample, ...]:
                 error="" if g.healthy else (g.error or "unhealthy"),
                 xids=tuple(gpu_xids),
                 instances=tuple(instances),
+                name=str(g.name),
+                pci_bus_id=str(getattr(g, "pci_bus_id", "")),
             )
         )
     out.sort(key=lambda s: (s.index, s.gpu_id))
@@ -79,9 +83,12 @@ class SnapshotSource:
     def __init__(self, inner: Any, *, node: str) -> None:
         self.inner = inner
         self.node = node
+        self.last: Any = None
+        """The newest ``DeviceSnapshot`` read (PCI bus ids, MIG mode, profiles: for discovery)."""
 
     def read(self) -> Sequence[GpuSample]:
-        return samples_from_snapshot(self.inner.read(), node=self.node)
+        self.last = self.inner.read()
+        return samples_from_snapshot(self.last, node=self.node)
 
     def close(self) -> None:
         close = getattr(self.inner, "close", None)

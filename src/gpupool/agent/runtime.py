@@ -33,13 +33,17 @@ from gpupool.core.pausers import Workload
 from gpupool.hardware.slices import Slice, SliceKind
 
 
-def _gauge(s: GpuSample, **own: Any) -> GpuGauges:
+def _gauge(s: GpuSample, *, parent: GpuSample | None = None, **own: Any) -> GpuGauges:
+    """dcgm-exporter's view: a MIG instance carries its parent GPU's UUID and PCI bus id (it is told
+    apart by ``GPU_I_ID``); ``modelName`` is NVML's device name when the source knows it."""
+    card = parent if parent is not None else s
     return GpuGauges(
         s.index,
-        s.uuid,
+        card.uuid,
         s.vram_used_mib,
         s.vram_total_mib,
-        model=s.model,
+        model=card.name or s.name or s.model,
+        pci_bus_id=card.pci_bus_id,
         util_pct=s.util_pct,
         engine_active_ratio=s.engine_active_ratio,
         temperature_c=s.temperature_c,
@@ -67,7 +71,7 @@ def gauges_of(
             )
         )
         for inst in s.instances:
-            gpus.append(_gauge(inst, paused=g.paused, healthy=g.healthy))
+            gpus.append(_gauge(inst, parent=s, paused=g.paused, healthy=g.healthy))
     states = Counter(st for _lid, _gpu, st in snap.workloads)
     return AgentGauges(
         tuple(gpus),
@@ -92,6 +96,8 @@ class AgentRuntime:
     _stopped: bool = False
     pauser_status: dict[str, str] = field(default_factory=dict)
     """Pauser name -> '' when usable here, else the detected reason (cuda-checkpoint, cgroup)."""
+    publishers: list[Any] = field(default_factory=list)
+    """Observers with ``start()``/``stop()`` (the slice publisher): started and stopped with the loop."""
 
     def _observe(self, snap: NodeSnapshot, events: Sequence[AgentEvent]) -> None:
         for g in snap.gpus:
@@ -119,6 +125,9 @@ class AgentRuntime:
             self.reporter.start()
         if self.scraper is not None:
             self.scraper.start()
+        for pub in self.publishers:
+            self.agent.observers.append(pub)
+            pub.start()
         if metrics_port is not None:
             self.metrics = AgentMetrics(self.agent.config.node, self.gauges)
             self._server, self.metrics_port = self.metrics.serve(host=metrics_host, port=metrics_port)
@@ -142,6 +151,8 @@ class AgentRuntime:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.agent.close()
+        for pub in self.publishers:
+            pub.stop()
         if self.scraper is not None:
             self.scraper.stop()
         if self.reporter is not None:

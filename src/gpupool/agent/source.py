@@ -49,6 +49,10 @@ class GpuSample:
     xids: tuple[int, ...] = ()
     instances: tuple[GpuSample, ...] = ()
     """MIG instances of this GPU (for per-instance metrics); watermarks stay per physical GPU."""
+    name: str = ""
+    """NVML's device name (``NVIDIA H100 80GB HBM3``: dcgm-exporter's ``modelName``); empty if unknown."""
+    pci_bus_id: str = ""
+    """NVML PCI bus id of the physical GPU (MIG instances carry their parent's)."""
 
 
 class DeviceSource(Protocol):

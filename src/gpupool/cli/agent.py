@@ -1,10 +1,16 @@
-"""`gpupool agent`: run the node agent (control loop, pausers, gateway reporting, /metrics)."""
+"""`gpupool agent`: run the node agent (control loop, pausers, gateway reporting, /metrics).
+
+With ``--gateway`` or ``--kube`` the agent also discovers its GPUs and publishes the node's slices
+(`gpupool.agent.publish`): ``PUT /v1/nodes/{node}/slices`` on the gateway and the ``<domain>/slices``
+node annotation through the Kubernetes API; ``--cluster``/``--workloads`` give the plan it adopts."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -45,6 +51,29 @@ def agent(
         help="MPS-shared GPU: gpu=<id>,pipe=<dir>[,device=<ordinal|UUID>][,socket=..] (repeatable).",
     ),
     duration_s: float = typer.Option(0.0, "--duration-s", help="Stop after N seconds (0 = until SIGTERM)."),
+    kube: bool = typer.Option(
+        False, "--kube", help="Write this node's <domain>/slices annotation through the Kubernetes API."
+    ),
+    kube_api: str = typer.Option(
+        "", "--kube-api", help="Kubernetes API URL (default: in-cluster/kubeconfig)."
+    ),
+    kubeconfig: str = typer.Option("", "--kubeconfig", help="kubeconfig file."),
+    domain: str = typer.Option("gpupool.io", "--domain", help="Annotation domain (<domain>/slices)."),
+    cluster: Path | None = typer.Option(
+        None, "--cluster", help="Cluster spec YAML: this node's planned GPUs."
+    ),
+    workloads: Path | None = typer.Option(None, "--workloads", help="Workload spec YAML: the plan's layout."),
+    mps_pipe_dir: str = typer.Option(
+        "/tmp/nvidia-mps",  # noqa: S108 - NVIDIA's default MPS pipe directory
+        "--mps-pipe-dir",
+        help="MPS pipe directory published for MPS slices (per GPU: --mps pipe=...).",
+    ),
+    resync_s: float = typer.Option(30.0, "--resync-s", help="Re-publish unchanged slices every N seconds."),
+    publish: bool = typer.Option(
+        True,
+        "--publish/--no-publish",
+        help="Publish the node's slices (to --gateway and, with --kube, the node).",
+    ),
 ) -> None:
     """Run the node agent: every --period-ms read the GPUs, feed the watermarks, pause/resume P2 work,
     report readings and events to the gateway and serve dcgm-exporter-compatible /metrics."""
@@ -53,6 +82,7 @@ def agent(
     from gpupool.agent.mps import parse_mps_spec
     from gpupool.agent.runtime import build_runtime
     from gpupool.agent.workloads import parse_workload_spec
+    from gpupool.cli.extender import kube_api_from_options
     from gpupool.core.watermarks import WatermarkConfig
 
     if not node.strip():
@@ -64,6 +94,8 @@ def agent(
     if not -1 <= metrics_port <= 65535:
         raise UserError(f"invalid --metrics-port={metrics_port}: must be in [-1, 65535]")
     check_range("--duration-s", duration_s, lo=0)
+    check_range("--resync-s", resync_s, lo=0, lo_open=True)
+    mps_specs = [parse_mps_spec(m) for m in mps]
     config = AgentConfig(
         node,
         period_s=period_ms / 1000.0,
@@ -79,8 +111,24 @@ def agent(
         config=config,
         engines=[parse_engine_spec(e) for e in engine],
         workloads=[parse_workload_spec(w) for w in workload],
-        mps=[parse_mps_spec(m) for m in mps],
+        mps=mps_specs,
     )
+    if publish and (gateway or kube):
+        runtime.publishers.append(
+            _publisher(
+                node,
+                runtime=runtime,
+                gateway=gateway,
+                token=token,
+                kube=kube_api_from_options(kube_api, kubeconfig) if kube else None,
+                domain=domain,
+                cluster=cluster,
+                workloads=workloads,
+                mps_pipe_dir=mps_pipe_dir,
+                mps_pipe_dirs={m.gpu_id: m.pipe_directory for m in mps_specs},
+                resync_s=resync_s,
+            )
+        )
     try:
         runtime.source.read()  # probe once: a missing NVML must be a clear error, not a silent loop
     except Exception as exc:
@@ -102,6 +150,46 @@ def agent(
         pass
     finally:
         runtime.stop()
+
+
+def _publisher(
+    node: str,
+    *,
+    runtime: Any,
+    gateway: str,
+    token: str,
+    kube: Any,
+    domain: str,
+    cluster: Path | None,
+    workloads: Path | None,
+    mps_pipe_dir: str,
+    mps_pipe_dirs: dict[str, str],
+    resync_s: float,
+) -> Any:
+    from gpupool.adapters.k8s.resources import ResourceNames
+    from gpupool.agent.publish import SlicePublisher
+    from gpupool.cli.extender import build_slices
+    from gpupool.hardware.slices import Slice
+
+    planned: list[Slice] = []
+    if cluster is not None:
+        got, _ = build_slices(cluster, workloads, api=None, domain=domain)
+        planned = [s for s in got if isinstance(s, Slice) and s.node == node]
+    elif workloads is not None:
+        raise UserError("--workloads needs --cluster")
+    source = runtime.source
+    return SlicePublisher(
+        node,
+        device_snapshot=lambda: getattr(source, "last", None),
+        gateway=gateway or None,
+        token=token,
+        kube=kube,
+        annotation=ResourceNames(domain).slices,
+        planned=planned,
+        mps_pipe_dir=mps_pipe_dir,
+        mps_pipe_dirs=mps_pipe_dirs,
+        resync_s=resync_s,
+    )
 
 
 @user_errors

@@ -1,8 +1,10 @@
 """`gpupool device-plugin`: the kubelet device plugin for ``<domain>/gpu`` on one node.
 
 Cards: ``--cluster FILE [--workloads FILE]`` (this node's part of the static pool), else the node's
-``<domain>/slices`` annotation read through the Kubernetes API. With an API, a thread watches this
-node's pods and queues their bound placements for Allocate; every ``--verify-s`` seconds the
+``<domain>/slices`` annotation read through the Kubernetes API (written by the node agent; until it
+appears the plugin waits). With an API, one thread follows that annotation (card health in
+ListAndWatch is the agent's health view, new cards are added), another watches this node's pods and
+queues their bound placements for Allocate; every ``--verify-s`` seconds the
 PodResources API (when its socket exists) confirms which pod got which cards. Stops on SIGTERM/^C.
 """
 
@@ -43,6 +45,9 @@ def device_plugin(
         help="kubelet PodResources socket.",
     ),
     verify_s: float = typer.Option(10.0, "--verify-s", help="Seconds between PodResources checks."),
+    node_poll_s: float = typer.Option(
+        2.0, "--node-poll-s", help="Seconds between reads of this node's slice annotation (health)."
+    ),
     kube_api: str = typer.Option(
         "", "--kube-api", help="Kubernetes API URL (default: in-cluster/kubeconfig)."
     ),
@@ -64,15 +69,29 @@ def device_plugin(
     if not 1 <= replicas <= 1024:
         raise UserError(f"--replicas {replicas}: must be in [1, 1024]")
     check_range("--verify-s", verify_s, lo=0, lo_open=True)
+    check_range("--node-poll-s", node_poll_s, lo=0, lo_open=True)
     if not Path(plugin_dir).is_dir():
         raise UserError(f"--plugin-dir {plugin_dir}: no such directory")
     api: KubeApi | None = None
     if not no_kube:
         api = kube_api_from_options(kube_api, kubeconfig)
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
     slices, _ = build_slices(cluster, workloads, api=api, domain=domain)
     cards = cards_of([s for s in slices if isinstance(s, Slice)], node)
-    if not cards:
+    if not cards and (api is None or cluster is not None):
         raise UserError(f"node {node!r} has no GPUs in the inventory")
+    if not cards:
+        typer.echo(f"node {node!r} has no {domain}/slices annotation yet: waiting for its agent", err=True)
+    while not cards and not stop.wait(node_poll_s):
+        slices, _ = build_slices(None, None, api=api, domain=domain)
+        cards = cards_of([s for s in slices if isinstance(s, Slice)], node)
+    if not cards:
+        return
     cfg = PluginConfig(
         node=node,
         names=ResourceNames(domain),
@@ -83,12 +102,14 @@ def device_plugin(
         pod_resources_socket=pod_resources_socket,
     )
     plugin = DevicePlugin(cfg, cards).start()
-    stop = threading.Event()
-
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
+    if api is not None and cluster is None:
+        threading.Thread(
+            target=plugin.run_node_feed,
+            args=(api, stop),
+            kwargs={"every_s": node_poll_s},
+            name="gpupool-dp-node",
+            daemon=True,
+        ).start()
     if api is not None:
         threading.Thread(
             target=plugin.run_pod_feed, args=(api, stop), name="gpupool-dp-pods", daemon=True

@@ -6,7 +6,7 @@ import typer
 
 from gpupool import __version__
 from gpupool.cli import agent as node_agent
-from gpupool.cli import bench, demo, emulate, plan, sim
+from gpupool.cli import bench, demo, doctor, emulate, plan, sim
 from gpupool.cli import device_plugin as k8s_device_plugin
 from gpupool.cli import extender as k8s_extender
 from gpupool.cli import run as cli_run
@@ -55,6 +55,7 @@ app.command("plan", help="Partition a cluster for workloads (MIG/MPS layout, mig
 app.command("extender", help="Kubernetes scheduler extender (filter/bind/...).")(k8s_extender.extender)
 app.command("device-plugin", help="Kubelet device plugin (gpupool.io/gpu).")(k8s_device_plugin.device_plugin)
 app.command("agent", help="Node agent: 200 ms loop, watermark pausing, /metrics.")(node_agent.agent)
+app.command("doctor", help="Preflight of a GPU node: driver, CUDA, MIG, MPS, kubelet.")(doctor.doctor)
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """`GpuAdmin`: the per-GPU half of `LeaseController`: readings into the watermarks, GPU health from
-node agents (XIDs), drain / undrain, slice health, watermark thresholds.
+node agents (XIDs), drain / undrain, slice health, watermark thresholds, and a node's slice list as its
+agent discovered it (`sync_node`: new slices added, vanished or reshaped ones revoked then removed).
 
 Role: a mixin of `LeaseController` only (it owns none of the state it touches; the controller's
 ``__init__`` creates every attribute declared below). Split out to keep the controller's admission,
@@ -16,6 +17,7 @@ from gpupool.core.model import Lease
 from gpupool.core.outcome import Outcome
 from gpupool.core.ports import GatewayEvent
 from gpupool.core.watermarks import Reading, Signal, WatermarkBank, WatermarkConfig
+from gpupool.hardware.slices import Slice
 
 
 class GpuAdmin:
@@ -93,6 +95,56 @@ class GpuAdmin:
         self._finish(None)
         return out
 
+    def sync_node(self, node: str, slices: list[Slice]) -> dict[str, list[str]]:
+        """Make ``node``'s slices equal ``slices`` (what its agent discovered).
+
+        New slices are added; a slice that vanished or changed shape has its leases revoked (their
+        holders get ``revoked`` events) and is removed, then re-added in its new shape; health follows
+        the new value (unhealthy revokes). Bad input (a slice of another node, a duplicate id, a GPU
+        that belongs to another node) raises `InvalidInput` before anything changes.
+        """
+        led = self.allocator.ledger
+        seen: dict[str, str] = {}
+        for i, s in enumerate(slices):
+            if s.node != node:
+                raise InvalidInput(f"slices[{i}].node", s.node, f"must be {node!r}")
+            if s.id in seen:
+                raise InvalidInput(f"slices[{i}].id", s.id, "appears twice")
+            seen[s.id] = s.gpu_id
+            owner = next((led.slice(x).node for x in led.on_gpu(s.gpu_id)), node)
+            if owner != node:
+                raise InvalidInput(f"slices[{i}].gpu_id", s.gpu_id, f"is a GPU of node {owner!r}")
+            if s.id in led and led.slice(s.id).node != node:
+                raise InvalidInput(f"slices[{i}].id", s.id, f"is a slice of node {led.slice(s.id).node!r}")
+        want = {s.id: s for s in slices}
+        report: dict[str, list[str]] = {"added": [], "removed": [], "health": [], "revoked": []}
+        mine = sorted(sid for sid in led.slice_ids() if led.slice(sid).node == node)
+        for sid in mine:
+            old, new = led.slice(sid), want.get(sid)
+            if new is not None and _same_shape(old, new):
+                if led.is_healthy(sid) != new.healthy:
+                    report["health"].append(sid)
+                    if not new.healthy:
+                        why = f"node agent on {node}: slice {sid} unhealthy"
+                        ended = self.allocator.mark_unhealthy(sid, revoke=True, reason=why)
+                        report["revoked"] += [x.id for x in ended]
+                    elif old.gpu_id not in self.drained and self.gpu_health.get(old.gpu_id, "ok") == "ok":
+                        self.allocator.mark_healthy(sid)
+                        self._freed = True
+                continue
+            why = f"node agent on {node}: slice {sid} " + ("changed" if new is not None else "vanished")
+            report["revoked"] += [x.id for x in self.allocator.mark_unhealthy(sid, revoke=True, reason=why)]
+            self.allocator.remove_slice(sid)
+            report["removed"].append(sid)
+        for sid, s in want.items():
+            if sid not in led:
+                self.allocator.add_slice(s)
+                report["added"].append(sid)
+        self._gpus = set(led.gpu_ids())
+        self._freed = True
+        self._finish(None)
+        return report
+
     def set_watermarks(self, config: WatermarkConfig) -> None:
         self.bank.reconfigure(config)
 
@@ -133,3 +185,16 @@ class GpuAdmin:
         why = f"GPU {gpu} {health}" + (f" (XID {', '.join(map(str, xids))})" if xids else "")
         for sid in sids:
             self.allocator.mark_unhealthy(sid, revoke=health == "failed", reason=why)
+
+
+def _same_shape(a: Slice, b: Slice) -> bool:
+    """Same slice apart from health (a change of anything else re-creates it)."""
+    return (a.gpu_id, a.kind, a.capacity, a.gpu_index, a.profile, a.uuid, a.gpu_model) == (
+        b.gpu_id,
+        b.kind,
+        b.capacity,
+        b.gpu_index,
+        b.profile,
+        b.uuid,
+        b.gpu_model,
+    )

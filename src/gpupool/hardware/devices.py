@@ -61,6 +61,8 @@ class MigDeviceReading:
     engine_active_pct: int | None = None
     """Graphics/compute engine activity (DCGM GR_ENGINE_ACTIVE x 100); None when the source cannot say."""
     processes: tuple[ProcessReading, ...] = ()
+    gi_profile_id: int = -1
+    """NVML GPU-instance profile id (``nvmlGpuInstanceGetInfo().profileId``); -1 when unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,12 @@ class GpuReading:
     processes: tuple[ProcessReading, ...] = ()
     healthy: bool = True
     error: str = ""
+    pci_bus_id: str = ""
+    """NVML ``nvmlDeviceGetPciInfo().busId`` (``00000000:17:00.0``); empty when unknown."""
+    memory_reserved_mib: int = 0
+    """Driver/firmware reservation (NVML memory v2 ``reserved``), not counted in ``memory_used_mib``."""
+    mig_pending: bool | None = None
+    """MIG mode after the next reset (``nvmlDeviceGetMigMode()[1]``); None when unknown or unsupported."""
 
     @property
     def memory_used_pct(self) -> int:
@@ -105,6 +113,8 @@ class DeviceSnapshot:
     driver_version: str = ""
     source: str = ""
     """``nvml`` or ``simulated``."""
+    cuda_driver_version: int = 0
+    """``nvmlSystemGetCudaDriverVersion()`` (12020 = CUDA 12.2); 0 when unknown."""
 
     def gpu(self, index: int) -> GpuReading:
         for g in self.gpus:

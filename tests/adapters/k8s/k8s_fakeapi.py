@@ -1,5 +1,6 @@
 """A fake Kubernetes API server on loopback: pods (get, merge-patch, binding, list, chunked watch)
-and nodes (list). Enough of the real wire protocol for the official ``kubernetes`` client.
+and nodes (list, get, merge-patch of annotations). Enough of the real wire protocol for the official
+``kubernetes`` client.
 
 Not a mock of gpupool code: it stands in for the API server, the way kind stands in for a cluster.
 """
@@ -219,6 +220,15 @@ def _make_handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         "items": items,
                     },
                 )
+                return
+            if url.path.startswith("/api/v1/nodes/"):
+                name = url.path.rsplit("/", 1)[-1]
+                with api.lock:
+                    node = copy.deepcopy(api.nodes.get(name))
+                if node is None:
+                    self._status(404, "NotFound", f'nodes "{name}" not found')
+                else:
+                    self._json(200, node)
                 return
             if url.path == "/api/v1/pods":
                 if q.get("watch") in ("true", "True", "1"):

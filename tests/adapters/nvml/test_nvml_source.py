@@ -127,7 +127,8 @@ def test_fatal_xid_makes_gpu_unhealthy_until_restart():
 
 
 def test_record_round_trip():
-    for name in ("a100-80gb-mig-3g40-2x1g10.json", "h100-sxm5-no-mig.json", "l40s.json", "gpu-lost.json"):
+    names = ("a100-80gb-mig-3g40-2x1g10.json", "h100-sxm5-no-mig.json", "l40s.json", "gpu-lost.json")
+    for name in (*names, "h100-sxm5-mig-me-pending.json"):
         fx = _fixture(name)
         recorded = record(FakeNvml.from_fixture(copy.deepcopy(fx)), description=fx["description"])
         a = _read(name)
@@ -227,3 +228,50 @@ def test_ampere_has_no_gpm():
     src.read()
     assert all(d.engine_active_pct is None for d in src.read().gpus[0].mig_devices)
     src.close()
+
+
+def test_identity_mig_mode_and_cuda_version_are_read():
+    snap = _read("h100-sxm5-mig-me-pending.json")
+    assert (snap.driver_version, snap.cuda_driver_version) == ("535.129.03", 12020)
+    g0, g1 = snap.gpus
+    assert (g0.pci_bus_id, g1.pci_bus_id) == ("00000000:18:00.0", "00000000:2A:00.0")
+    assert (g0.mig_enabled, g0.mig_pending) == (True, True)
+    assert (g1.mig_enabled, g1.mig_pending) == (False, True)  # enable set, waiting for a GPU reset
+
+
+def test_memory_v2_reports_reserved_apart_from_used():
+    """v1's ``used`` includes the driver's reservation; the source asks for v2 and keeps them apart."""
+    g0, g1 = _read("h100-sxm5-mig-me-pending.json").gpus
+    assert (g1.memory_used_mib, g1.memory_reserved_mib) == (0, 512)
+    assert (g0.memory_used_mib, g0.memory_reserved_mib) == (6144, 512)
+
+
+def test_memory_falls_back_to_v1_on_a_driver_without_v2():
+    fx = _fixture("h100-sxm5-mig-me-pending.json")
+
+    class NoV2(FakeNvml):
+        def nvmlDeviceGetMemoryInfo(self, h, version=None):
+            if version is not None:
+                raise self.NVMLError(25)  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+            return super().nvmlDeviceGetMemoryInfo(h)
+
+    src = NvmlDeviceSource("gpu-a", nvml=NoV2(fx), clock=lambda: 0.0)
+    g1 = src.read().gpus[1]
+    src.close()
+    assert (g1.memory_used_mib, g1.memory_reserved_mib) == (512, 0)
+
+
+def test_mig_profile_names_are_nvmls_and_keep_me():
+    (g0, _) = _read("h100-sxm5-mig-me-pending.json").gpus
+    by_gi = {d.gpu_instance_id: d for d in g0.mig_devices}
+    assert by_gi[7].profile == "1g.10gb+me" and by_gi[7].gi_profile_id == 20
+    assert by_gi[2].profile == "3g.40gb" and by_gi[2].gi_profile_id == 9
+    ids = {s.id for s in inventory_from_snapshot(_read("h100-sxm5-mig-me-pending.json"))}
+    assert "gpu-a/0/mig-1g.10gb+me-0" in ids
+
+
+def test_profile_names_are_derived_when_the_driver_cannot_name_them():
+    fx = _fixture("h100-sxm5-mig-me-pending.json")
+    del fx["devices"][0]["gi_profiles"]  # -> NOT_SUPPORTED, as on a driver without the call
+    (g0, _) = _read("", fixture=fx).gpus
+    assert sorted(d.profile for d in g0.mig_devices) == ["1g.10gb", "3g.40gb"]

@@ -20,6 +20,10 @@ tickets and events; ``/v1/admin/*`` and the agent route need role ``admin``):
   a ``revoke`` event for a lease on that node ends it as REVOKED (its holder gets a ``revoked`` event).
   Opt-in (``create_app(agent_events=True)``, on in ``gpupool serve``/``run``): without it agents fall back
   to ``DELETE /v1/leases/{id}`` for revocations;
+- ``PUT /v1/nodes/{node}/slices`` (node agents): ``{"slices": [{"id", "gpu_id", "kind", "vram_mib",
+  "compute_milli", "index", "model", "profile", "uuid", "healthy", "mps_pipe_dir"}]}``, the node's whole
+  discovered slice list: new slices join the pool, vanished or reshaped ones are revoked (holders get
+  ``revoked`` events) and removed, health follows (`LeaseController.sync_node`);
 - ``POST /v1/admin/gpus/{gpu_id}/drain``, ``POST /v1/admin/slices/{slice_id}/health``,
   ``PUT /v1/admin/watermarks``; ``POST /v1/noop`` + ``DELETE /v1/noop/{id}`` (the framework's own
   ceiling, for the benchmark); the OpenAI-compatible proxy (`gpupool.adapters.http.proxy`).
@@ -66,7 +70,7 @@ from gpupool.core.outcome import OutcomeCode
 from gpupool.core.poolview import pool_view
 from gpupool.core.priority import parse_priority
 from gpupool.core.watermarks import Reading, WatermarkConfig
-from gpupool.hardware.slices import SliceKind
+from gpupool.hardware.slices import Slice, SliceKind
 from gpupool.hardware.units import Resources
 
 
@@ -450,6 +454,31 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
             gw.agent_events += len(body.events)
             await gw.committer.durable()
             return JSONResponse({"accepted": len(body.events), "revoked": revoked})
+
+    @app.put("/v1/nodes/{node}/slices", responses=_resp(*ADMIN_BODY, _200=s.NodeSlicesOut))
+    async def node_slices(node: str, body: s.NodeSlicesIn, who: AdminWho) -> JSONResponse:
+        try:
+            slices = [
+                Slice(
+                    id=x.id,
+                    node=node,
+                    gpu_id=x.gpu_id,
+                    kind=SliceKind(x.kind),
+                    capacity=Resources(x.vram_mib, x.compute_milli),
+                    healthy=x.healthy,
+                    gpu_index=x.index,
+                    gpu_model=x.model,
+                    profile=x.profile,
+                    uuid=x.uuid,
+                )
+                for x in body.slices
+            ]
+        except ValueError as exc:
+            raise InvalidInput("slices", node, str(exc)) from None
+        report = c.sync_node(node, slices)
+        gw.committer.kick()
+        await gw.committer.durable()
+        return JSONResponse({"node": node, "slices": len(slices), **report})
 
     @app.post("/v1/admin/gpus/{gpu_id:path}/drain", responses=_resp(*ADMIN_BODY, 404, _200=s.DrainOut))
     async def drain(gpu_id: str, body: s.DrainIn, who: AdminWho) -> JSONResponse:

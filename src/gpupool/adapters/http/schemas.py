@@ -204,6 +204,37 @@ class ReadingsIn(_Strict):
     gpus: list[GpuReadingIn] = Field(..., min_length=1, max_length=64)
 
 
+class NodeSliceIn(_Strict):
+    """One slice of a node as its agent discovered it (the ``<domain>/slices`` annotation's fields)."""
+
+    id: StrictStr = Field(..., min_length=1, max_length=256)
+    gpu_id: StrictStr = Field(..., min_length=1, max_length=256)
+    kind: Kind
+    vram_mib: StrictInt = Field(..., ge=1, le=MAX_VRAM_MIB)
+    compute_milli: StrictInt = Field(..., ge=0, le=1000)
+    index: StrictInt = Field(0, ge=0, le=1023)
+    model: StrictStr = Field("", max_length=128)
+    profile: StrictStr = Field("", max_length=128)
+    uuid: StrictStr = Field("", max_length=128)
+    healthy: StrictBool = True
+    mps_pipe_dir: StrictStr = Field("", max_length=4096)
+
+
+class NodeSlicesIn(_Strict):
+    """The whole slice list of one node (state, not a delta): what is not listed is gone."""
+
+    slices: list[NodeSliceIn] = Field(..., max_length=4096)
+
+
+class NodeSlicesOut(BaseModel):
+    node: str
+    slices: int
+    added: list[str]
+    removed: list[str]
+    health: list[str]
+    revoked: list[str]
+
+
 class AgentEventIn(_Strict):
     seq: StrictInt = Field(..., ge=0)
     kind: StrictStr = Field(..., min_length=1, max_length=64)

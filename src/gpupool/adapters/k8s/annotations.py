@@ -10,7 +10,9 @@ grant is less than the whole slice (so the container must be capped through MPS)
 
 Node annotation ``<domain>/slices`` (written by the node agent), JSON with ``"version": 1``:
 ``{"version", "slices": [{"id", "gpu", "kind", "vram_mib", "compute_milli", "index", "model",
-"profile", "uuid", "healthy"}]}``.
+"profile", "uuid", "healthy", "mps_pipe_dir"?}]}``; ``uuid`` is the MIG device UUID on MIG slices,
+``mps_pipe_dir`` (only on MPS slices whose daemon's pipe directory is known) is optional, so older
+readers and writers stay compatible (`decode_pipe_dirs` reads it).
 
 Invariants: ``decode(encode(x)) == x`` for both records (tested); an unknown version or a missing /
 mistyped field raises `InvalidInput` naming the field; encoding is canonical (sorted keys, no spaces).
@@ -247,12 +249,15 @@ def decode_placement(text: str, field: str = "placement") -> Placement:
     )
 
 
-def encode_slices(slices: list[Slice]) -> str:
+def encode_slices(slices: list[Slice], *, pipe_dirs: dict[str, str] | None = None) -> str:
+    """The node annotation; ``pipe_dirs`` maps MPS slice ids to their daemon's pipe directory."""
+    pipes = pipe_dirs or {}
     return _dump(
         {
             "version": SLICES_VERSION,
             "slices": [
                 {
+                    **({"mps_pipe_dir": pipes[s.id]} if pipes.get(s.id) else {}),
                     "id": s.id,
                     "gpu": s.gpu_id,
                     "kind": s.kind.value,
@@ -296,4 +301,14 @@ def decode_slices(text: str, *, node: str, field: str = "slices") -> list[Slice]
             if isinstance(exc, InvalidInput):
                 raise
             raise InvalidInput(sf, s.get("id"), str(exc)) from None
+    return out
+
+
+def decode_pipe_dirs(text: str, field: str = "slices") -> dict[str, str]:
+    """Slice id -> MPS pipe directory, for the slices of a node annotation that name one."""
+    d = _load(text, field, SLICES_VERSION)
+    out: dict[str, str] = {}
+    for s in _get(d, "slices", list, field):
+        if isinstance(s, dict) and isinstance(s.get("id"), str) and isinstance(s.get("mps_pipe_dir"), str):
+            out[s["id"]] = s["mps_pipe_dir"]
     return out

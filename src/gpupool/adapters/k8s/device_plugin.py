@@ -5,12 +5,15 @@ environment of the lease the extender bound for its pod.
 
 - Devices: ``replicas`` device IDs per physical card (``<gpu id, sanitised>-<k>``), so several pods
   can share a card; a pod asking ``<domain>/gpu: N`` gets N IDs. Health per card; any change resends
-  the full list on every open ListAndWatch stream.
+  the full list on every open ListAndWatch stream. In Kubernetes, `follow` takes health (and new
+  cards) from the node agent's ``<domain>/slices`` annotation, so ListAndWatch follows the agent's
+  health view; a card the agent no longer lists is reported unhealthy.
 - GetPreferredAllocation / Allocate match the container to a bound lease through the node-local
   `PendingQueue` (no node lock); Allocate returns ``NVIDIA_VISIBLE_DEVICES`` (GPU or MIG UUIDs, card
   indices for whole cards without a UUID), and for MPS or shared-card grants
   ``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``<ordinal>=<MiB>M`` per card),
-  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (when compute was reserved) and the pipe directory mount,
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (when compute was reserved) and the pipe directory mount (the
+  one the node agent published for that MPS slice, else ``--mps-pipe-dir``),
   plus ``GPUPOOL_LEASE_ID`` / ``GPUPOOL_POD``. A MIG grant without a device UUID, or no waiting
   lease, fails the whole Allocate (kubelet retries the container).
 - Registration: serve ``<plugin_dir>/<endpoint>``, then ``Register`` on ``<plugin_dir>/kubelet.sock``.
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpupool.adapters.k8s.annotations import Placement
+from gpupool.adapters.k8s.annotations import Placement, decode_pipe_dirs, decode_slices
 from gpupool.adapters.k8s.kubeapi import KubeApi, KubeApiError, WatchExpiredError
 from gpupool.adapters.k8s.pending import PendingQueue, feed
 from gpupool.adapters.k8s.resources import DEFAULT_NAMES, ResourceNames
@@ -172,6 +175,8 @@ class DevicePlugin:
         self._watcher: threading.Thread | None = None
         self.registrations = 0
         self.drifts: list[str] = []
+        self.pipe_dirs: dict[str, str] = {}
+        """Slice id -> MPS pipe directory, as the node agent published it (else ``config.mps_pipe_dir``)."""
 
     # ------------------------------------------------------------------ state
     def set_health(self, gpu_id: str, healthy: bool) -> None:
@@ -180,6 +185,71 @@ class DevicePlugin:
             self._cards[gpu_id] = Card(c.gpu_id, c.index, c.uuid, healthy)
             self._version += 1
             self._cond.notify_all()
+
+    def follow(self, slices: Iterable[Slice]) -> list[str]:
+        """Take card health from the node's slices as its agent published them (a card is healthy
+        while any of its slices is; a card no longer listed is unhealthy; a new card is added).
+        Returns the GPU ids whose state changed; open ListAndWatch streams get the new list."""
+        want = {c.gpu_id: c for c in cards_of(slices, self.config.node)}
+        changed: list[str] = []
+        with self._cond:
+            for gpu, c in list(self._cards.items()):
+                w = want.get(gpu)
+                healthy = w.healthy if w is not None else False
+                if c.healthy != healthy:
+                    self._cards[gpu] = Card(c.gpu_id, c.index, c.uuid, healthy)
+                    changed.append(gpu)
+            for gpu, w in want.items():
+                if gpu in self._cards:
+                    continue
+                ids = [device_id(gpu, k) for k in range(self.config.replicas)]
+                if any(did in self._ids for did in ids):
+                    log.warning("card %s skipped: its device ids collide with another card", gpu)
+                    continue
+                self._cards[gpu] = w
+                for did in ids:
+                    self._ids[did] = gpu
+                changed.append(gpu)
+            if changed:
+                self._version += 1
+                self._cond.notify_all()
+        return sorted(changed)
+
+    def pipe_dir_of(self, p: Placement) -> str:
+        """The MPS pipe directory for a placement: its first MPS grant's, as the agent published it."""
+        for g in p.grants:
+            if g.kind is SliceKind.MPS and g.slice_id in self.pipe_dirs:
+                return self.pipe_dirs[g.slice_id]
+        return self.config.mps_pipe_dir
+
+    def run_node_feed(
+        self, api: KubeApi, stop: threading.Event, *, every_s: float = 2.0, names: ResourceNames | None = None
+    ) -> None:
+        """Read this node's slice annotation and `follow` it now and every ``every_s``, until ``stop``."""
+        key = (names or self.config.names).slices
+        while not stop.is_set():
+            self.read_node_once(api, key)
+            stop.wait(every_s)
+
+    def read_node_once(self, api: KubeApi, key: str) -> None:
+        """One step of `run_node_feed` (errors are logged: the old view stays until the next read)."""
+        try:
+            node = api.read_node(self.config.node)
+        except KubeApiError as exc:
+            log.warning("node feed: %s", exc)
+            return
+        text = ((node.get("metadata") or {}).get("annotations") or {}).get(key)
+        if text is None:
+            return
+        try:
+            slices = decode_slices(text, node=self.config.node, field=f"node annotation {key}")
+            pipes = decode_pipe_dirs(text)
+        except InvalidInput as exc:
+            log.warning("node feed: %s", exc)
+            return
+        self.pipe_dirs = pipes
+        for gpu in self.follow(slices):
+            log.info("card %s: %s", gpu, HEALTHY if self._cards[gpu].healthy else UNHEALTHY)
 
     def device_list(self) -> list[tuple[str, str]]:
         with self._cond:
@@ -235,7 +305,7 @@ class DevicePlugin:
                         f"no bound gpupool lease waits on {self.config.node} for {len(ids)} card(s)",
                     )
                 taken.append(p)
-                env = container_env(p, mps_pipe_dir=self.config.mps_pipe_dir, domain=self.config.names.domain)
+                env = container_env(p, mps_pipe_dir=self.pipe_dir_of(p), domain=self.config.names.domain)
                 responses.append(
                     pb.ContainerAllocateResponse(
                         envs=env.envs,

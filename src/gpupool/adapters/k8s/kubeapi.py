@@ -7,8 +7,8 @@ watches are read with ``_preload_content=False`` and decoded here (no model roun
 Calls: read / annotate (JSON merge patch of metadata.annotations; ``None`` deletes a key) / bind a
 pod (``POST .../pods/{name}/binding`` with the pod UID, as kube-scheduler's DefaultBinder does) /
 evict a pod (policy/v1 Eviction),
-list pods and nodes, and a pod watch that yields ``(type, object)`` and raises `WatchExpiredError` on
-HTTP 410 so the caller relists. Errors surface as `KubeApiError` with the HTTP status.
+list pods and nodes, read one node, and a pod watch that yields ``(type, object)`` and raises
+`WatchExpiredError` on HTTP 410 so the caller relists. Errors surface as `KubeApiError` with the HTTP status.
 """
 
 from __future__ import annotations
@@ -132,6 +132,10 @@ class KubeApi:
         """Merge-patch a node's annotations (the node agent publishes ``<domain>/slices`` with this)."""
         body = {"metadata": {"annotations": annotations}}
         out: dict[str, Any] = _decode(self._call(self._core.patch_node, name, body))
+        return out
+
+    def read_node(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = _decode(self._call(self._core.read_node, name))
         return out
 
     def list_nodes(self) -> list[dict[str, Any]]:

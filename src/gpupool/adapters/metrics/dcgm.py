@@ -6,9 +6,11 @@ scrape time (so a tick costs nothing here), and counters/histograms fed by agent
 Names and labels follow dcgm-exporter where the meaning is the same (gpu-facts section 6):
 ``DCGM_FI_DEV_FB_USED`` / ``DCGM_FI_DEV_FB_FREE`` (MiB), ``DCGM_FI_DEV_GPU_UTIL`` (%, never on MIG
 instances), ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (ratio, works per MIG instance), ``DCGM_FI_DEV_GPU_TEMP``
-(degC), ``DCGM_FI_DEV_POWER_USAGE`` (W), ``DCGM_FI_DEV_XID_ERRORS`` (value of the last XID); labels
-``gpu``, ``UUID``, ``device``, ``modelName``, ``hostname`` and, on MIG instances only,
-``GPU_I_PROFILE`` and ``GPU_I_ID``. gpupool's own series are prefixed ``gpupool_agent_``.
+(degC), ``DCGM_FI_DEV_POWER_USAGE`` (W), ``DCGM_FI_DEV_XID_ERRORS`` (value of the last XID, with
+``err_code`` and ``err_msg`` as dcgm-exporter adds them); labels ``gpu``, ``UUID``, ``pci_bus_id``,
+``device``, ``modelName`` (NVML's device name), ``hostname`` and, on MIG instances only,
+``GPU_I_PROFILE`` and ``GPU_I_ID``: a MIG series carries its parent GPU's ``UUID`` and index, as
+dcgm-exporter's do. gpupool's own series are prefixed ``gpupool_agent_``.
 
 Invariants: unknown values are omitted (never exported as 0); label sets are exactly those of
 dcgm-exporter for the same device kind; prometheus_client is imported lazily (first use).
@@ -58,6 +60,7 @@ class GpuGauges:
     mig_profile: str = ""
     gi_id: int | None = None
     last_xid: int | None = None
+    pci_bus_id: str = ""
     # gpupool's own
     gpu_id: str = ""
     effective_used_mib: int | None = None
@@ -76,10 +79,41 @@ class AgentGauges:
     """(pauser name, usable on this machine)."""
 
 
+XID_NAMES = {
+    8: "GPU stopped processing",
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    32: "Invalid or corrupted push buffer stream",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
+    48: "Double Bit ECC Error",
+    61: "Internal micro-controller breakpoint/warning",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    74: "NVLINK Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+}
+"""``err_msg`` of the XIDs the agent acts on (NVIDIA's XID catalogue names, as dcgm-exporter prints them);
+any other code is ``Unknown Error``."""
+
+
+def xid_labels(xid: float) -> dict[str, str]:
+    """dcgm-exporter's extra labels on ``DCGM_FI_DEV_XID_ERRORS``: ``err_code`` and ``err_msg``."""
+    code = int(xid)
+    return {"err_code": str(code), "err_msg": XID_NAMES.get(code, "Unknown Error")}
+
+
 def _labels(g: GpuGauges, hostname: str) -> dict[str, str]:
     labels = {
         "gpu": str(g.index),
         "UUID": g.uuid,
+        "pci_bus_id": g.pci_bus_id,
         "device": f"nvidia{g.index}",
         "modelName": g.model,
         "hostname": hostname,
@@ -103,12 +137,21 @@ class _NodeCollector:
 
         view = self.provider()
 
-        def family(name: str, doc: str, pick: Callable[[GpuGauges], float | None], typ: str = "gauge") -> Any:
+        def family(
+            name: str,
+            doc: str,
+            pick: Callable[[GpuGauges], float | None],
+            typ: str = "gauge",
+            extra: Callable[[float], dict[str, str]] | None = None,
+        ) -> Any:
             m = Metric(name, doc, typ)
             for g in view.gpus:
                 v = pick(g)
                 if v is not None:
-                    m.add_sample(name, _labels(g, self.hostname), float(v))
+                    labels = _labels(g, self.hostname)
+                    if extra is not None:
+                        labels.update(extra(v))
+                    m.add_sample(name, labels, float(v))
             return m
 
         yield family("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.fb_used_mib)
@@ -134,7 +177,10 @@ class _NodeCollector:
             lambda g: None if g.power_mw is None else g.power_mw / 1000.0,
         )
         yield family(
-            "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", lambda g: g.last_xid
+            "DCGM_FI_DEV_XID_ERRORS",
+            "Value of the last XID error encountered.",
+            lambda g: g.last_xid,
+            extra=xid_labels,
         )
         yield family(
             "gpupool_agent_watermark_paused",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.adapters.nvml.replay import FIXTURE_FORMAT
-from gpupool.adapters.nvml.source import ERR_NOT_SUPPORTED, load_pynvml
+from gpupool.adapters.nvml.source import ERR_NOT_SUPPORTED, MEMORY_V2, load_pynvml, text_of
 
 ATTRS = ("multiprocessorCount", "gpuInstanceSliceCount", "computeInstanceSliceCount", "memorySizeMB")
 
@@ -35,8 +35,17 @@ class _Recorder:
             return None
 
     def mem(self, h: Any) -> dict[str, int] | None:
+        """v1 ``used`` (reserved included) plus ``reserved`` from v2 where the driver has it."""
         m = self.call("nvmlDeviceGetMemoryInfo", h)
-        return None if m is None else {"total": int(m.total), "used": int(m.used), "free": int(m.free)}
+        if m is None:
+            return None
+        out = {"total": int(m.total), "used": int(m.used), "free": int(m.free)}
+        try:
+            v2 = self.nv.nvmlDeviceGetMemoryInfo(h, version=getattr(self.nv, "nvmlMemory_v2", MEMORY_V2))
+            out["reserved"] = int(v2.reserved)
+        except (self.nv.NVMLError, TypeError, AttributeError):
+            pass
+        return out
 
     def procs(self, h: Any) -> list[dict[str, int]]:
         return [
@@ -89,12 +98,24 @@ class _Recorder:
             "mig_devices": [],
             "events": [],
         }
+        pci = self.call("nvmlDeviceGetPciInfo", h)
+        if pci is not None:
+            dev["pci_bus_id"] = text_of(pci.busId)
         for k in range(max_mig if enabled else 0):
             try:
                 m = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
             except nv.NVMLError:
                 continue
             dev["mig_devices"].append(self.mig(h, k, m))
+        names: dict[str, str] = {}
+        for d in dev["mig_devices"]:
+            pid = d.get("gi_profile_id")
+            if pid is not None and str(pid) not in names:
+                info = self.call("nvmlDeviceGetGpuInstanceProfileInfoById", h, pid)
+                if info is not None:
+                    names[str(pid)] = text_of(info.name)
+        if names:
+            dev["gi_profiles"] = names
         return dev
 
 
@@ -114,6 +135,11 @@ def record(nvml: Any | None = None, *, description: str = "") -> dict[str, Any]:
             "format": FIXTURE_FORMAT,
             "description": description,
             "driver_version": str(top.call("nvmlSystemGetDriverVersion") or ""),
+            **(
+                {"cuda_driver_version": int(cuda)}
+                if (cuda := top.call("nvmlSystemGetCudaDriverVersion"))
+                else {}
+            ),
             "devices": devices,
         }
     finally:
@@ -130,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"gpupool: error: cannot record NVML readings: {exc}", file=sys.stderr)  # noqa: T201
         return 2
-    args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    args.out.writetext_of(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

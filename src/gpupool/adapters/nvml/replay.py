@@ -8,6 +8,11 @@ code, raised on every call of that name on that device (15 = GPU is lost). A MIG
 own ``errors``; the parent's ``*`` applies to its MIG devices too. GPM (Hopper+): ``gpm_supported`` on a
 GPU and ``gpm_graphics_util`` (values returned by successive metric reads) on its MIG devices.
 
+Optional keys (absent = the call raises NOT_SUPPORTED, as on a driver without it): top-level
+``cuda_driver_version`` (int, 12020 = 12.2); per GPU ``pci_bus_id``, ``memory.reserved`` (bytes: memory
+v2 then reports ``used`` without it, v1 with it, as NVML does) and ``gi_profiles`` (profile id ->
+NVML profile name, ``"20": "MIG 1g.10gb+me"``).
+
 Invariants: replay is deterministic; events are delivered once, in fixture order; a null
 ``utilization`` / ``temperature`` / ``power_mw`` raises NOT_SUPPORTED like NVML does.
 """
@@ -65,10 +70,20 @@ class _Handle:
     errors: dict[str, int] = field(default_factory=dict)
 
 
-def _mem(d: dict[str, Any]) -> SimpleNamespace:
+MEMORY_V2 = 0x02000028
+
+
+def _mem(d: dict[str, Any], version: int | None = None) -> SimpleNamespace:
+    """v1: ``used`` includes ``reserved``; v2 (``nvmlMemory_v2``): ``reserved`` is reported apart."""
     m = d["memory"]
     total, used = int(m["total"]), int(m["used"])
-    return SimpleNamespace(total=total, used=used, free=int(m.get("free", total - used)))
+    free = int(m.get("free", total - used))
+    if version == MEMORY_V2:
+        reserved = int(m.get("reserved", 0))
+        return SimpleNamespace(
+            version=MEMORY_V2, total=total, reserved=reserved, free=free, used=max(0, used - reserved)
+        )
+    return SimpleNamespace(total=total, used=used, free=free)
 
 
 class FakeNvml:
@@ -130,6 +145,12 @@ class FakeNvml:
         self._check("nvmlSystemGetDriverVersion")
         return str(self.fixture.get("driver_version", ""))
 
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._check("nvmlSystemGetCudaDriverVersion")
+        if "cuda_driver_version" not in self.fixture:
+            raise nvml_error(3)
+        return int(self.fixture["cuda_driver_version"])
+
     def nvmlDeviceGetCount(self) -> int:
         self._check("nvmlDeviceGetCount")
         return len(self._devices)
@@ -155,7 +176,18 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, h: _Handle, version: int | None = None) -> SimpleNamespace:
         self._check("nvmlDeviceGetMemoryInfo", h)
-        return _mem(h.data)
+        return _mem(h.data, version)
+
+    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> SimpleNamespace:
+        bus = self._value("nvmlDeviceGetPciInfo", handle, "pci_bus_id")
+        return SimpleNamespace(busId=str(bus), busIdLegacy=str(bus)[4:])
+
+    def nvmlDeviceGetGpuInstanceProfileInfoById(self, device: _Handle, profile_id: int) -> SimpleNamespace:
+        names = self._value("nvmlDeviceGetGpuInstanceProfileInfoById", device, "gi_profiles")
+        name = names.get(str(profile_id))
+        if name is None:
+            raise nvml_error(2)
+        return SimpleNamespace(id=int(profile_id), name=str(name).encode())
 
     def nvmlDeviceGetUtilizationRates(self, h: _Handle) -> SimpleNamespace:
         u = self._value("nvmlDeviceGetUtilizationRates", h, "utilization")

@@ -6,7 +6,12 @@ imported only on first use.
 
 Invariants:
 - MIG memory and SM counts are read from the device (``nvmlDeviceGetMemoryInfo`` on the MIG handle,
-  ``nvmlDeviceGetAttributes``), never taken from the catalogue.
+  ``nvmlDeviceGetAttributes``), never taken from the catalogue. MIG profile names are NVML's own
+  (``nvmlDeviceGetGpuInstanceProfileInfoById(...).name``, so ``1g.10gb+me`` keeps its ``+me``); only
+  when the driver cannot say are they derived from slices and memory (go-nvlib rounding).
+- Memory is read with ``nvmlDeviceGetMemoryInfo`` v2 where the driver has it: ``used`` excludes the
+  driver/firmware ``reserved`` memory, which is reported apart (v1's ``used`` includes it).
+- PCI bus id, pending MIG mode and the CUDA driver version are read where NVML supports them.
 - ``NOT_SUPPORTED`` / ``NO_PERMISSION`` on one call leaves that field None and the GPU healthy;
   ``GPU_IS_LOST`` (or any other error on the identity/memory calls) makes the GPU ``healthy=False``
   with the error text; a fatal XID event (``FATAL_XIDS``) does too, until the process restarts.
@@ -34,8 +39,12 @@ ERR_NOT_SUPPORTED = 3
 ERR_NO_PERMISSION = 4
 ERR_NOT_FOUND = 6
 ERR_TIMEOUT = 10
+ERR_FUNCTION_NOT_FOUND = 13
 ERR_GPU_IS_LOST = 15
+ERR_ARGUMENT_VERSION_MISMATCH = 25
 SOFT_ERRORS = frozenset({ERR_NOT_SUPPORTED, ERR_NO_PERMISSION, ERR_NOT_FOUND})
+MEMORY_V2 = 0x02000028
+"""``nvmlMemory_v2``: the version argument of ``nvmlDeviceGetMemoryInfo`` that reports ``reserved``."""
 
 FATAL_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
 """XIDs after which the GPU is treated as unhealthy (DBE, fallen off the bus, row-remap failure, ...)."""
@@ -64,6 +73,13 @@ def mig_profile_name(sm_slices: int, memory_mib: int, parent_total_mib: int) -> 
     return f"{sm_slices}g.{gb}gb"
 
 
+def text_of(value: Any) -> str:
+    """A ctypes char-array field as str (pynvml returns bytes on some versions)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace").rstrip("\x00")
+    return str(value or "")
+
+
 def _code(exc: BaseException) -> int:
     value = getattr(exc, "value", -1)
     return value if isinstance(value, int) else -1
@@ -88,6 +104,7 @@ class NvmlDeviceSource:
         self._started = False
         self._xid_lost: dict[str, str] = {}
         self._gpm_sampler: GpmSampler | None = None
+        self._profile_names: dict[tuple[str, int], str] = {}
 
     def _lib(self) -> Any:
         if self._nv is None:
@@ -117,6 +134,7 @@ class NvmlDeviceSource:
     def read(self) -> DeviceSnapshot:
         nv = self._lib()
         driver = str(self._soft(nv.nvmlSystemGetDriverVersion) or "")
+        cuda = int(self._soft(nv.nvmlSystemGetCudaDriverVersion) or 0)
         count = nv.nvmlDeviceGetCount()
         handles: list[tuple[int, Any]] = []
         gpus: list[GpuReading] = []
@@ -140,7 +158,7 @@ class NvmlDeviceSource:
             else g
             for g in gpus
         ]
-        return DeviceSnapshot(self.node, self._clock(), tuple(gpus), tuple(events), driver, "nvml")
+        return DeviceSnapshot(self.node, self._clock(), tuple(gpus), tuple(events), driver, "nvml", cuda)
 
     def _read_gpu(self, index: int, h: Any) -> GpuReading:
         nv = self._nv
@@ -149,7 +167,7 @@ class NvmlDeviceSource:
             uuid = str(nv.nvmlDeviceGetUUID(h))
             name = str(nv.nvmlDeviceGetName(h))
             # with MIG on, the parent's aggregate memory needs privileges: NO_PERMISSION -> from MIG devices
-            mem = self._soft(nv.nvmlDeviceGetMemoryInfo, h)
+            mem = self._memory(h)
         except nv.NVMLError as exc:
             lost = "GPU is lost" if _code(exc) == ERR_GPU_IS_LOST else str(exc)
             return GpuReading(
@@ -158,9 +176,13 @@ class NvmlDeviceSource:
         model = model_from_nvml_name(name, total_mib=int(mem.total) // MIB if mem is not None else 0)
         total_mib = int(mem.total) // MIB if mem is not None else (model.memory_mib if model else 0)
         used_mib = int(mem.used) // MIB if mem is not None else 0
+        reserved_mib = int(getattr(mem, "reserved", 0) or 0) // MIB if mem is not None else 0
         try:
+            pci = self._soft(nv.nvmlDeviceGetPciInfo, h)
+            bus_id = text_of(getattr(pci, "busId", "")) if pci is not None else ""
             mig_mode = self._soft(nv.nvmlDeviceGetMigMode, h)
             mig_enabled = bool(mig_mode and int(mig_mode[0]) == 1)
+            mig_pending = bool(int(mig_mode[1]) == 1) if mig_mode and len(mig_mode) > 1 else None
             util = None if mig_enabled else self._soft(nv.nvmlDeviceGetUtilizationRates, h)
             temp = self._soft(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
             power = self._soft(nv.nvmlDeviceGetPowerUsage, h)
@@ -192,6 +214,7 @@ class NvmlDeviceSource:
                 0,
                 healthy=False,
                 error="nvmlDeviceGetMemoryInfo not permitted or not supported",
+                pci_bus_id=bus_id,
             )
         return GpuReading(
             index=index,
@@ -206,7 +229,31 @@ class NvmlDeviceSource:
             mig_enabled=mig_enabled,
             mig_devices=migs,
             processes=procs,
+            pci_bus_id=bus_id,
+            memory_reserved_mib=reserved_mib,
+            mig_pending=mig_pending,
         )
+
+    def _memory(self, h: Any) -> Any:
+        """``nvmlDeviceGetMemoryInfo`` v2 (``reserved`` apart from ``used``), else v1; None if not allowed."""
+        nv = self._nv
+        try:
+            return nv.nvmlDeviceGetMemoryInfo(h, version=getattr(nv, "nvmlMemory_v2", MEMORY_V2))
+        except nv.NVMLError as exc:
+            if _code(exc) not in (ERR_ARGUMENT_VERSION_MISMATCH, ERR_FUNCTION_NOT_FOUND, *SOFT_ERRORS):
+                raise
+        except TypeError:  # NOTE: a pynvml too old to take ``version``
+            pass
+        return self._soft(nv.nvmlDeviceGetMemoryInfo, h)
+
+    def _profile_name(self, parent: Any, parent_uuid: str, profile_id: int) -> str:
+        """NVML's name of a GPU-instance profile (``1g.10gb+me``), cached per GPU; '' when unknown."""
+        key = (parent_uuid, profile_id)
+        if key not in self._profile_names:
+            info = self._soft(self._nv.nvmlDeviceGetGpuInstanceProfileInfoById, parent, profile_id)
+            name = text_of(getattr(info, "name", "")) if info is not None else ""
+            self._profile_names[key] = name.removeprefix("MIG ").strip()
+        return self._profile_names[key]
 
     def _processes(self, h: Any) -> tuple[ProcessReading, ...]:
         nv = self._nv
@@ -246,19 +293,21 @@ class NvmlDeviceSource:
             sm_slices = int(attrs.gpuInstanceSliceCount) if attrs is not None else 0
             sm_count = int(attrs.multiprocessorCount) if attrs is not None else 0
             total_mib = int(mem.total) // MIB
-            start = -1
+            start = profile_id = -1
             gi_handle = self._soft(nv.nvmlDeviceGetGpuInstanceById, parent, gi)
             if gi_handle is not None:
                 info = self._soft(nv.nvmlGpuInstanceGetInfo, gi_handle)
                 if info is not None:
                     start = int(info.placement.start)
+                    profile_id = int(getattr(info, "profileId", -1))
+            named = self._profile_name(parent, parent_uuid, profile_id) if profile_id >= 0 else ""
             out.append(
                 MigDeviceReading(
                     uuid=str(nv.nvmlDeviceGetUUID(m)),
                     index=i,
                     gpu_instance_id=gi,
                     compute_instance_id=ci,
-                    profile=mig_profile_name(sm_slices, total_mib, parent_total_mib),
+                    profile=named or mig_profile_name(sm_slices, total_mib, parent_total_mib),
                     memory_total_mib=total_mib,
                     memory_used_mib=int(mem.used) // MIB,
                     sm_count=sm_count,
@@ -266,6 +315,7 @@ class NvmlDeviceSource:
                     start=start,
                     engine_active_pct=self._gpm().engine_active_pct(parent_uuid, parent, gi),
                     processes=self._processes(m),
+                    gi_profile_id=profile_id,
                 )
             )
         return tuple(out)

@@ -1,11 +1,15 @@
 """vLLM-style engine control over HTTP (httpx): sleep/wake, pause/resume, and engine metrics.
 
-Role: `VllmSleepPauser` frees VRAM (``POST /sleep?level=1|2``; level 1 keeps the weights in host
-memory, level 2 drops them), wakes with ``POST /wake_up`` and confirms with ``GET /is_sleeping``.
+Role: `VllmSleepPauser` frees VRAM (``POST /sleep?level=1|2&mode=keep``; level 1 keeps the weights in
+host memory, level 2 drops them; ``mode=keep`` freezes in-flight requests so they continue after the
+wake -- vLLM's default, ``abort``, would fail them), wakes with ``POST /wake_up`` and confirms with
+``GET /is_sleeping``.
 `VllmPausePauser` uses ``POST /pause?mode=keep`` / ``POST /resume``: requests freeze inside the
 scheduler with their KV cache kept, so it frees compute only. `scrape_engine` reads
-``vllm:kv_cache_usage_perc`` and ``vllm:num_requests_waiting`` from ``/metrics`` (engines reserve
-their memory up front, so NVML alone misleads; gateway.md 6.2).
+``vllm:kv_cache_usage_perc`` (or, from engines that only have it, the older
+``vllm:gpu_cache_usage_perc``) and ``vllm:num_requests_waiting`` from ``/metrics`` (engines reserve
+their memory up front, so NVML alone misleads; gateway.md 6.2). A page with neither KV metric reads
+as full (``kv_usage`` 1.0): fail closed, the reservation counts as used.
 
 Invariants:
 - ``workload.endpoint`` is the engine's base URL (``http://host:port``); every call has a timeout
@@ -29,6 +33,9 @@ if TYPE_CHECKING:
     import httpx
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+"""The name before vLLM renamed it (deprecated, no longer emitted by default): read when it is alone."""
+SLEEP_MODES = ("abort", "wait", "keep")
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 
@@ -46,11 +53,11 @@ class EngineMetrics:
 
 def parse_engine_metrics(text: str, *, endpoint: str, at_s: float) -> EngineMetrics:
     """Parse the Prometheus text exposition of a vLLM ``/metrics`` page (only the gauges we use)."""
-    kv = 0.0
+    kv: dict[str, float] = {}
     waiting = 0.0
     running = 0.0
     for line in text.splitlines():
-        name = next((n for n in (KV_USAGE, WAITING, RUNNING) if line.startswith(n)), None)
+        name = next((n for n in (KV_USAGE, KV_USAGE_OLD, WAITING, RUNNING) if line.startswith(n)), None)
         if name is None or line[len(name) : len(name) + 1] not in ("{", " "):
             continue
         rest = line[len(name) :]
@@ -61,13 +68,14 @@ def parse_engine_metrics(text: str, *, endpoint: str, at_s: float) -> EngineMetr
             value = float(fields[0])
         except (IndexError, ValueError):
             continue
-        if name == KV_USAGE:
-            kv = max(kv, value)
+        if name in (KV_USAGE, KV_USAGE_OLD):
+            kv[name] = max(kv.get(name, 0.0), value)
         elif name == WAITING:
             waiting += value
         else:
             running += value
-    return EngineMetrics(endpoint, min(max(kv, 0.0), 1.0), int(waiting), int(running), at_s)
+    usage = kv.get(KV_USAGE, kv.get(KV_USAGE_OLD, 1.0))  # neither: fail closed, as if full
+    return EngineMetrics(endpoint, min(max(usage, 0.0), 1.0), int(waiting), int(running), at_s)
 
 
 class VllmControl:
@@ -169,12 +177,19 @@ class VllmSleepPauser(_HttpPauser):
         control: VllmControl | None = None,
         clock: Clock | None = None,
         vram_free_estimate_s: float = 1.0,
+        mode: str = "keep",
     ) -> None:
+        if mode not in SLEEP_MODES:
+            raise ValueError(f"vllm sleep mode {mode!r}: must be one of {list(SLEEP_MODES)}")
         super().__init__(control=control, clock=clock)
         self.vram_free_estimate_s = vram_free_estimate_s
+        self.mode = mode
+        """``keep``: in-flight requests are frozen and continue after the wake (a pause, not a kill)."""
 
     def pause(self, workload: Workload) -> PauseResult:
-        return self._do(workload, PauseAction.PAUSE, "POST", "/sleep", level=workload.sleep_level)
+        return self._do(
+            workload, PauseAction.PAUSE, "POST", "/sleep", level=workload.sleep_level, mode=self.mode
+        )
 
     def resume(self, workload: Workload) -> PauseResult:
         return self._do(workload, PauseAction.RESUME, "POST", "/wake_up")

@@ -319,6 +319,8 @@ class SimulatedCluster:
             mig_enabled=mig_enabled,
             mig_devices=tuple(migs),
             processes=tuple(procs),
+            pci_bus_id=f"00000000:{0x18 + g.index:02X}:00.0",
+            mig_pending=mig_enabled,
         )
 
     def read(self, node: str) -> DeviceSnapshot:
