@@ -378,6 +378,8 @@ def add_proxy_routes(
                 if st.state == "queued":
                     c.cancel(out.ticket)
             lease = st.lease if st.state == "granted" else None
+            if lease is None and st.state == "failed":  # it became unresolvable while it waited
+                return err(503, st.reason or "no backend can hold this request", "unresolvable")
             if lease is None:
                 return err(429, st.reason or "queue deadline passed", "shed", retry=c.config.retry_after_s)
         elif not out.granted:
