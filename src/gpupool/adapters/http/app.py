@@ -38,9 +38,8 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Protocol
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -49,6 +48,7 @@ from fastapi.routing import APIRoute
 from gpupool.adapters.http import errors, jsonbody
 from gpupool.adapters.http import schemas as s
 from gpupool.adapters.http.auth import Principal, TokenTable
+from gpupool.adapters.http.context import Gateway, Metrics, Sizer
 from gpupool.adapters.http.docs import install_docs
 from gpupool.adapters.http.errors import BadJson, err
 from gpupool.adapters.http.errors import HttpError as _HttpError
@@ -72,35 +72,6 @@ from gpupool.core.priority import parse_priority
 from gpupool.core.watermarks import Reading, WatermarkConfig
 from gpupool.hardware.slices import Slice, SliceKind
 from gpupool.hardware.units import Resources
-
-
-class Sizer(Protocol):
-    """Token counts -> MiB for a model (the KV-cache estimator). Raises ValueError for unknown models."""
-
-    def request_mib(self, model: str, tokens: int) -> int: ...
-
-    def instance_mib(self, model: str, tokens: int) -> int: ...
-
-
-class Metrics(Protocol):
-    def render(self) -> tuple[bytes, str]: ...
-
-    def observe_proxy(self, model: str, status: int, ttft_s: float | None, latency_s: float) -> None: ...
-
-
-@dataclass
-class Gateway:
-    controller: LeaseController
-    tokens: TokenTable
-    committer: GroupCommitter
-    hub: EventHub
-    sizer: Sizer | None = None
-    metrics: Metrics | None = None
-    tick_s: float = 0.1
-    default_max_tokens: int = 256
-    agent_events: int = 0
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
 
 def create_app(

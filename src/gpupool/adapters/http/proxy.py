@@ -58,8 +58,8 @@ from gpupool.core.priority import to_vllm_priority
 from gpupool.hardware.units import Resources
 
 if TYPE_CHECKING:
-    from gpupool.adapters.http.app import Gateway
     from gpupool.adapters.http.auth import Principal
+    from gpupool.adapters.http.context import Gateway
 
 NEAR_CONTEXT = 0.8
 """Ask ``/tokenize`` when the estimated prompt + max_tokens exceeds this share of the context."""

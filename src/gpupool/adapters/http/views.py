@@ -26,7 +26,7 @@ from gpupool.core.ports import GatewayEvent
 from gpupool.core.priority import band
 
 if TYPE_CHECKING:
-    from gpupool.adapters.http.app import Gateway
+    from gpupool.adapters.http.context import Gateway
 
 STATUS: dict[OutcomeCode, int] = {
     OutcomeCode.GRANTED: 201,
