@@ -11,6 +11,11 @@ class GpupoolError(Exception):
     """Base of every gpupool error."""
 
 
+class StoreDamaged(GpupoolError):
+    """The lease store holds damaged data (a store adapter raises a subclass naming file, table/row
+    and the command to run); servers answer it 503 with that message, never 500."""
+
+
 class InvalidInput(GpupoolError, ValueError):
     """A caller passed a value that can never be valid. ``field`` names it (dotted path)."""
 

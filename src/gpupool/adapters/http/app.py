@@ -63,7 +63,7 @@ from gpupool.adapters.http.views import (
     ticket_json,
 )
 from gpupool.core.controller import LeaseController
-from gpupool.core.errors import InvalidInput, UnknownId
+from gpupool.core.errors import InvalidInput, StoreDamaged, UnknownId
 from gpupool.core.model import Lease
 from gpupool.core.model import Request as CoreRequest
 from gpupool.core.outcome import OutcomeCode
@@ -121,6 +121,10 @@ def create_app(
     app.router.route_class = _Route
     app.state.gateway = gw
     errors.install(app)
+
+    @app.exception_handler(StoreDamaged)
+    async def store_damaged(_: Request, exc: StoreDamaged) -> JSONResponse:
+        return err(503, str(exc), "store_damaged")
 
     @app.exception_handler(StoreUnavailable)
     async def store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from gpupool.core.errors import GpupoolError, InvalidInput
+from gpupool.core.errors import InvalidInput, StoreDamaged
 from gpupool.core.model import Lease
 from gpupool.core.ports import (
     RevisionConflict,
@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS tickets (
 _CORRUPT = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
 
 
-class StoreCorrupt(GpupoolError):
+class StoreCorrupt(StoreDamaged):
     """The store file is damaged. The message names the file, where (table/row) and what to run."""
 
     def __init__(self, path: Path, where: str, problem: str) -> None:
