@@ -108,3 +108,28 @@ def test_a_store_that_cannot_be_opened_is_one_line_naming_it(tmp_path: Path) -> 
     r = serve(blocker / "data", "--auth-file", str(_auth(tmp_path)))
     line = one_line(r)
     assert r.returncode == 2 and "lease store" in line and str(blocker / "data" / "leases.db") in line
+
+
+def test_a_bad_ticket_row_is_named_at_start_and_repair_quarantines_it(tmp_path: Path) -> None:
+    path = tmp_path / "leases.db"
+    a_store(path)
+    db = sqlite3.connect(path)
+    db.execute(
+        "INSERT INTO tickets(id, state, ended_at, body) VALUES ('t-7', 'queued', NULL, '{\"ticket\": 1}')"
+    )
+    db.commit()
+    db.close()
+    r = serve(tmp_path)
+    line = one_line(r)
+    assert r.returncode == 2 and "recovered" not in r.stdout
+    assert str(path) in line and "table tickets, row id='t-7'" in line and "gpupool store repair" in line
+    r = gpupool("store", "check", "--data-dir", str(tmp_path))
+    assert r.returncode == 1 and "table tickets, row id='t-7'" in r.stdout
+    r = gpupool("store", "repair", "--data-dir", str(tmp_path))
+    assert r.returncode == 0 and "quarantined table tickets, row id='t-7'" in r.stdout
+    r = gpupool("store", "check", "--data-dir", str(tmp_path))
+    assert r.returncode == 0 and r.stdout.strip() == f"{path}: ok"
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT tbl, id FROM quarantine").fetchall() == [("tickets", "t-7")]
+    assert db.execute("SELECT count(*) FROM tickets").fetchone() == (0,)
+    db.close()

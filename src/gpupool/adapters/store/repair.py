@@ -4,10 +4,10 @@ Role: find what makes a store unusable at start-up and, on request, set it aside
 start: damage is quarantined, never silently dropped.
 
 - `check` lists problems: a file that is not a readable SQLite database, pages that fail
-  ``PRAGMA integrity_check``, a ``leases`` row whose body does not decode or whose columns disagree
-  with its body, a missing or unknown ``schema_version``. It never writes.
+  ``PRAGMA integrity_check``, a ``leases`` or ``tickets`` row whose body does not decode or whose
+  columns disagree with its body, a missing or unknown ``schema_version``. It never writes.
 - `repair` of row damage moves each bad row, in one transaction, into the ``quarantine`` table
-  (``tbl, id, body, problem, moved_at``) of the same file and deletes it from ``leases``. Repair of
+  (``tbl, id, body, problem, moved_at``) of the same file and deletes it from its table. Repair of
   file damage renames the file (with its ``-wal``/``-shm``) to ``NAME.damaged-STAMP``, creates a
   fresh store in its place and copies into it every lease row and meta entry that can still be
   read (bad ones into ``quarantine``). Either way the report says what moved where; a second
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpupool.adapters.store.sqlite import SCHEMA_VERSION, SqliteLeaseStore, decode_row
+from gpupool.adapters.store.sqlite import SCHEMA_VERSION, SqliteLeaseStore, decode_row, decode_ticket_row
 from gpupool.core.errors import InvalidInput
 from gpupool.core.ports import StoreWrite
 
@@ -42,7 +42,9 @@ class Problem:
     what: str
     rowid: int | None = None
     lease_id: str | None = None
+    """The row's id (a lease id, or a ticket id in table ``tickets``)."""
     body: str | None = None
+    table: str = "leases"
 
     def __str__(self) -> str:
         return f"{self.where}: {self.what}"
@@ -89,6 +91,7 @@ def check(path: Path) -> list[Problem]:
         if "leases" not in tables or "meta" not in tables:
             return [Problem("file", f"missing table(s) {sorted({'leases', 'meta'} - tables)}")]
         problems.extend(_row_problems(db))
+        problems.extend(_ticket_problems(db))
         row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if row is None or row[0] != SCHEMA_VERSION:
             have = "none" if row is None else repr(row[0])
@@ -96,6 +99,22 @@ def check(path: Path) -> list[Problem]:
         return problems
     finally:
         db.close()
+
+
+def _ticket_problems(db: sqlite3.Connection) -> Iterator[Problem]:
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "tickets" not in tables:
+        return
+    for rowid, tid, state, body in db.execute("SELECT rowid, id, state, body FROM tickets ORDER BY rowid"):
+        where = f"table tickets, row id={tid!r}"
+        try:
+            t = decode_ticket_row(str(tid), body)
+        except InvalidInput as exc:
+            yield Problem(where, exc.reason, rowid, tid, body, table="tickets")
+            continue
+        if t.ticket != tid or t.state != state:
+            what = f"id/state columns {tid!r}/{state!r} != body {t.ticket!r}/{t.state!r}"
+            yield Problem(where, what, rowid, tid, body, table="tickets")
 
 
 def _row_problems(db: sqlite3.Connection) -> Iterator[Problem]:
@@ -135,10 +154,11 @@ def repair(path: Path) -> RepairReport:
             now = _stamp()
             for p in rows:
                 db.execute(
-                    "INSERT INTO quarantine(tbl, id, body, problem, moved_at) VALUES ('leases', ?, ?, ?, ?)",
-                    (p.lease_id, p.body, p.what, now),
+                    "INSERT INTO quarantine(tbl, id, body, problem, moved_at) VALUES (?, ?, ?, ?, ?)",
+                    (p.table, p.lease_id, p.body, p.what, now),
                 )
-                db.execute("DELETE FROM leases WHERE rowid=?", (p.rowid,))
+                table = "tickets" if p.table == "tickets" else "leases"
+                db.execute(f"DELETE FROM {table} WHERE rowid=?", (p.rowid,))  # noqa: S608 (two fixed names)
             if any(p.where == "table meta" for p in problems):
                 db.execute(
                     "INSERT INTO meta(key, value) VALUES ('schema_version', ?)"

@@ -101,6 +101,22 @@ def decode_row(lease_id: str, body: str) -> Lease:
         raise InvalidInput("body", lease_id, exc.reason) from None
 
 
+def decode_ticket_row(ticket: str, body: str) -> TicketRecord:
+    """A ``tickets`` row's body as a `TicketRecord`; `InvalidInput` (field ``body``) saying what is wrong."""
+    try:
+        doc = json.loads(body)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput("body", ticket, f"not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("body", ticket, "not a JSON object")
+    try:
+        return decode_ticket(body)
+    except InvalidInput as exc:
+        raise InvalidInput("body", ticket, exc.reason) from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidInput("body", ticket, f"not a ticket ({type(exc).__name__}: {exc})") from None
+
+
 class SqliteLeaseStore:
     def __init__(
         self,
@@ -261,13 +277,19 @@ class SqliteLeaseStore:
 
     def get_ticket(self, ticket: str) -> TicketRecord | None:
         with self._lock:
-            row = self._db.execute("SELECT body FROM tickets WHERE id=?", (ticket,)).fetchone()
-        return None if row is None else decode_ticket(row[0])
+            row = self._db.execute("SELECT id, body FROM tickets WHERE id=?", (ticket,)).fetchone()
+        return None if row is None else self._ticket(row[0], row[1])
 
     def tickets(self) -> list[TicketRecord]:
         with self._lock:
-            rows = self._db.execute("SELECT body FROM tickets ORDER BY id").fetchall()
-        return [decode_ticket(r[0]) for r in rows]
+            rows = self._db.execute("SELECT id, body FROM tickets ORDER BY id").fetchall()
+        return [self._ticket(r[0], r[1]) for r in rows]
+
+    def _ticket(self, ticket: str, body: str) -> TicketRecord:
+        try:
+            return decode_ticket_row(str(ticket), body)
+        except InvalidInput as exc:
+            raise StoreCorrupt(self.path, f"table tickets, row id={ticket!r}", exc.reason) from None
 
     def purge_tickets(self, *, before_s: float) -> int:
         with self._lock:
