@@ -14,6 +14,9 @@ Model (all integers, all deterministic for a given seed and call sequence):
 - Temperature relaxes towards ambient + (``HOT_C`` - ambient) x utilisation / 100 with time constant
   ``THERMAL_TAU_S`` as simulated time advances (``advance`` or the injected clock); power follows
   utilisation between idle and the model's TDP.
+- Real processes may hold memory through the VRAM registry (``vram_registry``, see
+  `gpupool.adapters.simulated.vram`): a live holder's MiB count on its GPU (or slice) and it appears in
+  the process list with its real pid, until it exits or shrinks its record.
 - Hooks: ``force`` pins any reading of a GPU until ``clear``; ``lose`` makes the GPU unhealthy with
   "GPU is lost" (what NVML's GPU_IS_LOST maps to); ``xid`` queues an XID event (fatal XIDs mark the GPU
   unhealthy, as the NVML source does).
@@ -29,7 +32,9 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from gpupool.adapters.simulated.vram import held
 from gpupool.hardware.devices import DeviceSnapshot, GpuReading, MigDeviceReading, ProcessReading, XidEvent
 from gpupool.hardware.inventory import Inventory
 from gpupool.hardware.planner import inventory_from_cluster, inventory_from_plan, plan
@@ -129,8 +134,11 @@ class SimulatedCluster:
         seed: int = 0,
         clock: Callable[[], float] | None = None,
         ambient_c: int = AMBIENT_C,
+        vram_registry: Path | None = None,
     ) -> None:
         self.cluster = cluster
+        self.vram_registry = vram_registry
+        self._held: dict[str, tuple[tuple[int, int], ...]] = {}
         self.plan = plan
         self.seed = seed
         self._rng = random.Random(seed)
@@ -238,7 +246,8 @@ class SimulatedCluster:
     # --- model -----------------------------------------------------------------------------------
     def _slice_used(self, s: PlannedSlice) -> int:
         leased = sum(v for sid, v, _ in self._leases.values() if sid == s.id)
-        return min(s.vram_mib, max(self._resident.get(s.id, 0), leased))
+        by_procs = sum(mib for _pid, mib in self._held.get(s.id, ()))
+        return min(s.vram_mib, max(self._resident.get(s.id, 0), leased) + by_procs)
 
     def _slice_util(self, s: PlannedSlice) -> int:
         leased = sum(c for sid, _, c in self._leases.values() if sid == s.id) // 10
@@ -271,7 +280,8 @@ class SimulatedCluster:
             if st.forced.utilization_pct is not None
             else max(0, min(100, util + jitter))
         )
-        used = IDLE_USED_MIB + sum(self._slice_used(s) for s in st.slices)
+        on_gpu = self._held.get(g.gpu_id, ())
+        used = IDLE_USED_MIB + sum(self._slice_used(s) for s in st.slices) + sum(m for _p, m in on_gpu)
         if st.forced.memory_used_mib is not None:
             used = st.forced.memory_used_mib
         temp = st.forced.temperature_c if st.forced.temperature_c is not None else round(st.temperature)
@@ -286,6 +296,8 @@ class SimulatedCluster:
                 (ProcessReading(10_000 + g.index * 100 + n, resident, gi, 0 if gi >= 0 else -1),)
                 if resident
                 else ()
+            ) + tuple(
+                ProcessReading(pid, mib, gi, 0 if gi >= 0 else -1) for pid, mib in self._held.get(s.id, ())
             )
             procs += p
             if s.kind is SliceKind.MIG:
@@ -306,6 +318,7 @@ class SimulatedCluster:
                         processes=p,
                     )
                 )
+        procs += [ProcessReading(pid, mib, -1, -1) for pid, mib in on_gpu]
         return GpuReading(
             index=g.index,
             uuid=st.uuid,
@@ -327,6 +340,7 @@ class SimulatedCluster:
         states = [st for st in self._gpus.values() if st.spec.node == node]
         if not states and node not in self.nodes():
             raise KeyError(f"unknown node {node!r} (known: {', '.join(self.nodes())})")
+        self._held = held(self.vram_registry)
         events: list[XidEvent] = []
         for st in states:
             events += st.events
