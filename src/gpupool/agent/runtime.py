@@ -24,6 +24,7 @@ from gpupool.adapters.metrics.dcgm import AgentGauges, AgentMetrics, GpuGauges
 from gpupool.adapters.pause import availability, default_pausers
 from gpupool.agent.devices import open_source
 from gpupool.agent.engines import Engine, EngineScraper
+from gpupool.agent.evict import EvictionPolicy
 from gpupool.agent.gateway_client import GatewayReporter
 from gpupool.agent.loop import AgentConfig, AgentEvent, NodeAgent, NodeSnapshot
 from gpupool.agent.mps import MpsGpu, MpsLimitTable
@@ -154,6 +155,10 @@ class AgentRuntime:
             close()
 
 
+DEFAULT_EVICTION = EvictionPolicy()
+"""An ended ledger lease frees its holder's memory (see `gpupool.agent.evict`)."""
+
+
 def build_runtime(
     *,
     node: str,
@@ -166,6 +171,7 @@ def build_runtime(
     workloads: Sequence[Workload] = (),
     source: DeviceSource | None = None,
     mps: Sequence[MpsGpu] = (),
+    eviction: EvictionPolicy | None = DEFAULT_EVICTION,
 ) -> AgentRuntime:
     clock = FunctionClock(time.monotonic)
     src = source if source is not None else open_source(devices, node=node, gpus=gpus)
@@ -180,6 +186,7 @@ def build_runtime(
         engines=scraper,
         ledger=reporter,
         mps=MpsLimitTable(mps) if mps else None,
+        eviction=eviction,
     )
     for w in workloads:
         agent.register(w)
