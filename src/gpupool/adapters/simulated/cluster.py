@@ -33,8 +33,12 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpupool.adapters.simulated.vram import held
+
+if TYPE_CHECKING:
+    from gpupool.adapters.simulated.mig import SimulatedMigHardware
 from gpupool.hardware.devices import DeviceSnapshot, GpuReading, MigDeviceReading, ProcessReading, XidEvent
 from gpupool.hardware.inventory import Inventory
 from gpupool.hardware.planner import inventory_from_cluster, inventory_from_plan, plan
@@ -114,6 +118,8 @@ class _GpuState:
     lost: bool = False
     error: str = ""
     events: list[XidEvent] = field(default_factory=list)
+    cis: dict[int, list[int]] = field(default_factory=dict)
+    """GPU instance id -> its compute instance ids (MIG; see `gpupool.adapters.simulated.mig`)."""
 
     @property
     def slices(self) -> tuple[PlannedSlice, ...]:
@@ -149,7 +155,9 @@ class SimulatedCluster:
         self._gpus: dict[str, _GpuState] = {}
         for g in cluster.gpus():
             uuid = g.uuid or _uuid("GPU", seed, g.gpu_id)
-            self._gpus[g.gpu_id] = _GpuState(g, layouts.get(g.gpu_id), uuid, float(ambient_c))
+            st = _GpuState(g, layouts.get(g.gpu_id), uuid, float(ambient_c))
+            st.cis = {s.start + 1: [0] for s in st.slices if s.kind is SliceKind.MIG}
+            self._gpus[g.gpu_id] = st
         self._slice_gpu: dict[str, str] = {s.id: gid for gid, st in self._gpus.items() for s in st.slices}
         self._resident: dict[str, int] = {}
         if plan is not None:
@@ -183,6 +191,60 @@ class SimulatedCluster:
 
     def nodes(self) -> tuple[str, ...]:
         return tuple(n.name for n in self.cluster.nodes)
+
+    # --- MIG (NVML calls: gpupool.adapters.simulated.mig) ----------------------------------------
+    def mig_hardware(self, node: str) -> SimulatedMigHardware:
+        """NVML's MIG calls on ``node``'s GPUs (by node-local index)."""
+        from gpupool.adapters.simulated.mig import SimulatedMigHardware
+
+        if node not in self.nodes():
+            raise KeyError(f"unknown node {node!r} (known: {', '.join(self.nodes())})")
+        return SimulatedMigHardware(self, node)
+
+    def set_mig_mode(self, gpu_id: str, enabled: bool) -> None:
+        """The operator's ``nvidia-smi -i N -mig 1|0``: refused while GPU instances exist."""
+        st = self._state(gpu_id)
+        if self._mig_on(st) == enabled:
+            return
+        if enabled and not st.spec.model.mig_capable:
+            raise ValueError(f"{gpu_id}: {st.spec.model.name} does not support MIG")
+        if not enabled and any(s.kind is SliceKind.MIG for s in st.slices):
+            raise ValueError(f"{gpu_id}: destroy its GPU instances before disabling MIG mode")
+        from gpupool.hardware.capability import GpuMode
+
+        g = st.spec
+        if enabled:
+            st.layout = GpuPlan(g.node, g.index, g.model, GpuMode.MIG, (), "MIG mode enabled by the operator")
+        else:
+            st.layout = None
+        self._slice_gpu = {s.id: gid for gid, x in self._gpus.items() for s in x.slices}
+
+    def _gpu_at(self, node: str, index: int) -> _GpuState | None:
+        return next(
+            (st for st in self._gpus.values() if st.spec.node == node and st.spec.index == index), None
+        )
+
+    @staticmethod
+    def _mig_on(st: _GpuState) -> bool:
+        return st.layout is not None and st.layout.mode.value == "mig"
+
+    def _slice_pids(self, s: PlannedSlice) -> tuple[int, ...]:
+        """The processes the readings show on a slice: a placed replica and live registry holders."""
+        st = self._state(self._slice_gpu[s.id])
+        n = next(i for i, x in enumerate(st.slices) if x.id == s.id)
+        own = (10_000 + st.spec.index * 100 + n,) if self._resident.get(s.id) else ()
+        self._held = held(self.vram_registry)
+        return own + tuple(pid for pid, _ in self._held.get(s.id, ()))
+
+    def _set_slices(self, st: _GpuState, slices: tuple[PlannedSlice, ...]) -> None:
+        assert st.layout is not None
+        ordered = tuple(sorted(slices, key=lambda x: (x.start, x.id)))
+        st.layout = GpuPlan(
+            st.layout.node, st.layout.index, st.layout.model, st.layout.mode, ordered, st.layout.reason
+        )
+        self._slice_gpu = {s.id: gid for gid, x in self._gpus.items() for s in x.slices}
+        for sid in [k for k in self._resident if k not in self._slice_gpu]:
+            del self._resident[sid]
 
     # --- hooks -----------------------------------------------------------------------------------
     def grant(self, lease_id: str, slice_id: str, *, vram_mib: int, compute_milli: int = 0) -> None:
