@@ -145,6 +145,7 @@ class SimulatedCluster:
         self.cluster = cluster
         self.vram_registry = vram_registry
         self._held: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._repartitioned = False
         self.plan = plan
         self.seed = seed
         self._rng = random.Random(seed)
@@ -218,6 +219,22 @@ class SimulatedCluster:
         else:
             st.layout = None
         self._slice_gpu = {s.id: gid for gid, x in self._gpus.items() for s in x.slices}
+        self._repartitioned = True
+
+    def _current_plan(self) -> Plan:
+        """The layouts as the hardware now holds them (after MIG re-partitions)."""
+        from gpupool.hardware.capability import GpuMode
+
+        gpus = []
+        for st in self._gpus.values():
+            g = st.spec
+            if st.layout is not None:
+                gpus.append(st.layout)
+            else:
+                gpus.append(
+                    GpuPlan(g.node, g.index, g.model, GpuMode.WHOLE, st.slices, "whole card", uuid=g.uuid)
+                )
+        return Plan(tuple(gpus), ())
 
     def _gpu_at(self, node: str, index: int) -> _GpuState | None:
         return next(
@@ -243,6 +260,7 @@ class SimulatedCluster:
             st.layout.node, st.layout.index, st.layout.model, st.layout.mode, ordered, st.layout.reason
         )
         self._slice_gpu = {s.id: gid for gid, x in self._gpus.items() for s in x.slices}
+        self._repartitioned = True
         for sid in [k for k in self._resident if k not in self._slice_gpu]:
             del self._resident[sid]
 
@@ -421,7 +439,11 @@ class SimulatedCluster:
     def inventory(self) -> Inventory:
         """The Inventory the core consumes: the plan's slices (or whole cards) with simulated uuids."""
         base = (
-            inventory_from_plan(self.plan) if self.plan is not None else inventory_from_cluster(self.cluster)
+            inventory_from_plan(self._current_plan())
+            if self._repartitioned
+            else inventory_from_plan(self.plan)
+            if self.plan is not None
+            else inventory_from_cluster(self.cluster)
         )
         out: list[Slice] = []
         for s in base:
