@@ -48,9 +48,9 @@ NODE, GPU, SLEEP_MIB = "bench", "bench/0", 512
 class _Feed:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._next: list[Mapping[str, object]] | None = None
+        self._next: Sequence[Mapping[str, object]] | None = None
 
-    def set(self, leases: list[Mapping[str, object]]) -> None:
+    def set(self, leases: Sequence[Mapping[str, object]]) -> None:
         with self._lock:
             self._next = leases
 
@@ -133,7 +133,7 @@ def run_path(path: str, *, runs: int, holders: int, grace_ms: int, period_ms: in
                     ids = {str(x["lease_id"]) for x in leases}
                     feed.set(leases)
                     _wait(
-                        lambda ids=ids: ids <= {w[0] for w in agent.snapshot().workloads},  # type: ignore[misc]
+                        lambda ids=ids: ids <= {w[0] for w in agent.snapshot().workloads},
                         30,
                         "P2 leases adopted",
                     )
@@ -142,7 +142,7 @@ def run_path(path: str, *, runs: int, holders: int, grace_ms: int, period_ms: in
                     need = card_mib - holders * (SLEEP_MIB if path == "sleep" else 0) - 1024
                     t0 = time.monotonic()
                     feed.set([{"lease_id": p0, "gpu_id": GPU, "priority": 2, "vram_mib": need, "labels": {}}])
-                    _wait(lambda p0=p0: p0 in usable or bool(failed), 60, "P0 grant usable")  # type: ignore[misc]
+                    _wait(lambda p0=p0: p0 in usable or bool(failed), 60, "P0 grant usable")
                     if failed:
                         raise RuntimeError(f"preempt bench ({path}): {failed[0]}")
                     out.append((usable[p0] - t0) * 1000)
