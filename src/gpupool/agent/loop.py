@@ -175,6 +175,17 @@ class NodeAgent:
             statuses.append(self._gpu_tick(s, now))
         if self.evictor is not None:
             self._evict_tick(samples, now)
+        supervise = getattr(self.mps, "supervise", None)
+        if callable(supervise):  # MPS daemons (gpupool.agent.mps.MpsSupervisor)
+            for n in supervise(samples, now):
+                self._emit(
+                    n.kind,
+                    now,
+                    gpu_id=n.gpu_id,
+                    lease_id=n.lease_id,
+                    reason=n.detail,
+                    latency_ms=n.latency_ms,
+                )
         snap = NodeSnapshot(
             self.config.node,
             now,

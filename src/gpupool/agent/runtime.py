@@ -27,7 +27,7 @@ from gpupool.agent.engines import Engine, EngineScraper
 from gpupool.agent.evict import EvictionPolicy
 from gpupool.agent.gateway_client import GatewayReporter
 from gpupool.agent.loop import AgentConfig, AgentEvent, NodeAgent, NodeSnapshot
-from gpupool.agent.mps import MpsGpu, MpsLimitTable
+from gpupool.agent.mps import MpsGpu, MpsLimitTable, MpsSupervisor
 from gpupool.agent.source import DeviceSource, GpuSample, ScriptedSource
 from gpupool.core.clock import FunctionClock
 from gpupool.core.pausers import Workload
@@ -172,6 +172,7 @@ def build_runtime(
     source: DeviceSource | None = None,
     mps: Sequence[MpsGpu] = (),
     eviction: EvictionPolicy | None = DEFAULT_EVICTION,
+    mps_log_root: str | None = None,
 ) -> AgentRuntime:
     clock = FunctionClock(time.monotonic)
     src = source if source is not None else open_source(devices, node=node, gpus=gpus)
@@ -185,7 +186,9 @@ def build_runtime(
         clock=clock,
         engines=scraper,
         ledger=reporter,
-        mps=MpsLimitTable(mps) if mps else None,
+        mps=(MpsSupervisor(mps, log_root=mps_log_root) if mps_log_root else MpsLimitTable(mps))
+        if mps
+        else None,
         eviction=eviction,
     )
     for w in workloads:

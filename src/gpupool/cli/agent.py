@@ -44,6 +44,16 @@ def agent(
         "--mps",
         help="MPS-shared GPU: gpu=<id>,pipe=<dir>[,device=<ordinal|UUID>][,socket=..] (repeatable).",
     ),
+    mps_daemons: bool = typer.Option(
+        False,
+        "--mps-daemons",
+        help="Start and supervise nvidia-cuda-mps-control -d per --mps GPU (restart on exit or fault XID).",
+    ),
+    mps_log_dir: str = typer.Option(
+        "/var/log/nvidia-mps",
+        "--mps-log-dir",
+        help="Root of the per-GPU CUDA_MPS_LOG_DIRECTORY (--mps-daemons).",
+    ),
     duration_s: float = typer.Option(0.0, "--duration-s", help="Stop after N seconds (0 = until SIGTERM)."),
 ) -> None:
     """Run the node agent: every --period-ms read the GPUs, feed the watermarks, pause/resume P2 work,
@@ -80,6 +90,7 @@ def agent(
         engines=[parse_engine_spec(e) for e in engine],
         workloads=[parse_workload_spec(w) for w in workload],
         mps=[parse_mps_spec(m) for m in mps],
+        mps_log_root=mps_log_dir if mps_daemons else None,
     )
     try:
         runtime.source.read()  # probe once: a missing NVML must be a clear error, not a silent loop
