@@ -13,7 +13,6 @@ executable named ``nvidia-cuda-mps-control``:
 import os
 import socket
 import sys
-import threading
 
 
 def reply_for(line, state):

@@ -164,5 +164,5 @@ def test_container_side_matches_nvidias_device_plugin() -> None:
     )
     assert not c.host_ipc
     assert container_mps("/tmp/nvidia-mps", 0, lim).host_ipc  # the host's /dev/shm: hostIPC needed
-    with pytest.raises(InvalidInput, match="mps.pipe_directory"):
+    with pytest.raises(InvalidInput, match=r"mps\.pipe_directory"):
         container_mps("relative", 0, lim)
