@@ -95,6 +95,9 @@ class Gateway:
     tick_s: float = 0.1
     default_max_tokens: int = 256
     agent_events: int = 0
+    device_states: dict[str, dict[str, str]] = field(default_factory=dict)
+    """node -> lease id -> ``granted-pending-free`` | ``free-failed``, as that node's agent last
+    reported (grants whose memory is still being freed; every other lease is ``usable``)."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
@@ -447,6 +450,11 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
                     )
                     revoked.append(e.lease_id)
             gw.agent_events += len(body.events)
+            gw.device_states[node] = {
+                w.lease_id: w.state
+                for w in body.workloads
+                if w.state in ("granted-pending-free", "free-failed")
+            }
             await gw.committer.durable()
             return JSONResponse({"accepted": len(body.events), "revoked": revoked})
 
