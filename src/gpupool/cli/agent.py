@@ -44,6 +44,11 @@ def agent(
         "--mps",
         help="MPS-shared GPU: gpu=<id>,pipe=<dir>[,device=<ordinal|UUID>][,socket=..] (repeatable).",
     ),
+    evict_grace_ms: int = typer.Option(
+        500,
+        "--evict-grace-ms",
+        help="When a ledger lease ends: SIGTERM its holder, SIGKILL after this grace (-1: do not act).",
+    ),
     mps_daemons: bool = typer.Option(
         False,
         "--mps-daemons",
@@ -59,6 +64,7 @@ def agent(
     """Run the node agent: every --period-ms read the GPUs, feed the watermarks, pause/resume P2 work,
     report readings and events to the gateway and serve dcgm-exporter-compatible /metrics."""
     from gpupool.agent.engines import parse_engine_spec
+    from gpupool.agent.evict import EvictionPolicy
     from gpupool.agent.loop import AgentConfig
     from gpupool.agent.mps import parse_mps_spec
     from gpupool.agent.runtime import build_runtime
@@ -74,6 +80,7 @@ def agent(
     if not -1 <= metrics_port <= 65535:
         raise UserError(f"invalid --metrics-port={metrics_port}: must be in [-1, 65535]")
     check_range("--duration-s", duration_s, lo=0)
+    check_range("--evict-grace-ms", evict_grace_ms, lo=-1, hi=10_000)
     config = AgentConfig(
         node,
         period_s=period_ms / 1000.0,
@@ -91,6 +98,7 @@ def agent(
         workloads=[parse_workload_spec(w) for w in workload],
         mps=[parse_mps_spec(m) for m in mps],
         mps_log_root=mps_log_dir if mps_daemons else None,
+        eviction=None if evict_grace_ms < 0 else EvictionPolicy(grace_s=evict_grace_ms / 1000),
     )
     try:
         runtime.source.read()  # probe once: a missing NVML must be a clear error, not a silent loop
