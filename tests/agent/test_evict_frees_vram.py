@@ -202,3 +202,25 @@ def test_without_an_eviction_policy_the_process_keeps_its_memory(node) -> None:
         agent.tick()
     assert a.poll() is None and used(sim) == 20000 and agent.workloads.get("job-a") is None
     assert agent.grant_state("p0") == "usable"  # nothing holds the grant back: it lands on held memory
+
+
+def test_a_failing_freeing_pauser_escalates_to_the_signal_path(node) -> None:
+    """An engine whose sleep endpoint does not answer is SIGTERMed instead; the grant still waits."""
+    sim, reg, procs = node
+    eng, _ = start_holder(reg, GPU, 30000)
+    procs.append(eng)
+    feed = Feed()
+    agent, events = agent_for(sim, feed, EvictionPolicy(grace_s=5.0, deadline_s=30.0))
+    dead = "http://127.0.0.1:9"  # discard port: connection refused
+    feed.set([p2("eng", eng.pid, 30000, pauser="vllm-sleep", endpoint=dead)])
+    agent.tick()
+    feed.set([P0])
+    agent.tick()
+    try:
+        drive(agent, lambda: agent.grant_state("p0") == "usable")
+    finally:
+        agent.close()
+    assert eng.wait(10) == 0 and used(sim) == 0
+    (freed,) = [e for e in events if e.kind == "vram_freed"]
+    assert freed.pauser == "vllm-sleep" and "vllm-sleep failed" in freed.reason
+    assert "escalating to signal-kill" in freed.reason and "SIGTERM" in freed.reason
