@@ -11,6 +11,7 @@ process kept its memory). Waits are liveness bounds, not timing assertions.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,6 +27,8 @@ from gpupool.agent.evict import EvictionPolicy
 from gpupool.agent.loop import AgentConfig, AgentEvent, NodeAgent, NodeSnapshot
 from gpupool.core.clock import ManualClock
 from gpupool.hardware.spec import load_cluster_spec
+from tests.agent.agent_helpers import stopped
+from tests.child_jobs import wait_for
 
 GPU = "n1/0"
 CARD_MIB = 49152  # L40S-48GB
@@ -224,3 +227,69 @@ def test_a_failing_freeing_pauser_escalates_to_the_signal_path(node) -> None:
     (freed,) = [e for e in events if e.kind == "vram_freed"]
     assert freed.pauser == "vllm-sleep" and "vllm-sleep failed" in freed.reason
     assert "escalating to signal-kill" in freed.reason and "SIGTERM" in freed.reason
+
+
+def test_a_job_frozen_in_its_cgroup_is_freed_by_sigterm_too(node) -> None:
+    """The cgroup v2 freezer lets a frozen job handle SIGTERM, so it exits inside the grace."""
+    import uuid
+
+    from gpupool.adapters.pause.cgroup import cgroup_v2_root
+
+    sim, reg, procs = node
+    root = cgroup_v2_root()
+    if root is None:
+        pytest.skip("no cgroup v2 hierarchy mounted on this machine")
+    a, _ = start_holder(reg, GPU, 20000)
+    procs.append(a)
+    cg = root / f"gpupool-test-{uuid.uuid4().hex[:12]}"
+    try:
+        cg.mkdir()
+        (cg / "cgroup.procs").write_text(str(a.pid))
+    except OSError as exc:
+        if cg.exists():
+            cg.rmdir()
+        pytest.skip(f"cannot create a cgroup v2 child or move a process into it here: {exc}")
+    try:
+        feed = Feed()
+        agent, events = agent_for(sim, feed, EvictionPolicy(grace_s=30.0, deadline_s=60.0))
+        lease = p2("job-a", a.pid, 20000, pauser="cgroup")
+        lease["labels"] = {**lease["labels"], "gpupool.io/cgroup": str(cg)}  # type: ignore[dict-item]
+        (cg / "cgroup.freeze").write_text("1")  # the agent had paused it
+        assert wait_for(lambda: "frozen 1" in (cg / "cgroup.events").read_text())
+        feed.set([lease])
+        agent.tick()
+        feed.set([P0])
+        agent.tick()
+        drive(agent, lambda: agent.grant_state("p0") == "usable")
+        assert a.wait(10) == 0  # exited on SIGTERM well inside the 30 s grace
+        (freed,) = [e for e in events if e.kind == "vram_freed"]
+        assert "SIGKILL" not in freed.reason
+    finally:
+        (cg / "cgroup.freeze").write_text("0")
+        if a.poll() is None:
+            a.kill()
+        a.wait()
+        cg.rmdir()
+
+
+def test_a_job_the_agent_had_stopped_gets_to_exit_on_sigterm(node) -> None:
+    """SIGSTOPped jobs run no SIGTERM handler until continued: the agent sends SIGCONT with it."""
+    sim, reg, procs = node
+    a, _ = start_holder(reg, GPU, 20000)
+    procs.append(a)
+    a.send_signal(signal.SIGSTOP)
+    assert wait_for(lambda: stopped(a.pid))
+    sim.force(GPU, memory_used_mib=45000)  # pressure: the agent keeps the job paused
+    feed = Feed()
+    agent, events = agent_for(sim, feed, EvictionPolicy(grace_s=25.0, deadline_s=60.0))
+    feed.set([p2("job-a", a.pid, 20000)])
+    agent.tick()
+    agent.tick()
+    assert agent.workloads.get("job-a").state.value == "paused"  # type: ignore[union-attr]
+    feed.set([P0])
+    agent.tick()
+    sim.clear(GPU)
+    drive(agent, lambda: agent.grant_state("p0") == "usable")
+    assert a.wait(10) == 0  # its own SIGTERM handler ran: not the SIGKILL after 25 s
+    (freed,) = [e for e in events if e.kind == "vram_freed"]
+    assert "SIGKILL" not in freed.reason

@@ -5,7 +5,8 @@ Role: the agent's hand on a lease holder once the control plane took the lease a
 - a VRAM-freeing pauser (``vllm-sleep``, ``cuda-checkpoint``): its ``pause`` runs off the tick thread;
   if it fails, or the memory is not back within ``grace_s``, the signal path follows;
 - ``signal-kill``: SIGTERM (plus SIGCONT, so a job the agent had stopped can act on it) to the
-  process group or pids, then SIGKILL once ``grace_s`` has passed and the job still holds memory.
+  process group or pids, then SIGKILL once ``grace_s`` has passed and the
+  job still holds memory.
 An eviction is *confirmed* when the device readings show the workload's processes holding at most
 ``residual_mib`` (0 for a killed job; a sleeping engine keeps its CUDA context) -- never on the word
 of a signal or an HTTP answer. The result (`Freed`) carries ``freed_mib`` and the time taken.

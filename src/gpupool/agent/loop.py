@@ -469,9 +469,7 @@ class NodeAgent:
         ``granted-pending-free`` until the evictions there are confirmed."""
         assert self.evictor is not None
         busy = self.evictor.pending()
-        gone = {
-            e.workload.gpu_id: e.workload.priority for lid in self._to_evict if (e := self.workloads.get(lid))
-        }
+        gone = {e.workload.gpu_id for lid in self._to_evict if (e := self.workloads.get(lid))}
         ids: set[str] = set()
         for lease in leases:
             lid, gpu, prio = (
