@@ -8,7 +8,11 @@
 4. act in the same tick: PAUSE -> pause every P2 workload of that GPU with its own pauser; RESUME ->
    resume them; while PAUSED, pause newcomers and, once VRAM is still over the relief target after
    ``revoke_after_s``, revoke what cannot free VRAM in time (`gpupool.core.pausers.plan_relief`);
-5. publish a `NodeSnapshot` and the tick's `AgentEvent` values to the observers (gateway reporter,
+5. free the memory of holders whose ledger lease ended (preempted, revoked, expired: `Evictor`, when
+   an ``eviction`` policy is given; the eviction starts in the tick that saw the lease go and is
+   confirmed from device readings), and hold the higher-priority grants that arrived on that GPU as
+   ``granted-pending-free`` until the memory is back (or their deadline passes);
+6. publish a `NodeSnapshot` and the tick's `AgentEvent` values to the observers (gateway reporter,
    metrics).
 
 Invariants:
@@ -28,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from gpupool.agent.evict import EvictionPolicy, Evictor, Freed, pid_map
 from gpupool.agent.pressure import health_problem, to_reading
 from gpupool.agent.source import DeviceSource, GpuSample
 from gpupool.agent.values import (
@@ -58,6 +63,8 @@ from gpupool.core.watermarks import Reading, Signal, WatermarkBank, WatermarkCon
 __all__ = ["AgentConfig", "AgentEvent", "GpuStatus", "NodeAgent", "NodeSnapshot", "Observer"]
 
 INLINE_PAUSERS = frozenset({"signal", "cgroup"})
+GRANTED_PENDING_FREE = "granted-pending-free"
+FREE_FAILED = "free-failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,7 @@ class NodeAgent:
         ledger: LedgerFeed | None = None,
         mps: MpsSync | None = None,
         inline_pausers: frozenset[str] = INLINE_PAUSERS,
+        eviction: EvictionPolicy | None = None,
     ) -> None:
         self.config = config
         self.source = source
@@ -103,6 +111,16 @@ class NodeAgent:
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: list[Future[PauseResult | _Probe]] = []
         self._last: NodeSnapshot = NodeSnapshot(config.node, clock.now(), 0, (), ())
+        self.evictor: Evictor | None = (
+            None
+            if eviction is None
+            else Evictor(self.pausers, clock=clock, submit=self._submit_free, policy=eviction)
+        )
+        self._to_evict: list[str] = []
+        self._ledger_seen: set[str] = set()
+        self.grants: dict[str, tuple[str, float, str, int]] = {}
+        """Lease id -> (GPU id, since_s, state, vram_mib) of grants not yet usable:
+        ``granted-pending-free``, or ``free-failed`` once the memory was not back by the deadline."""
         target = config.relief_target if config.relief_target is not None else config.watermarks.vram_high
         self._target = target
 
@@ -155,12 +173,26 @@ class NodeAgent:
         statuses: list[GpuStatus] = []
         for s in samples:
             statuses.append(self._gpu_tick(s, now))
+        if self.evictor is not None:
+            self._evict_tick(samples, now)
+        supervise = getattr(self.mps, "supervise", None)
+        if callable(supervise):  # MPS daemons (gpupool.agent.mps.MpsSupervisor)
+            for n in supervise(samples, now):
+                self._emit(
+                    n.kind,
+                    now,
+                    gpu_id=n.gpu_id,
+                    lease_id=n.lease_id,
+                    reason=n.detail,
+                    latency_ms=n.latency_ms,
+                )
         snap = NodeSnapshot(
             self.config.node,
             now,
             self._tick,
             tuple(statuses),
-            tuple((e.workload.lease_id, e.workload.gpu_id, e.state.value) for e in self.workloads.entries()),
+            tuple((e.workload.lease_id, e.workload.gpu_id, e.state.value) for e in self.workloads.entries())
+            + tuple((lid, g[0], g[2]) for lid, g in sorted(self.grants.items())),
         )
         self._last = snap
         self.last_tick_s = self.clock.now() - now
@@ -316,6 +348,14 @@ class NodeAgent:
             )
         self._inflight.append(self._pool.submit(fn))
 
+    def _submit_free(self, fn: Callable[[], PauseResult]) -> Future[PauseResult]:
+        """Run a freeing pause for the evictor off the tick thread (its result is read by the evictor)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.config.workers, thread_name_prefix="gpupool-pauser"
+            )
+        return self._pool.submit(fn)
+
     def _harvest(self) -> None:
         if not self._inflight:
             return
@@ -413,10 +453,99 @@ class NodeAgent:
                 self._register(w, source="ledger", now=now)
         self.ledger_mib = mib
         for lease_id in self.workloads.ledger_ids() - seen:
-            self.workloads.forget(lease_id)
+            if self.evictor is None:
+                self.workloads.forget(lease_id)
+            elif lease_id not in self.evictor and lease_id not in self._to_evict:
+                self._to_evict.append(lease_id)  # started after this tick's read, in this tick
+        if self.evictor is not None:
+            self._hold_new_grants(leases, now)
         if self.mps is not None:
             for kind, gpu, detail in self.mps.sync(leases):
                 self._emit(kind, now, gpu_id=gpu, reason=detail)
+
+    # ------------------------------------------------------------------ eviction
+    def _hold_new_grants(self, leases: Sequence[Mapping[str, object]], now: float) -> None:
+        """A grant that is new in this ledger, on a GPU whose memory is still being freed, is
+        ``granted-pending-free`` until the evictions there are confirmed."""
+        assert self.evictor is not None
+        busy = self.evictor.pending()
+        gone = {e.workload.gpu_id for lid in self._to_evict if (e := self.workloads.get(lid))}
+        ids: set[str] = set()
+        for lease in leases:
+            lid, gpu, prio = (
+                str(lease.get("lease_id", "")),
+                str(lease.get("gpu_id", "")),
+                lease.get("priority", 0),
+            )
+            ids.add(lid)
+            if lid in self._ledger_seen or type(prio) is not int or prio < 0:
+                continue
+            if gpu in busy or gpu in gone:
+                deadline_s = busy.get(gpu, now + self.evictor.policy.deadline_s) - now
+                vram = lease.get("vram_mib", 0)
+                self.grants[lid] = (gpu, now, GRANTED_PENDING_FREE, vram if type(vram) is int else 0)
+                why = f"{GRANTED_PENDING_FREE}: memory on {gpu} being freed, deadline in {deadline_s:.1f} s"
+                self._emit("grant_pending_free", now, gpu_id=gpu, lease_id=lid, reason=why)
+        self._ledger_seen = ids
+        for lid in [k for k in self.grants if k not in ids]:
+            del self.grants[lid]  # the grant itself ended
+
+    def grant_state(self, lease_id: str) -> str:
+        """``granted-pending-free`` while the grant waits for memory to come back, ``free-failed`` when
+        that missed its deadline, else ``usable``."""
+        g = self.grants.get(lease_id)
+        return "usable" if g is None else g[2]
+
+    def _evict_tick(self, samples: Sequence[GpuSample], now: float) -> None:
+        assert self.evictor is not None
+        held = pid_map(samples)
+        for lid in self._to_evict:
+            e = self.workloads.get(lid)
+            if e is None:
+                continue
+            path = self.evictor.start(e.workload, held, now)
+            self.workloads.set_state(lid, RunState.REVOKED, at_s=now)
+            self._emit(
+                "evict", now, gpu_id=e.workload.gpu_id, lease_id=lid, pauser=path, reason="lease ended"
+            )
+        self._to_evict = []
+        for f in self.evictor.step(held, now):
+            self._freed(f, now)
+        if self.grants:
+            self._settle_grants(samples, now)
+
+    def _settle_grants(self, samples: Sequence[GpuSample], now: float) -> None:
+        """A waiting grant becomes usable once no eviction is pending on its GPU and the device shows
+        room for it (free >= the waiting grants' VRAM); at the deadline it is ``free-failed``."""
+        assert self.evictor is not None
+        pending = self.evictor.pending()
+        free = {s.gpu_id: s.vram_total_mib - s.vram_used_mib for s in samples if not s.error}
+        want: dict[str, int] = {}
+        for gpu, _since, state, vram in self.grants.values():
+            if state == GRANTED_PENDING_FREE:
+                want[gpu] = want.get(gpu, 0) + vram
+        for lid, (gpu, since, state, vram) in list(self.grants.items()):
+            if state != GRANTED_PENDING_FREE:
+                continue
+            if gpu not in pending and free.get(gpu, -1) >= want[gpu]:
+                del self.grants[lid]
+                self._emit("grant_usable", now, gpu_id=gpu, lease_id=lid, latency_ms=(now - since) * 1000.0)
+            elif now - since >= self.evictor.policy.deadline_s:
+                self.grants[lid] = (gpu, since, FREE_FAILED, vram)
+                why = f"{free.get(gpu, 0)} MiB free of the {want[gpu]} MiB granted after the deadline"
+                self._emit("grant_free_failed", now, gpu_id=gpu, lease_id=lid, reason=why)
+
+    def _freed(self, f: Freed, now: float) -> None:
+        self.workloads.forget(f.lease_id)
+        self._emit(
+            "vram_freed" if f.ok else "evict_failed",
+            now,
+            gpu_id=f.gpu_id,
+            lease_id=f.lease_id,
+            pauser=f.path,
+            reason=f"freed_mib={f.freed_mib} held_mib={f.held_mib}: {f.reason}",
+            latency_ms=f.elapsed_ms,
+        )
 
     def _apply_watermarks(self, raw: Mapping[str, object], now: float) -> None:
         """New thresholds from the gateway apply from this tick; states are kept (no flapping)."""

@@ -12,12 +12,23 @@ Invariants:
 - Commands are sent only when the wanted caps of a GPU change (a ledger that did not change costs no
   I/O); a failure is reported and retried at the next change or `resync`.
 - With no lease on a GPU nothing is sent (the last caps stay; MPS has no "unset").
+
+`MpsSupervisor` runs the daemons themselves: one ``nvidia-cuda-mps-control -d`` per MPS GPU with its
+own ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY`` (and ``CUDA_VISIBLE_DEVICES`` = the GPU's
+UUID), restarted with its limits re-applied when it exits or a client fault XID (13, 31, 43) hits its
+GPU (the MPS fault domain: one client's fatal fault resets all of them), stopped when the GPU leaves
+MPS. Supervision runs on the agent's tick thread (`supervise`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpupool.adapters.mps import BinaryTransport, MpsControl, MpsError, MpsLimits, SocketTransport, client_env
 from gpupool.core.errors import InvalidInput
@@ -109,4 +120,212 @@ class MpsLimitTable:
                 continue
             self._applied[gpu] = limits
             out.append(("mps_applied", gpu, "; ".join(sent)))
+        return out
+
+
+# ------------------------------------------------------------------------------------------ daemons
+MPS_FAULT_XIDS = frozenset({13, 31, 43})
+"""Client faults (graphics engine exception, MMU fault, GPU stopped processing) that, on an MPS GPU,
+reset every client of that GPU's server (gpu-facts 4.3)."""
+PID_FILE = "nvidia-cuda-mps-control.pid"
+
+
+@dataclass(frozen=True, slots=True)
+class MpsNotice:
+    """One thing the supervisor did or saw: ``mps_started`` | ``mps_stopped`` | ``mps_fault`` (per GPU,
+    and once per lease on it) | ``mps_recovered`` (``latency_ms`` = the outage) | ``mps_failure``."""
+
+    kind: str
+    gpu_id: str
+    detail: str
+    lease_id: str = ""
+    latency_ms: float = 0.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in ("Z", "X", "")
+
+
+class MpsSupervisor:
+    """Starts, supervises and stops one ``nvidia-cuda-mps-control -d`` per MPS GPU, each with its own
+    pipe and log directories, and keeps the limits of `MpsLimitTable` applied across restarts.
+
+    Each agent tick calls `supervise` with the tick's samples: a daemon that exited, or an MPS client
+    fault XID on its GPU, marks the GPU's shares faulted (one notice per GPU and per lease on it),
+    restarts the daemon, re-sends the limits (`MpsLimitTable.resync`) and reports the outage."""
+
+    def __init__(
+        self,
+        gpus: Sequence[MpsGpu],
+        *,
+        log_root: str,
+        binary: str = "nvidia-cuda-mps-control",
+        clock: Callable[[], float] = time.monotonic,
+        ready_timeout_s: float = 10.0,
+        retry_s: float = 5.0,
+    ) -> None:
+        self.binary = binary
+        self.log_root = log_root
+        self.clock = clock
+        self.ready_timeout_s = ready_timeout_s
+        self.retry_s = retry_s
+        self._down: dict[str, float] = {}
+        """GPU id -> when to retry a daemon that could not be started (no fault: it never ran)."""
+        self.gpus: dict[str, MpsGpu] = {}
+        self.table = MpsLimitTable((), controls={})
+        self.faulted: dict[str, float] = {}
+        """GPU id -> when its shares were marked faulted (until the daemon is back)."""
+        self._leases: list[Mapping[str, object]] = []
+        self._pending: list[MpsNotice] = []
+        self.set_gpus(gpus)
+
+    # -- daemons
+    def _env(self, g: MpsGpu) -> dict[str, str]:
+        log_dir = str(Path(self.log_root) / g.gpu_id.replace("/", "_"))
+        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=g.pipe_directory, CUDA_MPS_LOG_DIRECTORY=log_dir)
+        if g.device.startswith(("GPU-", "MIG-")):
+            env["CUDA_VISIBLE_DEVICES"] = g.device
+        Path(g.pipe_directory).mkdir(parents=True, exist_ok=True)
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        return env
+
+    def daemon_pid(self, gpu_id: str) -> int | None:
+        g = self.gpus.get(gpu_id)
+        if g is None:
+            return None
+        try:
+            pid = int((Path(g.pipe_directory) / PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
+    def _start(self, g: MpsGpu) -> str:
+        """Start the daemon (``-d`` forks and returns) and wait for its pid file; '' or the error."""
+        try:
+            proc = subprocess.run(
+                [self.binary, "-d"], env=self._env(g), capture_output=True, text=True, timeout=30, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{self.binary} -d: {type(exc).__name__}: {exc}"
+        if proc.returncode != 0:
+            return f"{self.binary} -d: exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()}"
+        deadline = self.clock() + self.ready_timeout_s
+        while self.daemon_pid(g.gpu_id) is None:
+            if self.clock() >= deadline:
+                waited = f"{self.ready_timeout_s:g} s"
+                return f"{self.binary} -d: no live {PID_FILE} in {g.pipe_directory} after {waited}"
+            time.sleep(0.005)
+        return ""
+
+    def set_gpus(self, gpus: Sequence[MpsGpu]) -> list[MpsNotice]:
+        """The GPUs that are now MPS-shared: start daemons for new ones, stop those that left MPS."""
+        out: list[MpsNotice] = []
+        wanted = {g.gpu_id: g for g in gpus}
+        for gpu_id in sorted(set(self.gpus) - set(wanted)):
+            out.append(self._stop(gpu_id))
+        for gpu_id, g in sorted(wanted.items()):
+            if gpu_id in self.gpus:
+                continue
+            self.gpus[gpu_id] = g
+            self.table.gpus[gpu_id] = g
+            transport = (
+                SocketTransport(g.socket)
+                if g.socket
+                else BinaryTransport(g.pipe_directory, binary=self.binary)
+            )
+            self.table.controls[gpu_id] = MpsControl(g.pipe_directory, transport=transport)
+            err = "" if self.daemon_pid(gpu_id) is not None else self._start(g)
+            if err:
+                self._down[gpu_id] = self.clock() + self.retry_s
+            out.append(MpsNotice("mps_failure" if err else "mps_started", gpu_id, err or g.pipe_directory))
+        self._pending += out
+        return out
+
+    def _stop(self, gpu_id: str) -> MpsNotice:
+        running = self.daemon_pid(gpu_id) is not None
+        g = self.gpus.pop(gpu_id)
+        control = self.table.controls.pop(gpu_id)
+        self.table.gpus.pop(gpu_id, None)
+        self.faulted.pop(gpu_id, None)
+        self._down.pop(gpu_id, None)
+        if not running:
+            return MpsNotice("mps_stopped", gpu_id, "daemon was not running")
+        try:
+            control.quit()
+        except MpsError as exc:
+            return MpsNotice("mps_failure", gpu_id, f"quit: {exc}")
+        return MpsNotice("mps_stopped", gpu_id, g.pipe_directory)
+
+    def stop_all(self) -> list[MpsNotice]:
+        return [self._stop(gpu_id) for gpu_id in sorted(self.gpus)]
+
+    # -- the agent's hooks
+    def client_env_for(self, lease_id: str) -> dict[str, str] | None:
+        return self.table.client_env_for(lease_id)
+
+    def sync(self, leases: Sequence[Mapping[str, object]]) -> list[tuple[str, str, str]]:
+        self._leases = list(leases)
+        return self.table.sync(leases)
+
+    def supervise(self, samples: Sequence[object], now: float) -> list[MpsNotice]:
+        out, self._pending = self._pending, []
+        xids: dict[str, list[int]] = {}
+        for s in samples:
+            gpu_id = str(getattr(s, "gpu_id", ""))
+            xids[gpu_id] = [x for x in getattr(s, "xids", ()) if x in MPS_FAULT_XIDS]
+        for gpu_id, g in sorted(self.gpus.items()):
+            if gpu_id in self._down:
+                if self.clock() < self._down[gpu_id]:
+                    continue
+                err = self._start(g)
+                if err:
+                    self._down[gpu_id] = self.clock() + self.retry_s
+                    out.append(MpsNotice("mps_failure", gpu_id, err))
+                    continue
+                del self._down[gpu_id]
+                self.table.resync()
+                out += [MpsNotice(k, gpu, d) for k, gpu, d in self.table.sync(self._leases)]
+                since = self.faulted.pop(gpu_id, None)
+                if since is None:
+                    out.append(MpsNotice("mps_started", gpu_id, g.pipe_directory))
+                else:
+                    ms = (self.clock() - since) * 1000
+                    out.append(MpsNotice("mps_recovered", gpu_id, "daemon restarted", latency_ms=ms))
+                continue
+            died = self.daemon_pid(gpu_id) is None
+            faults = xids.get(gpu_id, [])
+            if not died and not faults:
+                continue
+            why = "MPS control daemon exited" if died else f"client fault XID {faults[0]} on an MPS GPU"
+            t0 = self.clock()
+            self.faulted[gpu_id] = t0
+            out.append(MpsNotice("mps_fault", gpu_id, f"{why}: every client of this GPU is reset"))
+            for lease in self._leases:
+                if str(lease.get("gpu_id", "")) == gpu_id:
+                    lid = str(lease.get("lease_id", ""))
+                    out.append(MpsNotice("mps_fault", gpu_id, f"{why}: restart the client", lease_id=lid))
+            if not died:
+                with contextlib.suppress(MpsError):
+                    self.table.controls[gpu_id].quit()
+            err = self._start(g)
+            if err:
+                self._down[gpu_id] = self.clock() + self.retry_s
+                out.append(MpsNotice("mps_failure", gpu_id, err))
+                continue
+            self.table.resync()
+            for kind, gpu, detail in self.table.sync(self._leases):
+                out.append(MpsNotice(kind, gpu, detail))
+            del self.faulted[gpu_id]
+            out.append(
+                MpsNotice(
+                    "mps_recovered",
+                    gpu_id,
+                    "daemon restarted, limits re-applied",
+                    latency_ms=(self.clock() - t0) * 1000,
+                )
+            )
         return out

@@ -24,9 +24,10 @@ from gpupool.adapters.metrics.dcgm import AgentGauges, AgentMetrics, GpuGauges
 from gpupool.adapters.pause import availability, default_pausers
 from gpupool.agent.devices import open_source
 from gpupool.agent.engines import Engine, EngineScraper
+from gpupool.agent.evict import EvictionPolicy
 from gpupool.agent.gateway_client import GatewayReporter
 from gpupool.agent.loop import AgentConfig, AgentEvent, NodeAgent, NodeSnapshot
-from gpupool.agent.mps import MpsGpu, MpsLimitTable
+from gpupool.agent.mps import MpsGpu, MpsLimitTable, MpsSupervisor
 from gpupool.agent.source import DeviceSource, GpuSample, ScriptedSource
 from gpupool.core.clock import FunctionClock
 from gpupool.core.pausers import Workload
@@ -165,6 +166,10 @@ class AgentRuntime:
             close()
 
 
+DEFAULT_EVICTION = EvictionPolicy()
+"""An ended ledger lease frees its holder's memory (see `gpupool.agent.evict`)."""
+
+
 def build_runtime(
     *,
     node: str,
@@ -177,6 +182,8 @@ def build_runtime(
     workloads: Sequence[Workload] = (),
     source: DeviceSource | None = None,
     mps: Sequence[MpsGpu] = (),
+    eviction: EvictionPolicy | None = DEFAULT_EVICTION,
+    mps_log_root: str | None = None,
 ) -> AgentRuntime:
     clock = FunctionClock(time.monotonic)
     src = source if source is not None else open_source(devices, node=node, gpus=gpus)
@@ -190,7 +197,10 @@ def build_runtime(
         clock=clock,
         engines=scraper,
         ledger=reporter,
-        mps=MpsLimitTable(mps) if mps else None,
+        mps=(MpsSupervisor(mps, log_root=mps_log_root) if mps_log_root else MpsLimitTable(mps))
+        if mps
+        else None,
+        eviction=eviction,
     )
     for w in workloads:
         agent.register(w)

@@ -50,6 +50,21 @@ def agent(
         "--mps",
         help="MPS-shared GPU: gpu=<id>,pipe=<dir>[,device=<ordinal|UUID>][,socket=..] (repeatable).",
     ),
+    evict_grace_ms: int = typer.Option(
+        500,
+        "--evict-grace-ms",
+        help="When a ledger lease ends: SIGTERM its holder, SIGKILL after this grace (-1: do not act).",
+    ),
+    mps_daemons: bool = typer.Option(
+        False,
+        "--mps-daemons",
+        help="Start and supervise nvidia-cuda-mps-control -d per --mps GPU (restart on exit or fault XID).",
+    ),
+    mps_log_dir: str = typer.Option(
+        "/var/log/nvidia-mps",
+        "--mps-log-dir",
+        help="Root of the per-GPU CUDA_MPS_LOG_DIRECTORY (--mps-daemons).",
+    ),
     duration_s: float = typer.Option(0.0, "--duration-s", help="Stop after N seconds (0 = until SIGTERM)."),
     kube: bool = typer.Option(
         False, "--kube", help="Write this node's <domain>/slices annotation through the Kubernetes API."
@@ -78,6 +93,7 @@ def agent(
     """Run the node agent: every --period-ms read the GPUs, feed the watermarks, pause/resume P2 work,
     report readings and events to the gateway and serve dcgm-exporter-compatible /metrics."""
     from gpupool.agent.engines import parse_engine_spec
+    from gpupool.agent.evict import EvictionPolicy
     from gpupool.agent.loop import AgentConfig
     from gpupool.agent.mps import parse_mps_spec
     from gpupool.agent.runtime import build_runtime
@@ -95,6 +111,7 @@ def agent(
         raise UserError(f"invalid --metrics-port={metrics_port}: must be in [-1, 65535]")
     check_range("--duration-s", duration_s, lo=0)
     check_range("--resync-s", resync_s, lo=0, lo_open=True)
+    check_range("--evict-grace-ms", evict_grace_ms, lo=-1, hi=10_000)
     mps_specs = [parse_mps_spec(m) for m in mps]
     config = AgentConfig(
         node,
@@ -112,6 +129,8 @@ def agent(
         engines=[parse_engine_spec(e) for e in engine],
         workloads=[parse_workload_spec(w) for w in workload],
         mps=mps_specs,
+        mps_log_root=mps_log_dir if mps_daemons else None,
+        eviction=None if evict_grace_ms < 0 else EvictionPolicy(grace_s=evict_grace_ms / 1000),
     )
     if publish and (gateway or kube):
         runtime.publishers.append(

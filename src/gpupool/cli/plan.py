@@ -3,6 +3,7 @@
 Formats: ``table`` (rich tables: per-GPU layout with reasons, placements, unplaced), ``json`` (the
 ``plan_to_dict`` object), ``mig-parted`` (a mig-parted v1 YAML document, one config per node) and ``mps``
 (control-daemon commands and client environments per MPS GPU). Bad input exits 2 with one line.
+``--actuator`` shows (and with ``--apply`` makes) the MIG changes on the nodes (`gpupool.cli.planapply`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from gpupool.cli.errors import user_errors
+from gpupool.cli.errors import UserError, user_errors
+from gpupool.cli.planapply import ActuatorKind, run_apply
 from gpupool.cli.specfiles import load_specs
 from gpupool.hardware.migparted import to_mig_parted
 from gpupool.hardware.mps import mps_commands
@@ -67,11 +69,32 @@ def render_table(p: Plan, console: Console) -> None:
 
 
 @user_errors
-def plan(
+def plan(  # noqa: PLR0917 (typer options)
     cluster: Path = typer.Option(..., "--cluster", "-c", help="Cluster spec YAML (nodes and their GPUs)."),
     workloads: Path = typer.Option(..., "--workloads", "-w", help="Workload spec YAML (models, replicas)."),
     fmt: PlanFormat = typer.Option(
         PlanFormat.TABLE, "--format", "-f", help="table | json | mig-parted | mps", case_sensitive=False
+    ),
+    actuator: ActuatorKind | None = typer.Option(
+        None,
+        "--actuator",
+        help="Show the MIG changes per node: simulated | nvml | mig-manager.",
+        case_sensitive=False,
+    ),
+    apply: bool = typer.Option(
+        False, "--apply", help="Make the MIG changes (default: dry run, show the diff)."
+    ),
+    node: list[str] = typer.Option(
+        [], "--node", help="Only this node (repeatable; nvml: this machine's node)."
+    ),
+    kube_api: str = typer.Option(
+        "", "--kube-api", help="API server URL for mig-manager (default: in-cluster)."
+    ),
+    mig_namespace: str = typer.Option("gpu-operator", "--mig-namespace", help="GPU Operator namespace."),
+    mig_config_map: str = typer.Option(
+        "custom-mig-config",
+        "--mig-config-map",
+        help="ConfigMap the ClusterPolicy's migManager.config.name names.",
     ),
 ) -> None:
     """Plan MIG instances, MPS shares and whole cards for the workloads; print the layout.
@@ -81,6 +104,20 @@ def plan(
     """
     cluster_spec, workload_set = load_specs(cluster, workloads)
     p = make_plan(cluster_spec, workload_set)
+    if apply and actuator is None:
+        raise UserError("--apply: needs --actuator simulated|nvml|mig-manager")
+    if actuator is not None:
+        code = run_apply(
+            p,
+            cluster_spec,
+            kind=actuator,
+            nodes=node,
+            apply=apply,
+            kube_api=kube_api,
+            namespace=mig_namespace,
+            config_map=mig_config_map,
+        )
+        raise typer.Exit(code)
     if fmt is PlanFormat.JSON:
         typer.echo(json.dumps(plan_to_dict(p), indent=2))
     elif fmt is PlanFormat.MIG_PARTED:

@@ -149,3 +149,20 @@ def test_quit_stops_the_daemon(daemon: tuple[Path, Path]) -> None:
         time.sleep(0.01)
     with pytest.raises(MpsError):
         mps.get_server_list()
+
+
+def test_container_side_matches_nvidias_device_plugin() -> None:
+    from gpupool.adapters.mps import container_mps
+
+    lim = MpsLimits(4096, 25)
+    c = container_mps("/run/nvidia/mps/gpu-0/pipe", "GPU-1", lim, shm_directory="/run/nvidia/mps/shm")
+    assert c.env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia/mps/gpu-0/pipe"
+    assert c.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "GPU-1=4096M"
+    assert c.mounts == (
+        ("/run/nvidia/mps/gpu-0/pipe", "/run/nvidia/mps/gpu-0/pipe"),
+        ("/run/nvidia/mps/shm", "/dev/shm"),
+    )
+    assert not c.host_ipc
+    assert container_mps("/tmp/nvidia-mps", 0, lim).host_ipc  # the host's /dev/shm: hostIPC needed
+    with pytest.raises(InvalidInput, match=r"mps\.pipe_directory"):
+        container_mps("relative", 0, lim)

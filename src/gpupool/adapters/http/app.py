@@ -427,6 +427,11 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
                     )
                     revoked.append(e.lease_id)
             gw.agent_events += len(body.events)
+            gw.device_states[node] = {
+                w.lease_id: w.state
+                for w in body.workloads
+                if w.state in ("granted-pending-free", "free-failed")
+            }
             await gw.committer.durable()
             return JSONResponse({"accepted": len(body.events), "revoked": revoked})
 

@@ -43,5 +43,8 @@ class Gateway:
     tick_s: float = 0.1
     default_max_tokens: int = 256
     agent_events: int = 0
+    device_states: dict[str, dict[str, str]] = field(default_factory=dict)
+    """node -> lease id -> ``granted-pending-free`` | ``free-failed``, as that node's agent last
+    reported (grants whose memory is still being freed; every other lease is ``usable``)."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)

@@ -100,6 +100,12 @@ class LeaseOut(BaseModel):
     victims_other_tenants: int = Field(
         0, description="how many other tenants' leases were preempted for this grant (ids not shown)"
     )
+    device_state: Literal["usable", "granted-pending-free", "free-failed"] = Field(
+        "usable",
+        description="``granted-pending-free`` while the node agent is still freeing the memory of the "
+        "leases preempted for this grant (do not start on the GPU yet); ``free-failed`` when that memory "
+        "did not come back by the agent's deadline",
+    )
 
 
 class LeasesOut(BaseModel):

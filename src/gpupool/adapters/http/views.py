@@ -82,6 +82,7 @@ def lease_json(
         "early_warning": bool(out and out.early_warning),
         "victims": mine,
         "victims_other_tenants": len(victims) - len(mine),
+        "device_state": gw.device_states.get(lease.node, {}).get(lease.id, "usable"),
     }
 
 

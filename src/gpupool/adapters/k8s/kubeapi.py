@@ -170,3 +170,28 @@ class KubeApi:
         finally:
             resp.close()
             resp.release_conn()
+
+    # -- MIG re-partition through the GPU Operator's mig-manager (gpupool.adapters.k8s.migmanager) --
+    def label_node(self, name: str, labels: dict[str, str | None]) -> dict[str, Any]:
+        """Merge-patch a node's labels (``None`` deletes a key)."""
+        body = {"metadata": {"labels": labels}}
+        out: dict[str, Any] = _decode(self._call(self._core.patch_node, name, body))
+        return out
+
+    def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The ConfigMap, or None when it does not exist."""
+        try:
+            out: dict[str, Any] = _decode(self._call(self._core.read_namespaced_config_map, name, namespace))
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return out
+
+    def write_config_map(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        """Create the ConfigMap, or replace its data when it exists."""
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
+        if self.read_config_map(namespace, name) is None:
+            self._call(self._core.create_namespaced_config_map, namespace, body)
+        else:
+            self._call(self._core.replace_namespaced_config_map, name, namespace, body)

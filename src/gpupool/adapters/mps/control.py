@@ -244,3 +244,31 @@ class MpsControl:
 def env_for(pipe_directory: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The daemon's own environment (pipe directory + optional ``CUDA_VISIBLE_DEVICES`` etc.)."""
     return {"CUDA_MPS_PIPE_DIRECTORY": pipe_directory, **(extra or {})}
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerMps:
+    """What a container needs to be a client of one MPS daemon (the k8s Allocate response's part)."""
+
+    env: dict[str, str]
+    mounts: tuple[tuple[str, str], ...]
+    """(host path, container path), read-write."""
+    host_ipc: bool
+    """True when the daemon shares the host's ``/dev/shm`` (no dedicated shm directory to mount)."""
+
+
+def container_mps(
+    pipe_directory: str, device: int | str, limits: MpsLimits, *, shm_directory: str = ""
+) -> ContainerMps:
+    """The container side of an MPS share, as NVIDIA's k8s-device-plugin gives it: the daemon's pipe
+    directory mounted at the same path with ``CUDA_MPS_PIPE_DIRECTORY`` pointing at it, the daemon's
+    shm directory mounted as ``/dev/shm`` (or ``hostIPC`` when the daemon uses the host's), and the
+    per-client ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` / ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` of the lease."""
+    if not pipe_directory.startswith("/"):
+        raise InvalidInput("mps.pipe_directory", pipe_directory, "must be an absolute path")
+    if shm_directory and not shm_directory.startswith("/"):
+        raise InvalidInput("mps.shm_directory", shm_directory, "must be an absolute path")
+    mounts = [(pipe_directory, pipe_directory)]
+    if shm_directory:
+        mounts.append((shm_directory, "/dev/shm"))  # noqa: S108 - the container's shm mount point
+    return ContainerMps(client_env(pipe_directory, device, limits), tuple(mounts), host_ipc=not shm_directory)

@@ -14,6 +14,9 @@ Model (all integers, all deterministic for a given seed and call sequence):
 - Temperature relaxes towards ambient + (``HOT_C`` - ambient) x utilisation / 100 with time constant
   ``THERMAL_TAU_S`` as simulated time advances (``advance`` or the injected clock); power follows
   utilisation between idle and the model's TDP.
+- Real processes may hold memory through the VRAM registry (``vram_registry``, see
+  `gpupool.adapters.simulated.vram`): a live holder's MiB count on its GPU (or slice) and it appears in
+  the process list with its real pid, until it exits or shrinks its record.
 - Hooks: ``force`` pins any reading of a GPU until ``clear``; ``lose`` makes the GPU unhealthy with
   "GPU is lost" (what NVML's GPU_IS_LOST maps to); ``xid`` queues an XID event (fatal XIDs mark the GPU
   unhealthy, as the NVML source does).
@@ -29,7 +32,13 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from gpupool.adapters.simulated.vram import held
+
+if TYPE_CHECKING:
+    from gpupool.adapters.simulated.mig import SimulatedMigHardware
 from gpupool.hardware.devices import DeviceSnapshot, GpuReading, MigDeviceReading, ProcessReading, XidEvent
 from gpupool.hardware.inventory import Inventory
 from gpupool.hardware.planner import inventory_from_cluster, inventory_from_plan, plan
@@ -109,6 +118,8 @@ class _GpuState:
     lost: bool = False
     error: str = ""
     events: list[XidEvent] = field(default_factory=list)
+    cis: dict[int, list[int]] = field(default_factory=dict)
+    """GPU instance id -> its compute instance ids (MIG; see `gpupool.adapters.simulated.mig`)."""
 
     @property
     def slices(self) -> tuple[PlannedSlice, ...]:
@@ -129,8 +140,12 @@ class SimulatedCluster:
         seed: int = 0,
         clock: Callable[[], float] | None = None,
         ambient_c: int = AMBIENT_C,
+        vram_registry: Path | None = None,
     ) -> None:
         self.cluster = cluster
+        self.vram_registry = vram_registry
+        self._held: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._repartitioned = False
         self.plan = plan
         self.seed = seed
         self._rng = random.Random(seed)
@@ -141,7 +156,9 @@ class SimulatedCluster:
         self._gpus: dict[str, _GpuState] = {}
         for g in cluster.gpus():
             uuid = g.uuid or _uuid("GPU", seed, g.gpu_id)
-            self._gpus[g.gpu_id] = _GpuState(g, layouts.get(g.gpu_id), uuid, float(ambient_c))
+            st = _GpuState(g, layouts.get(g.gpu_id), uuid, float(ambient_c))
+            st.cis = {s.start + 1: [0] for s in st.slices if s.kind is SliceKind.MIG}
+            self._gpus[g.gpu_id] = st
         self._slice_gpu: dict[str, str] = {s.id: gid for gid, st in self._gpus.items() for s in st.slices}
         self._resident: dict[str, int] = {}
         if plan is not None:
@@ -175,6 +192,77 @@ class SimulatedCluster:
 
     def nodes(self) -> tuple[str, ...]:
         return tuple(n.name for n in self.cluster.nodes)
+
+    # --- MIG (NVML calls: gpupool.adapters.simulated.mig) ----------------------------------------
+    def mig_hardware(self, node: str) -> SimulatedMigHardware:
+        """NVML's MIG calls on ``node``'s GPUs (by node-local index)."""
+        from gpupool.adapters.simulated.mig import SimulatedMigHardware
+
+        if node not in self.nodes():
+            raise KeyError(f"unknown node {node!r} (known: {', '.join(self.nodes())})")
+        return SimulatedMigHardware(self, node)
+
+    def set_mig_mode(self, gpu_id: str, enabled: bool) -> None:
+        """The operator's ``nvidia-smi -i N -mig 1|0``: refused while GPU instances exist."""
+        st = self._state(gpu_id)
+        if self._mig_on(st) == enabled:
+            return
+        if enabled and not st.spec.model.mig_capable:
+            raise ValueError(f"{gpu_id}: {st.spec.model.name} does not support MIG")
+        if not enabled and any(s.kind is SliceKind.MIG for s in st.slices):
+            raise ValueError(f"{gpu_id}: destroy its GPU instances before disabling MIG mode")
+        from gpupool.hardware.capability import GpuMode
+
+        g = st.spec
+        if enabled:
+            st.layout = GpuPlan(g.node, g.index, g.model, GpuMode.MIG, (), "MIG mode enabled by the operator")
+        else:
+            st.layout = None
+        self._slice_gpu = {s.id: gid for gid, x in self._gpus.items() for s in x.slices}
+        self._repartitioned = True
+
+    def _current_plan(self) -> Plan:
+        """The layouts as the hardware now holds them (after MIG re-partitions)."""
+        from gpupool.hardware.capability import GpuMode
+
+        gpus = []
+        for st in self._gpus.values():
+            g = st.spec
+            if st.layout is not None:
+                gpus.append(st.layout)
+            else:
+                gpus.append(
+                    GpuPlan(g.node, g.index, g.model, GpuMode.WHOLE, st.slices, "whole card", uuid=g.uuid)
+                )
+        return Plan(tuple(gpus), ())
+
+    def _gpu_at(self, node: str, index: int) -> _GpuState | None:
+        return next(
+            (st for st in self._gpus.values() if st.spec.node == node and st.spec.index == index), None
+        )
+
+    @staticmethod
+    def _mig_on(st: _GpuState) -> bool:
+        return st.layout is not None and st.layout.mode.value == "mig"
+
+    def _slice_pids(self, s: PlannedSlice) -> tuple[int, ...]:
+        """The processes the readings show on a slice: a placed replica and live registry holders."""
+        st = self._state(self._slice_gpu[s.id])
+        n = next(i for i, x in enumerate(st.slices) if x.id == s.id)
+        own = (10_000 + st.spec.index * 100 + n,) if self._resident.get(s.id) else ()
+        self._held = held(self.vram_registry)
+        return own + tuple(pid for pid, _ in self._held.get(s.id, ()))
+
+    def _set_slices(self, st: _GpuState, slices: tuple[PlannedSlice, ...]) -> None:
+        assert st.layout is not None
+        ordered = tuple(sorted(slices, key=lambda x: (x.start, x.id)))
+        st.layout = GpuPlan(
+            st.layout.node, st.layout.index, st.layout.model, st.layout.mode, ordered, st.layout.reason
+        )
+        self._slice_gpu = {s.id: gid for gid, x in self._gpus.items() for s in x.slices}
+        self._repartitioned = True
+        for sid in [k for k in self._resident if k not in self._slice_gpu]:
+            del self._resident[sid]
 
     # --- hooks -----------------------------------------------------------------------------------
     def grant(self, lease_id: str, slice_id: str, *, vram_mib: int, compute_milli: int = 0) -> None:
@@ -238,7 +326,8 @@ class SimulatedCluster:
     # --- model -----------------------------------------------------------------------------------
     def _slice_used(self, s: PlannedSlice) -> int:
         leased = sum(v for sid, v, _ in self._leases.values() if sid == s.id)
-        return min(s.vram_mib, max(self._resident.get(s.id, 0), leased))
+        by_procs = sum(mib for _pid, mib in self._held.get(s.id, ()))
+        return min(s.vram_mib, max(self._resident.get(s.id, 0), leased) + by_procs)
 
     def _slice_util(self, s: PlannedSlice) -> int:
         leased = sum(c for sid, _, c in self._leases.values() if sid == s.id) // 10
@@ -271,7 +360,8 @@ class SimulatedCluster:
             if st.forced.utilization_pct is not None
             else max(0, min(100, util + jitter))
         )
-        used = IDLE_USED_MIB + sum(self._slice_used(s) for s in st.slices)
+        on_gpu = self._held.get(g.gpu_id, ())
+        used = IDLE_USED_MIB + sum(self._slice_used(s) for s in st.slices) + sum(m for _p, m in on_gpu)
         if st.forced.memory_used_mib is not None:
             used = st.forced.memory_used_mib
         temp = st.forced.temperature_c if st.forced.temperature_c is not None else round(st.temperature)
@@ -286,6 +376,8 @@ class SimulatedCluster:
                 (ProcessReading(10_000 + g.index * 100 + n, resident, gi, 0 if gi >= 0 else -1),)
                 if resident
                 else ()
+            ) + tuple(
+                ProcessReading(pid, mib, gi, 0 if gi >= 0 else -1) for pid, mib in self._held.get(s.id, ())
             )
             procs += p
             if s.kind is SliceKind.MIG:
@@ -306,6 +398,7 @@ class SimulatedCluster:
                         processes=p,
                     )
                 )
+        procs += [ProcessReading(pid, mib, -1, -1) for pid, mib in on_gpu]
         return GpuReading(
             index=g.index,
             uuid=st.uuid,
@@ -329,6 +422,7 @@ class SimulatedCluster:
         states = [st for st in self._gpus.values() if st.spec.node == node]
         if not states and node not in self.nodes():
             raise KeyError(f"unknown node {node!r} (known: {', '.join(self.nodes())})")
+        self._held = held(self.vram_registry)
         events: list[XidEvent] = []
         for st in states:
             events += st.events
@@ -347,7 +441,11 @@ class SimulatedCluster:
     def inventory(self) -> Inventory:
         """The Inventory the core consumes: the plan's slices (or whole cards) with simulated uuids."""
         base = (
-            inventory_from_plan(self.plan) if self.plan is not None else inventory_from_cluster(self.cluster)
+            inventory_from_plan(self._current_plan())
+            if self._repartitioned
+            else inventory_from_plan(self.plan)
+            if self.plan is not None
+            else inventory_from_cluster(self.cluster)
         )
         out: list[Slice] = []
         for s in base:

@@ -1,0 +1,37 @@
+"""`gpupool plan --actuator ... [--apply]` as a user runs it (real subprocesses): the dry run shows
+the MIG diff and changes nothing, ``--apply`` acts through the actuator, bad input exits 2 naming
+the option."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SPECS = ("-c", "examples/cluster-a100-l40s.yaml", "-w", "examples/workloads-agent-platform.yaml")
+
+
+def gpupool(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "gpupool.cli.main", "plan", *SPECS, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_dry_run_shows_the_diff_and_does_not_act() -> None:
+    out = gpupool("--actuator", "simulated")
+    assert out.returncode == 0, out.stderr
+    assert "node gpu-a: gpu 0: +3g.40gb@0 +3g.40gb@4" in out.stdout
+    assert "dry run: nothing changed" in out.stdout and "applied" not in out.stdout
+
+
+def test_apply_acts_through_the_actuator() -> None:
+    out = gpupool("--actuator", "simulated", "--apply", "--node", "gpu-a")
+    assert out.returncode == 0, out.stderr
+    assert "node gpu-a: applied via simulated NVML: gpu 0 +3g.40gb@0; gpu 0 +3g.40gb@4" in out.stdout
+
+
+def test_bad_input_exits_2() -> None:
+    out = gpupool("--apply")
+    assert out.returncode == 2 and "--apply" in out.stderr
+    out = gpupool("--actuator", "simulated", "--node", "nope")
+    assert out.returncode == 2 and "--node" in out.stderr and "'nope'" in out.stderr
+    out = gpupool("--actuator", "nvml")
+    assert out.returncode == 2 and "--node" in out.stderr
