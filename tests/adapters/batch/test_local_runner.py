@@ -9,7 +9,7 @@ from gpupool.adapters.batch.local import LocalExecutor, wait_for
 from gpupool.adapters.batch.queue import BatchJobQueue
 from gpupool.adapters.batch.runner import BatchRunner
 from gpupool.core import P0, Allocator, ManualClock, Request, Resources, Slice, SliceKind
-from gpupool.core.tidal_jobs import BatchJobSpec, JobState
+from gpupool.core.tidal.jobs import BatchJobSpec, JobState
 
 GPU = Slice(id="gpu-0", node="n0", gpu_id="gpu-0", kind=SliceKind.WHOLE, capacity=Resources(10_000, 1000))
 

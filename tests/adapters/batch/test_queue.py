@@ -6,7 +6,7 @@ import pytest
 
 from gpupool.adapters.batch.queue import BatchJobQueue
 from gpupool.core import DuplicateId, InvalidInput, UnknownId
-from gpupool.core.tidal_jobs import BatchJobSpec, JobState, lease_request, queue_key, validate_job
+from gpupool.core.tidal.jobs import BatchJobSpec, JobState, lease_request, queue_key, validate_job
 
 
 def job(i: str, **kw) -> BatchJobSpec:

@@ -18,7 +18,7 @@ from gpupool.adapters.batch.queue import BatchJobQueue  # noqa: E402
 from gpupool.adapters.batch.ray_executor import RayExecutor  # noqa: E402
 from gpupool.adapters.batch.runner import BatchRunner  # noqa: E402
 from gpupool.core import P0, Allocator, ManualClock, Request, Resources, Slice, SliceKind  # noqa: E402
-from gpupool.core.tidal_jobs import BatchJobSpec, JobState  # noqa: E402
+from gpupool.core.tidal.jobs import BatchJobSpec, JobState  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

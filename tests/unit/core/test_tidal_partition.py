@@ -1,8 +1,8 @@
-"""MIG re-partition planner (gpupool.core.tidal_partition): 3g+2g+1g+1g <-> 7g on a drained A100."""
+"""MIG re-partition planner (gpupool.core.tidal.partition): 3g+2g+1g+1g <-> 7g on a drained A100."""
 
 from __future__ import annotations
 
-from gpupool.core.tidal_partition import Refusal, RepartitionPlan, plan_merge
+from gpupool.core.tidal.partition import Refusal, RepartitionPlan, plan_merge
 from gpupool.hardware.mig import MigInstance, validate_layout
 
 A100 = "A100-SXM4-80GB"

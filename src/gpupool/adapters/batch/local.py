@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 
-from gpupool.core.tidal_jobs import BatchJobSpec
+from gpupool.core.tidal.jobs import BatchJobSpec
 
 
 class LocalHandle:

@@ -4,7 +4,7 @@ Role: persist `BatchJobSpec` values and their states so that a restart loses not
 ``batch_jobs`` can live in the lease store's database file (pass the same path).
 
 Invariants:
-- Every state change goes through `gpupool.core.tidal_jobs.check_transition` inside one
+- Every state change goes through `gpupool.core.tidal.jobs.check_transition` inside one
   ``BEGIN IMMEDIATE`` transaction; a refused change leaves the row unchanged.
 - `jobs(QUEUED)` returns jobs in the core's total queue order (deadline, submission time, id);
   `claim` is a compare-and-set (QUEUED -> RUNNING), so two runners never start one job.
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpupool.core.errors import DuplicateId, UnknownId
-from gpupool.core.tidal_jobs import BatchJobSpec, JobState, check_transition, validate_job
+from gpupool.core.tidal.jobs import BatchJobSpec, JobState, check_transition, validate_job
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS batch_jobs (

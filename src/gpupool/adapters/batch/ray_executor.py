@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from gpupool.core.tidal_jobs import BatchJobSpec
+from gpupool.core.tidal.jobs import BatchJobSpec
 
 
 @functools.cache

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from gpupool.adapters.batch.queue import BatchJobQueue
 from gpupool.core import Allocator
-from gpupool.core.tidal_jobs import BatchJobSpec, JobState, lease_request
+from gpupool.core.tidal.jobs import BatchJobSpec, JobState, lease_request
 
 
 class Handle(Protocol):

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from gpupool.core import P0, P1, P2, Allocator, ManualClock, Request, Resources
 from gpupool.core.ids import seeded_lease_ids
-from gpupool.core.tidal_partition import RepartitionPlan, plan_merge
+from gpupool.core.tidal.partition import RepartitionPlan, plan_merge
 from gpupool.hardware.slices import Slice, SliceKind
 from gpupool.sim.tidal import perf
 from gpupool.sim.tidal.platform import (
