@@ -31,3 +31,19 @@ def test_observe_proxy_counts_each_model_and_status_apart() -> None:
     assert _sample(text, "gpupool_proxy_latency_seconds_count", 'model="a"') == 3
     assert _sample(text, "gpupool_proxy_ttft_seconds_count", 'model="a"') == 2  # no TTFT for a 502
     assert _sample(text, "gpupool_proxy_ttft_seconds_count", 'model="b"') == 1
+
+
+def test_pending_observations_are_folded_exactly_at_scrape_and_when_many() -> None:
+    from gpupool.adapters.metrics.gateway import PROXY_FOLD_EVERY
+
+    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=MemoryLeaseStore())
+    m = GatewayMetrics(c)
+    for _ in range(PROXY_FOLD_EVERY + 3):  # one automatic fold on the way, 3 left pending
+        m.observe_proxy("a", 200, 0.01, 0.02)
+    assert len(m._pending) == 3
+    text = m.render()[0].decode()
+    assert _sample(text, "gpupool_proxy_requests_total", 'model="a",status="200"') == PROXY_FOLD_EVERY + 3
+    assert _sample(text, "gpupool_proxy_latency_seconds_count", 'model="a"') == PROXY_FOLD_EVERY + 3
+    assert not m._pending
+    text = m.render()[0].decode()  # a second scrape counts nothing twice
+    assert _sample(text, "gpupool_proxy_requests_total", 'model="a",status="200"') == PROXY_FOLD_EVERY + 3
