@@ -34,14 +34,14 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 fmt: $(STAMP)
-	$(BIN)/ruff format src tests benchmarks
-	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests
+	$(BIN)/ruff check --fix src tests
 
 bench: $(STAMP)
 	$(BIN)/gpupool bench allocator --json

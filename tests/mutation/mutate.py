@@ -10,7 +10,7 @@ plugins), and print generated / killed / survived / timed out. Survivors' diffs 
 Invariants:
 - the unmutated baseline must pass with the same test selection, otherwise the module is reported
   as failed and no mutant is run (a red baseline would "kill" every mutant);
-- the scratch copy's ``src`` and ``benchmarks`` come first on ``PYTHONPATH``, before the editable
+- the scratch copy's ``src`` comes first on ``PYTHONPATH``, before the editable
   install, so the tests import the mutated module;
 - operators that only produce noise are filtered out (see ``EXCLUDED_OPERATORS``), and mutants inside
   annotations (never evaluated: every listed module has ``from __future__ import annotations``) are
@@ -113,7 +113,7 @@ EXCLUDED_OPERATORS = [
     r"core/ReplaceUnaryOperator_(?!(Delete_\w+|USub_UAdd|UAdd_USub)$)",
 ]
 
-COPIED = ["src", "tests", "benchmarks", "pyproject.toml"]
+COPIED = ["src", "tests", "pyproject.toml"]
 
 
 def _copy_tree(dest: Path) -> None:
@@ -245,7 +245,7 @@ def run_module(module: str, timeout_s: int, out: Path, mode: str) -> dict[str, i
         _copy_tree(work)
         (work / "cr.toml").write_text(_config(module, timeout_s))
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(work / "src"), str(work / "benchmarks")])
+        env["PYTHONPATH"] = str(work / "src")
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 

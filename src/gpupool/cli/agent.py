@@ -228,7 +228,7 @@ def bench_agent(
     """Tick cost per GPU and reaction time from a watermark crossing to the process being stopped."""
     import json
 
-    from gpupool_benchmarks import agent_bench
+    from gpupool.bench import agent_bench
 
     for name, value, lo in (("--period-ms", period_ms, 10), ("--gpus", gpus, 1), ("--ticks", ticks, 1)):
         if value < lo:

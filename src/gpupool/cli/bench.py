@@ -23,8 +23,8 @@ def allocator(
     seed: int = typer.Option(1, help="Random seed of the request stream."),
 ) -> None:
     """Steady-state allocate+release cost: gpupool's indexed allocator vs the seed's reference."""
+    from gpupool.bench import allocator_bench
     from gpupool.core.errors import InvalidInput
-    from gpupool_benchmarks import allocator_bench
 
     try:
         size_list = [int(x) for x in sizes.split(",") if x.strip()]
@@ -69,8 +69,8 @@ def tokens(
     seed: int = typer.Option(1, "--seed", help="Random seed of the prompt set."),
 ) -> None:
     """The proxy's prompt-token estimate against the backend's /tokenize, before and after correction."""
+    from gpupool.bench import tokens_bench
     from gpupool.core.errors import InvalidInput
-    from gpupool_benchmarks import tokens_bench
 
     if prompts < 10:
         raise InvalidInput("--prompts", prompts, "must be >= 10")
@@ -95,7 +95,7 @@ def gateway(  # noqa: PLR0917 (typer options)
     """Lease acquire+release round trips over HTTP against a `gpupool serve` process (SQLite, durable
     group commit) vs a no-op endpoint of the same app, and the OpenAI proxy's added latency against
     calling the backend directly. Non-2xx answers are counted, never dropped."""
-    from gpupool_benchmarks import gateway_bench
+    from gpupool.bench import gateway_bench
 
     for name, value in (("--clients", clients), ("--proxy-clients", proxy_clients)):
         check_range(name, value, lo=1)
@@ -134,8 +134,8 @@ def proxy_peers(  # noqa: PLR0917 (typer options)
 ) -> None:
     """/v1/completions (max_tokens 1) through gpupool vs vLLM's Rust router vs LiteLLM proxy vs the
     emulated backend directly: p50/p99 at 1 client, added p50, requests/s at --clients clients."""
+    from gpupool.bench import proxy_peers_bench
     from gpupool.core.errors import InvalidInput
-    from gpupool_benchmarks import proxy_peers_bench
 
     names = tuple(t.strip() for t in targets.split(",") if t.strip())
     bad = [t for t in names if t not in proxy_peers_bench.TARGETS]
@@ -184,8 +184,8 @@ def preempt(  # noqa: PLR0917 (typer options)
 ) -> None:
     """P0 arrival on a full simulated GPU held by real child processes -> their VRAM confirmed free
     and the P0 grant usable, per freeing path (p50/p99 ms)."""
+    from gpupool.bench import preempt_bench
     from gpupool.core.errors import InvalidInput
-    from gpupool_benchmarks import preempt_bench
 
     names = tuple(p.strip() for p in paths.split(",") if p.strip())
     bad = [p for p in names if p not in preempt_bench.PATHS]

@@ -213,7 +213,7 @@ def bench_extender(
     seed: int = typer.Option(1, "--seed", help="Random seed of the fill and the pods."),
 ) -> None:
     """Extender latency: POST /filter + /prioritize for one pod over NODES x GPUS (real HTTP, JSON)."""
-    from gpupool_benchmarks import extender_bench
+    from gpupool.bench import extender_bench
 
     if nodes < 1 or gpus_per_node < 1 or samples < 1 or fill < 0:
         raise UserError("--nodes, --gpus-per-node and --samples must be >= 1 and --fill >= 0")

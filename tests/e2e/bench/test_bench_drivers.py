@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool_benchmarks.httpload import post_loop
+from gpupool.bench.httpload import post_loop
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # two servers start on shared cores
 

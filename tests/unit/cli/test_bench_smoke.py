@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpupool_benchmarks import allocator_bench
+from gpupool.bench import allocator_bench
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gpupool.bench import seed_scheduler as seed
 from gpupool.core import P0, P1, P2, LeaseState, OutcomeCode
-from gpupool_benchmarks import seed_scheduler as seed
 from tests.builders import a_pool, a_request, a_slice, books
 
 

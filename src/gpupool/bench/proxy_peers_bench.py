@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpupool_benchmarks.httpload import (
+from gpupool.bench.httpload import (
     LoadResult,
     env_unbuffered,
     exit_on_sigterm,

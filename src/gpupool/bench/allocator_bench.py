@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool.bench import seed_scheduler as seed
 from gpupool.core import P0, P1, P2, Allocator, ManualClock, Request, Resources, Slice, SliceKind
 from gpupool.core.ids import seeded_lease_ids
-from gpupool_benchmarks import seed_scheduler as seed
 
 GIB = 1024
 

@@ -38,7 +38,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from gpupool_benchmarks.httpload import (
+from gpupool.bench.httpload import (
     env_unbuffered,
     exit_on_sigterm,
     free_port,

@@ -1,1 +1,0 @@
-"""Benchmark drivers and baselines (installed as the ``gpupool_benchmarks`` package)."""

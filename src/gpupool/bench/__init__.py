@@ -1,0 +1,1 @@
+"""Benchmark drivers and baselines (installed as the ``gpupool.bench`` package)."""
