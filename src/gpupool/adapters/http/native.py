@@ -183,7 +183,7 @@ class NativeCycle:
         try:
             if isinstance(response, StreamingResponse):
                 await self._stream(response)
-            elif not self.disconnected:
+            else:
                 self._write_whole(response.status_code, response.raw_headers, bytes(response.body))
         finally:
             self._done()
@@ -214,6 +214,8 @@ class NativeCycle:
         return out
 
     def _write_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        if self.disconnected or self.proto.transport.is_closing():
+            return  # the client went away: nothing to answer (uvloop refuses writes to a closed transport)
         out = self._head(status, headers, [])
         out.append(body)
         self.proto.transport.write(b"".join(out))
@@ -223,7 +225,7 @@ class NativeCycle:
         it = response.body_iterator
         transport, flow = self.proto.transport, self.proto.flow
         try:
-            if self.disconnected:
+            if self.disconnected or transport.is_closing():
                 return
             transport.write(
                 b"".join(
@@ -233,7 +235,9 @@ class NativeCycle:
                 )
             )
             async for chunk in it:
-                if self._gone():  # (a method: the flag changes while this task awaits)
+                if (
+                    self._gone() or transport.is_closing()
+                ):  # (a method: the flag changes while this task awaits)
                     return
                 data = (
                     chunk
