@@ -206,6 +206,17 @@ def add_proxy_routes(
     from gpupool.adapters.http.upstream import UpstreamPool
 
     pool = UpstreamPool(timeout_s=timeout_s)
+    urls: dict[tuple[str, str], str] = {}
+    """(backend url, path) -> the upstream URL (a few backends; emptied past 1,024)."""
+    medias: dict[str, bytes] = {}
+
+    def media(ct: str) -> bytes:
+        m = medias.get(ct)
+        if m is None:
+            if len(medias) >= 256:
+                medias.clear()
+            m = medias[ct] = _media(ct)
+        return m
     surf = OpenAISurface()
     app.state.openai = surf
 
@@ -317,7 +328,7 @@ def add_proxy_routes(
         backends = c.models().get(model)
         if not backends:
             return not_found(model)
-        card = surf.card(model, c.clock.now())
+        card = surf.models.get(model) or surf.card(model, c.clock.now())
         try:
             shape = inspect(body, kind)
             if card.task is not None and (card.task == "embed") != (kind == EMBEDDINGS):
@@ -405,7 +416,11 @@ def add_proxy_routes(
             "x-gpupool-lease": lease_id,
             "x-gpupool-tenant": who.tenant,
         }
-        url = backend.url.rstrip("/") + path
+        url = urls.get((backend.url, path))
+        if url is None:
+            if len(urls) >= 1024:
+                urls.clear()
+            url = urls[(backend.url, path)] = backend.url.rstrip("/") + path
         try:
             upstream = await pool.request("POST", url, content=raw, headers=headers)
         except Exception as exc:
@@ -431,7 +446,7 @@ def add_proxy_routes(
                 (b"x-gpupool-lease", lease_id.encode("latin-1")),
                 (b"x-gpupool-backend", backend.id.encode("latin-1")),
                 (b"content-length", str(len(content)).encode("latin-1")),
-                (b"content-type", _media(upstream.headers.get("content-type", "application/json"))),
+                (b"content-type", media(upstream.headers.get("content-type", "application/json"))),
             ]
             return RawResponse(content, upstream.status_code, raw_headers)
 
