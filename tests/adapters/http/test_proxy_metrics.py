@@ -47,3 +47,28 @@ def test_pending_observations_are_folded_exactly_at_scrape_and_when_many() -> No
     assert not m._pending
     text = m.render()[0].decode()  # a second scrape counts nothing twice
     assert _sample(text, "gpupool_proxy_requests_total", 'model="a",status="200"') == PROXY_FOLD_EVERY + 3
+
+
+def test_proxy_histograms_match_prometheus_clients_own() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from gpupool.adapters.metrics.gateway import LATENCY_BUCKETS
+
+    values = [0.0005, 0.001, 0.0011, 0.025, 0.3, 1.0, 2.0, 45.0, 61.0]
+    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=MemoryLeaseStore())
+    m = GatewayMetrics(c)
+    reg = CollectorRegistry()
+    ref = Histogram("gpupool_proxy_latency_seconds", "x", ["model"], buckets=LATENCY_BUCKETS, registry=reg)
+    for v in values:
+        m.observe_proxy("a", 200, None, v)
+        ref.labels("a").observe(v)
+    ours = {
+        ln for ln in m.render()[0].decode().splitlines() if ln.startswith("gpupool_proxy_latency_seconds_")
+    }
+    theirs = {
+        ln
+        for ln in generate_latest(reg).decode().splitlines()
+        if ln.startswith("gpupool_proxy_latency_seconds_")
+    }
+    strip = {ln for ln in theirs if "_created" not in ln}
+    assert ours - {ln for ln in ours if "_created" in ln} == strip
