@@ -22,6 +22,7 @@ from gpupool.core.errors import InvalidInput
 from gpupool.core.ids import seeded_lease_ids
 from gpupool.core.model import Request
 from gpupool.core.ports import GatewayEvent, LeaseStore
+from gpupool.core.watermarks import Reading
 from gpupool.hardware.slices import Slice
 from tests.adapters.store.faulty import DISK_FULL, FaultyStore
 from tests.builders import a_request, a_slice
@@ -487,3 +488,123 @@ def test_recovery_sheds_a_ticket_past_its_deadline_and_still_restores_the_later_
         assert store.get_ticket(t).state == "shed"  # type: ignore[union-attr]
     assert again.c.ticket(late.ticket).state == "queued" and late.ticket in again.c.queue
     assert len(again.c.queue) == 1
+
+
+def test_recovery_expires_a_lease_at_its_exact_expiry_and_revokes_one_that_no_longer_fits() -> None:
+    store = MemoryLeaseStore()
+    r = Rig(a_slice("g0", gpu="g0", vram_gib=40), a_slice("g1", gpu="g1", vram_gib=40), store=store)
+    due = r.c.acquire(a_request("due", priority=P1, ttl_s=10), gpu_id="g0").lease
+    kept = r.c.acquire(a_request("kept", priority=P1, ttl_s=11), gpu_id="g0").lease
+    gone = r.c.acquire(a_request("gone", priority=P1, ttl_s=600), gpu_id="g1").lease
+    assert due and kept and gone
+    r.clock.advance(10.0)
+    again = Rig(a_slice("g0", gpu="g0", vram_gib=40), store=store, clock=r.clock, seed=5)
+    rep = again.c.recover()
+    assert (rep.restored, rep.expired, rep.revoked) == (1, 1, 1)
+    d, g = store.get(due.id), store.get(gone.id)
+    assert (
+        d is not None and d.state is LeaseState.EXPIRED and d.reason == "expired while the gateway was down"
+    )
+    assert d.ended_at == 1010.0 and d.revision == due.revision + 1
+    assert g is not None and g.state is LeaseState.REVOKED and g.reason.startswith("not restorable: ")
+    assert [x.id for x in again.c.leases()] == [kept.id] and again.events == []
+
+
+def test_recovery_forgets_tickets_ended_more_than_the_retention_ago_and_keeps_the_rest() -> None:
+    store = MemoryLeaseStore()
+    r = Rig(store=store)
+    assert r.c.acquire(a_request("full", vram_gib=40, priority=P1, ttl_s=10_000)).granted
+    old = r.c.acquire(a_request("old", priority=P1), wait_s=2.0)
+    young = r.c.acquire(a_request("young", priority=P1), wait_s=3.0)
+    assert old.ticket and young.ticket
+    r.clock.advance(2.0)
+    r.c.tick()  # "old" ends at 1002
+    r.clock.advance(1.0)
+    r.c.tick()  # "young" ends at 1003
+    r.clock.advance(3599.5)  # now 4602.5: "old" ended 3600.5 s ago, "young" 3599.5 s ago
+    again = Rig(store=store, clock=r.clock, seed=5)  # ended_retention_s: 3600 by default
+    again.c.recover()
+    assert store.get_ticket(old.ticket) is None
+    with pytest.raises(UnknownId):
+        again.c.ticket(old.ticket)
+    assert again.c.ticket(young.ticket).state == "shed"
+
+
+def test_a_request_naming_a_model_nobody_serves_is_a_placement_lease() -> None:
+    r = Rig()
+    out = r.c.acquire(replace(a_request("job", vram_gib=10, priority=P1), model="unserved"))
+    assert out.granted and out.lease is not None and out.lease.slice_ids == ("g0",)
+    assert r.c.backend_of(out.lease) is None and r.store.get(out.lease.id) == out.lease
+
+
+def test_a_placed_grant_counts_toward_the_minimum_share_of_sheddable_work() -> None:
+    # One-grant window, 50 % minimum share: after a P2 grant, sheddable work must respect the holds
+    # of queued online work; after a P1 grant (here by `place`) it may take them again.
+    r = Rig(
+        a_slice("g0", gpu="g0", vram_gib=40),
+        a_slice("g1", gpu="g1", vram_gib=40),
+        admission=AdmissionConfig(share_window=1, p2_min_share=0.5),
+    )
+    assert r.c.acquire(a_request("big", vram_gib=40, priority=P1), gpu_id="g0").granted
+    assert r.c.acquire(a_request("p2a", vram_gib=10, priority=P2), gpu_id="g1").granted
+    assert r.c.acquire(a_request("waiting", vram_gib=40, priority=P1)).code is OutcomeCode.QUEUED
+    assert r.c.place(a_request("placed", vram_gib=5, priority=P1), ("g1",)).granted
+    assert r.c.outcomes[("P1", "granted")] == 2
+    p2b = r.c.acquire(a_request("p2b", vram_gib=5, priority=P2))
+    assert p2b.granted and p2b.lease is not None and p2b.lease.slice_ids == ("g1",)
+
+
+def test_a_refused_placement_is_counted_and_not_taken_for_a_grant() -> None:
+    r = Rig(
+        a_slice("g0", gpu="g0", vram_gib=40),
+        a_slice("g1", gpu="g1", vram_gib=40),
+        admission=AdmissionConfig(share_window=1, p2_min_share=0.5),
+    )
+    assert r.c.acquire(a_request("big", vram_gib=40, priority=P1), gpu_id="g0").granted
+    assert r.c.acquire(a_request("p2a", vram_gib=10, priority=P2), gpu_id="g1").granted
+    assert r.c.acquire(a_request("waiting", vram_gib=40, priority=P1)).code is OutcomeCode.QUEUED
+    refused = r.c.place(a_request("placed", vram_gib=40, priority=P1), ("g1",))
+    assert refused.code is OutcomeCode.NO_CAPACITY and r.c.outcomes[("P1", "no_capacity")] == 1
+    # the window still holds the P2 grant: sheddable work respects the online hold on g1
+    assert r.c.acquire(a_request("p2b", vram_gib=5, priority=P2)).code is OutcomeCode.QUEUED
+
+
+def test_priority_zero_is_online_work_and_ignores_a_pause() -> None:
+    r = Rig()
+    assert r.c.feed_reading(Reading("g0", 39 * 1024, 40 * 1024, at_s=r.clock.now())) is not None
+    assert r.c.acquire(a_request("zero", priority=0), gpu_id="g0").granted
+    assert r.c.acquire(a_request("minus", priority=-1), gpu_id="g0").code is OutcomeCode.BACKPRESSURE
+
+
+def test_a_pump_pass_that_expires_placement_leases_offers_the_room_to_items_it_passed() -> None:
+    # "a" waits for g0, held by "x" whose TTL has run out unexpired (no tick). A pump (a slice
+    # marked healthy) tries "a" (blocked), then "b" (P2, node n1 only), whose placement expires "x":
+    # a second pass gives "a" the room now.
+    r = Rig(a_slice("g0", gpu="g0", vram_gib=40), a_slice("g1", gpu="g1", node="n1", vram_gib=40))
+    x = r.c.acquire(a_request("x", vram_gib=40, priority=P1, ttl_s=5), gpu_id="g0").lease
+    assert x is not None
+    assert r.c.acquire(a_request("y", vram_gib=40, priority=P1, ttl_s=600), gpu_id="g1").granted
+    a = r.c.acquire(a_request("a", vram_gib=40, priority=P1), gpu_id="g0", wait_s=60.0)
+    b = r.c.acquire(a_request("b", vram_gib=10, priority=P2, nodes=("n1",)), wait_s=60.0)
+    assert a.code is b.code is OutcomeCode.QUEUED and a.ticket and b.ticket
+    r.clock.advance(5.0)
+    r.c.mark_slice("g1", healthy=True)
+    assert r.c.get(x.id).state is LeaseState.EXPIRED
+    st = r.c.ticket(a.ticket)
+    assert st.state == "granted" and st.lease is not None and st.lease.slice_ids == ("g0",)
+    assert r.c.ticket(b.ticket).state == "queued"
+
+
+def test_the_last_4096_ended_request_leases_stay_known_and_older_ones_are_forgotten() -> None:
+    r = Rig()
+    r.c.register_backend(Backend("be", "m", "http://x", node="n0", gpu_id="g0", kv_budget_mib=100))
+    ids = []
+    for i in range(4097):
+        lease = r.c.acquire(replace(a_request(f"q{i}", vram_mib=10, priority=P1), model="m")).lease
+        assert lease is not None
+        r.c.release(lease.id)
+        ids.append(lease.id)
+    with pytest.raises(UnknownId):
+        r.c.get(ids[0])  # request leases live in memory only: the oldest ended one is gone
+    assert r.c.release(ids[1]).code is OutcomeCode.ALREADY_ENDED
+    assert r.c.get(ids[1]).state is LeaseState.RELEASED
