@@ -454,7 +454,7 @@ def test_the_config_is_frozen() -> None:
     cfg = ControllerConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.retry_after_s = 5.0  # type: ignore[misc]
-    assert cfg.retry_after_s == 1.0
+    assert cfg.retry_after_s == 1.0 and not hasattr(cfg, "__dict__")  # frozen and slotted
 
 
 def test_a_ticket_that_became_unresolvable_fails_when_pumped_and_is_counted_once() -> None:
@@ -608,3 +608,86 @@ def test_the_last_4096_ended_request_leases_stay_known_and_older_ones_are_forgot
         r.c.get(ids[0])  # request leases live in memory only: the oldest ended one is gone
     assert r.c.release(ids[1]).code is OutcomeCode.ALREADY_ENDED
     assert r.c.get(ids[1]).state is LeaseState.RELEASED
+
+
+def test_an_undo_also_undoes_the_changes_made_after_the_batch_was_taken() -> None:
+    # The gateway's group commit: take_batch, more calls while the store works, then the store fails.
+    r = Rig(a_slice("g0", gpu="g0", vram_gib=40), a_slice("g1", gpu="g1", vram_gib=40))
+    r.c.autoflush = False
+    first = r.c.acquire(a_request("first", vram_gib=40, priority=P1), gpu_id="g0").lease
+    assert first is not None
+    batch = r.c.take_batch()
+    later = r.c.acquire(a_request("later", vram_gib=40, priority=P1), gpu_id="g1").lease
+    waiting = r.c.acquire(a_request("waiting", vram_gib=40, priority=P1))
+    assert later is not None and waiting.ticket
+    r.c.undo(batch, "disk full")
+    assert r.c.leases() == []
+    with pytest.raises(UnknownId):
+        r.c.get(later.id)
+    st = r.c.ticket(waiting.ticket)
+    assert (st.state, st.reason) == ("failed", "lease store unavailable: disk full")
+    assert [s.granted.vram_mib for s in r.c.allocator.states()] == [0, 0]
+    r.c.check_invariants()
+
+
+def test_events_without_writes_are_delivered_too() -> None:
+    r = Rig()
+    ev = r.c.feed_reading(Reading("g0", 39 * 1024, 40 * 1024, at_s=r.clock.now()))  # pause: no write
+    assert ev is not None and r.events == [ev] and r.c.dirty is False
+    r.c.autoflush = False
+    ev2 = r.c.feed_reading(Reading("g0", 1, 40 * 1024, at_s=r.clock.now()))
+    assert ev2 is not None and r.c.dirty is True and r.events == [ev]
+    assert r.c.flush() == 0 and r.events == [ev, ev2] and r.c.dirty is False
+
+
+def test_a_request_lease_does_not_jump_a_queued_one_that_holds_its_budget() -> None:
+    r = Rig()
+    r.c.register_backend(Backend("be", "m", "http://x", node="n0", gpu_id="g0", kv_budget_mib=100))
+    assert r.c.acquire(replace(a_request("h", vram_mib=60, priority=P1), model="m")).granted
+    a = r.c.acquire(replace(a_request("a", vram_mib=50, priority=P1, tenant="a"), model="m"))
+    assert a.code is OutcomeCode.QUEUED
+    b = r.c.acquire(replace(a_request("b", vram_mib=30, priority=P1, tenant="b"), model="m"))
+    assert b.code is OutcomeCode.QUEUED  # 40 MiB free, but "a" waits for that budget
+    assert r.c.acquire(replace(a_request("p0", vram_mib=30, priority=P0), model="m")).granted
+
+
+def test_request_leases_may_ask_up_to_one_whole_compute_unit() -> None:
+    r = Rig()
+    r.c.register_backend(Backend("be", "m", "http://x", node="n0", gpu_id="g0", kv_budget_mib=100))
+    out = r.c.acquire(replace(a_request("all", vram_mib=10, compute=1000, priority=P1), model="m"))
+    assert out.granted and out.lease is not None and r.c.backend_of(out.lease) is r.c.backends["be"]
+
+
+def test_a_queued_p0_preempts_when_pumped_once_nothing_ahead_holds_capacity() -> None:
+    # "v" (aimed at g1) and "u" (anywhere) wait; "u" may not preempt while "v" holds g1. g1 fails:
+    # "v" becomes unresolvable and fails, and "u", first now, preempts the batch lease on g0.
+    r = Rig(a_slice("g0", gpu="g0", vram_gib=40), a_slice("g1", gpu="g1", vram_gib=40))
+    batch = r.c.acquire(a_request("batch", vram_gib=40, priority=P2), gpu_id="g0").lease
+    assert batch is not None
+    assert r.c.acquire(a_request("firm", vram_gib=40, priority=P1), gpu_id="g1").granted
+    v = r.c.acquire(a_request("v", vram_gib=40, priority=P0), gpu_id="g1")
+    u = r.c.acquire(a_request("u", vram_gib=40, priority=P0))
+    assert v.code is u.code is OutcomeCode.QUEUED and v.ticket and u.ticket and r.c.preemptions == 0
+    r.c.mark_slice("g1", healthy=False, revoke=True)
+    assert r.c.ticket(v.ticket).state == "failed"
+    st = r.c.ticket(u.ticket)
+    assert st.state == "granted" and st.lease is not None and st.lease.slice_ids == ("g0",)
+    assert r.c.get(batch.id).state is LeaseState.PREEMPTED
+    assert r.c.preemptions == 1 and r.c.outcomes[("P0", "granted_from_queue")] == 1
+
+
+def test_after_a_restart_a_granted_ticket_points_at_its_ended_lease() -> None:
+    store = MemoryLeaseStore()
+    r = Rig(store=store)
+    holder = r.c.acquire(a_request("holder", vram_gib=40, priority=P1)).lease
+    q = r.c.acquire(a_request("w", vram_gib=40, priority=P1))
+    assert holder is not None and q.ticket
+    r.c.release(holder.id)
+    lease = r.c.ticket(q.ticket).lease
+    assert lease is not None
+    r.c.release(lease.id)
+    again = Rig(store=store, clock=r.clock, seed=5)
+    again.c.recover()
+    st = again.c.ticket(q.ticket)
+    assert st.state == "granted" and st.lease is not None
+    assert st.lease.id == lease.id and st.lease.state is LeaseState.RELEASED
