@@ -691,3 +691,21 @@ def test_after_a_restart_a_granted_ticket_points_at_its_ended_lease() -> None:
     st = again.c.ticket(q.ticket)
     assert st.state == "granted" and st.lease is not None
     assert st.lease.id == lease.id and st.lease.state is LeaseState.RELEASED
+
+
+def test_recovery_sheds_a_ticket_whose_band_is_full_and_still_restores_the_later_ones() -> None:
+    store = MemoryLeaseStore()
+    r = Rig(store=store)
+    assert r.c.acquire(a_request("full", vram_gib=40, priority=P0, ttl_s=600)).granted
+    a = r.c.acquire(a_request("a", priority=P1), wait_s=600.0)
+    r.clock.advance(1.0)  # recovery takes stored tickets in the order they were queued
+    b = r.c.acquire(a_request("b", priority=P1), wait_s=600.0)
+    r.clock.advance(1.0)
+    c = r.c.acquire(a_request("c", priority=P0, preemptible=False), wait_s=600.0)
+    assert a.ticket and b.ticket and c.ticket
+    again = Rig(store=store, clock=r.clock, seed=5, admission=AdmissionConfig(max_per_band=1))
+    again.c.recover()
+    assert a.ticket in again.c.queue and c.ticket in again.c.queue and len(again.c.queue) == 2
+    st = again.c.ticket(b.ticket)
+    assert (st.state, st.reason) == ("shed", "queue of band P1 is full")
+    assert store.get_ticket(b.ticket).state == "shed"  # type: ignore[union-attr]
