@@ -438,6 +438,7 @@ def test_a_restart_with_nothing_to_change_writes_nothing() -> None:
     r = Rig(store=store)
     assert r.c.acquire(a_request("full", vram_gib=40, priority=P1, ttl_s=600)).granted
     shed = r.c.acquire(a_request("s", priority=P1), wait_s=1.0)
+    r.clock.advance(0.5)  # stored tickets are read back in the order they were queued
     waiting = r.c.acquire(a_request("w", priority=P1), wait_s=600.0)
     assert shed.ticket and waiting.ticket
     r.clock.advance(2.0)
@@ -448,6 +449,7 @@ def test_a_restart_with_nothing_to_change_writes_nothing() -> None:
     assert (rep.restored, rep.expired, rep.revoked) == (1, 0, 0)
     assert store.commits == commits  # every lease and ticket read back as stored: no write
     assert again.c.ticket(shed.ticket).state == "shed" and again.c.ticket(waiting.ticket).state == "queued"
+    assert waiting.ticket in again.c.queue  # an ended ticket read first does not stop the others
 
 
 def test_the_config_is_frozen() -> None:
@@ -709,3 +711,23 @@ def test_recovery_sheds_a_ticket_whose_band_is_full_and_still_restores_the_later
     st = again.c.ticket(b.ticket)
     assert (st.state, st.reason) == ("shed", "queue of band P1 is full")
     assert store.get_ticket(b.ticket).state == "shed"  # type: ignore[union-attr]
+
+
+def test_a_refused_batch_fails_its_queued_tickets_even_after_one_it_touched_left_memory() -> None:
+    store = FaultyStore(MemoryLeaseStore())
+    r = Rig(store=store, ticket_memory=1)
+    r.c.autoflush = False
+    assert r.c.acquire(a_request("full", vram_gib=40, priority=P1)).granted
+    early = r.c.acquire(a_request("early", priority=P1), wait_s=1.0)
+    assert early.ticket
+    r.c.flush()
+    r.clock.advance(2.0)
+    r.c.tick()  # "early" is shed (not yet durable)...
+    later = r.c.acquire(a_request("later", priority=P1), wait_s=60.0)
+    assert later.ticket  # ...and leaves memory for "later" (memory of one ticket)
+    store.disk_full()
+    with pytest.raises(sqlite3.OperationalError):
+        r.c.flush()
+    st = r.c.ticket(later.ticket)
+    assert (st.state, st.reason) == ("failed", f"lease store unavailable: {DISK_FULL}")
+    assert later.ticket not in r.c.queue
