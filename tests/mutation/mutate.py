@@ -78,13 +78,21 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/unit/core/test_admission_properties.py",
     ],
     "core/controller.py": [
+        "tests/unit/core/test_controller_edges.py",
         "tests/unit/core/test_controller.py",
+        "tests/unit/core/test_kv_request_leases.py",
         "tests/unit/core/test_admission_rule.py",
         "tests/unit/core/test_ticket_durability.py",
         "tests/unit/core/test_admission.py",
         "tests/unit/core/test_watermarks.py",
         "tests/adapters/store/test_store_faults.py",
         "tests/adapters/store/test_store_faults_property.py",
+        "tests/unit/core/test_admission_properties.py",
+    ],
+    "core/gpu_admin.py": [
+        "tests/unit/core/test_gpu_admin_edges.py",
+        "tests/unit/core/test_controller.py",
+        "tests/unit/core/test_admission_rule.py",
         "tests/unit/core/test_admission_properties.py",
     ],
     "adapters/store/sqlite.py": [
