@@ -244,8 +244,8 @@ class LeaseController(GpuAdmin):
         """Expire due leases and queue deadlines, then pump the queue. Call every ~100-200 ms."""
         self.allocator.expire_due()
         self.kv.expire_due()
-        ended = self.lane.expire_due()
-        self._ends += ended
+        self._lane_expire()
+        self.lane.renew_shares()
         for item in self.queue.expire(self.clock.now()):
             st = self._tickets.get(item.ticket)
             if st is not None:
@@ -380,6 +380,8 @@ class LeaseController(GpuAdmin):
         if wait_s is not None and not 0 < wait_s <= cfg.max_wait_s:
             raise InvalidInput("queue_timeout_s", wait_s, f"must be in (0, {cfg.max_wait_s}]")
         kv_models = self._kv_models if kv else None
+        if kv:
+            self._lane_expire()
         if kv and KvLane.eligible(request):
             held = self.queue.avoid(request.priority) if len(self.queue) else NOTHING
             lease = self.lane.grant(request, held)
@@ -468,6 +470,7 @@ class LeaseController(GpuAdmin):
         self.lane.yield_all()  # queued requests see the KV budgets' true free room
         for _ in range(MAX_PUMP_PASSES):
             start = self._ends
+            self._lane_expire()  # (the allocators expire theirs before each placement)
             self.queue.drain(MissMemo(self._try_queued, lambda: self._ends))
             if self._ends == start or not len(self.queue):
                 return
@@ -596,6 +599,14 @@ class LeaseController(GpuAdmin):
                 self.lane.on_share_ended(ev.lease.id, ev.lease.reason)
             else:
                 self._ends += 1
+
+    def _lane_expire(self) -> None:
+        n = self.lane.expire_due()
+        if n:
+            self._ends += n
+            self._freed = True
+            if len(self.queue):
+                self.lane.yield_all()  # what they held goes to the queue, not back into a share
 
     def _lane_lease(self, lease_id: str, tenant: str | None) -> Lease | None:
         """The lane's lease (active or recently ended) of this id; another tenant's is unknown."""
