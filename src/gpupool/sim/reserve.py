@@ -37,18 +37,22 @@ from gpupool.sim.workload import TargetWorkload
 
 
 class WholeCardReserve:
-    def __init__(self, population: TargetWorkload, mirror: MirrorLedger) -> None:
+    def __init__(self, population: TargetWorkload, mirror: MirrorLedger, *, cpu_horizon: bool = False) -> None:
         self.mirror = mirror
+        self.cpu_horizon = cpu_horizon
         groups: dict[tuple[int, int, str], int] = {}
         demand = 0
+        cpu_demand = 0
         for s, c in zip(population.shapes, population.counts, strict=True):
             demand += c * s.gpu_milli * s.num_gpu
+            cpu_demand += c * s.cpu_milli
             if s.num_gpu >= 1 and s.gpu_milli == MILLI_PER_GPU:
                 key = (s.num_gpu, max(s.cpu_milli, 1), s.spec_key)
                 groups[key] = groups.get(key, 0) + c * s.gpu_milli * s.num_gpu
         if not groups:  # no whole-card shape: one empty group keeps the shapes of the arrays valid
             groups[(1, 1, "")] = 0
         self.demand = max(demand, 1)
+        self.cpu_demand = max(cpu_demand, 1)
         keys = list(groups)
         self.k = np.array([k for k, _, _ in keys], dtype=np.int64)
         self.cpu = np.array([c for _, c, _ in keys], dtype=np.int64)
@@ -92,7 +96,16 @@ class WholeCardReserve:
         full = self._full(m.gpu_free[rows]) - cards_taken
         after = self._slots(full, m.cpu_free[rows] - cpu_milli, m.model[rows])
         supply = self.supply[None, :] - self.slots[rows] + after
-        return self._shortfall(supply, self.free_milli - gpu_milli)
+        return self._shortfall(supply, self.horizon_milli(gpu_milli, cpu_milli))
+
+    def horizon_milli(self, gpu_milli: int = 0, cpu_milli: int = 0) -> int:
+        """The GPU milli that future pods of the mix can still take: free GPU, and (with
+        ``cpu_horizon``) no more than the free CPU carries at the mix's GPU-per-CPU ratio."""
+        free = self.free_milli - gpu_milli
+        if not self.cpu_horizon:
+            return free
+        cpu = int(self.mirror.cpu_free.sum()) - cpu_milli
+        return min(free, cpu * self.demand // self.cpu_demand)
 
     def refresh(self, node: int) -> None:
         m = self.mirror

@@ -150,3 +150,40 @@ class FGDReservePolicy(FGDCapacityPolicy):
     def placed(self, ctx: SimContext, pod: PodView, choice: Choice) -> None:
         super().placed(ctx, pod, choice)
         self._reserve_table(ctx).refresh(choice[0])
+
+
+class FGDReserveCpuPolicy(FGDReservePolicy):
+    name: ClassVar[str] = "fgd-reserve-cpu"
+
+    def _reserve_table(self, ctx: SimContext) -> WholeCardReserve:
+        if self._reserve is None or self._reserve.mirror is not ctx.mirror:
+            self._reserve = WholeCardReserve(ctx.population or ctx.target, ctx.mirror, cpu_horizon=True)
+        return self._reserve
+
+
+class FGDReserveNetPolicy(FGDReserveCpuPolicy):
+    name: ClassVar[str] = "fgd-reserve-net"
+
+    def choose(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
+        rows, gpus, values = placements(ctx, pod, feasible)
+        if pod.is_sharing:
+            taken = (values == MILLI_PER_GPU).astype(np.int64)
+        else:
+            taken = np.full(len(rows), pod.num_gpu, dtype=np.int64)
+        res = self._reserve_table(ctx)
+        short = res.shortfall_after(rows, taken, pod.total_gpu_milli, pod.cpu_milli)
+        frag_after = after(ctx.frag, pod, rows, values)
+        score = fgd_scores(ctx, rows, frag_after)
+
+        def pick(idx: np.ndarray) -> int:
+            top = idx[score[idx] == score[idx].max()]
+            return int(top[int(np.argmax(self._cap_gain(ctx, pod, rows[top], gpus[top], values[top])))])
+
+        a = pick(np.arange(len(rows)))
+        b = pick(np.flatnonzero(short == short.min()))
+        if a != b:
+            saved = (short[a] - short[b]) / res.demand
+            cost = (frag_after[b] - frag_after[a]) / ctx.frag.model.total
+            if saved <= cost:
+                b = a
+        return finish(ctx, pod, int(rows[b]), int(gpus[b]))
