@@ -1,40 +1,32 @@
-"""An offline packing estimate: how much of the arrived GPU request a packer that sees it all could place.
+"""A floor under the unallocated GPU: what no packing of the same arrivals can beat (a relaxation).
 
 Role: the FGD headline is the unallocated GPU % when the arrived GPU request equals 100 % of the
-cluster's capacity. An online policy places pods in arrival order and never moves one; an offline
-packer knows the whole arrived set up front. For one (nodes, pods, seed) this module takes the same
-arrival order as `gpupool.sim.engine.run` (same seed, same streams), cuts it where the cumulative GPU
-request would pass 100 % of capacity, and packs that set `PACKINGS` times with randomised
-best-fit-decreasing heuristics; the best packing found is the estimate.
+cluster's capacity. For one (nodes, pods, seed) this module takes the same arrival order as
+`gpupool.sim.engine.run` (same seed, same streams), cuts it where the cumulative GPU request would
+pass 100 % of capacity, and bounds the GPU any packing of that set could place, even an offline one
+that sees every pod in advance and may reorder them.
 
-A packing: pods sorted by decreasing size (GPU count, then per-GPU share, then CPU), ties in a random
-order; each pod goes to a feasible node (same filters as the engine: model allowed, enough GPUs each
-with enough free share, CPU, memory) chosen by one of two rules, alternating between packings:
-- ``gpu``: least free GPU left on the node, then least CPU left;
-- ``cpu``: least CPU left per free GPU card left (keeps CPU next to the cards that need it), then
-  least GPU left;
-remaining ties by a random node order. Sharing pods take the fitting card with the least free share;
-whole-card pods the lowest-index fully free cards. A pod that fits nowhere is skipped.
-
-What it is and is not: a best KNOWN packing, i.e. an achievable allocation (an upper bound on the
-unallocated GPU of the best packing is this value; the true optimum can only be lower). It is not a
-proof of optimality. Reported as unallocated GPU % = 100 - placed / capacity x 100. No constants
-besides the number of packings; no time, no I/O.
+The relaxation: pool the cluster into one node with the cluster's total GPU and total CPU, and let
+pods be split. Placing GPU then costs only CPU, so the best fractional choice takes the pods with
+the least CPU per GPU first (a fractional knapsack with one binding resource besides the GPU itself,
+for which greedy is optimal) until the CPU or the GPU runs out. Dropped: per-node and per-card
+limits, memory, GPU-model pins, CPU-only pods (placing them never helps the GPU). Every real packing
+is feasible for the relaxation, so its value is an upper bound on the placeable GPU and
+``unallocated_pct`` is a lower bound (a floor) on the unallocated GPU of ANY policy, online or not.
+It is loose where CPU does not bind (it then says only "the arrivals fit"), tight where it does.
+Exact integer arithmetic except the one split pod; no constants; no time, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
-from gpupool.sim.mirror import MirrorLedger
-from gpupool.sim.trace import MILLI_PER_GPU, NodeSpec, PodSpec
-from gpupool.sim.workload import arrival_order, node_tie_order, sorted_by_name, streams
-
-PACKINGS = 8
-RULES = ("gpu", "cpu")
+from gpupool.sim.trace import NodeSpec, PodSpec
+from gpupool.sim.workload import arrival_order, sorted_by_name, streams
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,19 +34,16 @@ class BoundResult:
     seed: int
     capacity_milli: int
     arrived_milli: int
-    """GPU request of the packed set (the arrival prefix up to 100 % of capacity)."""
-    best_placed_milli: int
-    placed_milli: tuple[int, ...]
-    """GPU milli placed by each packing, in packing order."""
+    """GPU request of the bounded set (the arrival prefix up to 100 % of capacity)."""
+    placeable_milli: int
+    """Upper bound on the GPU milli any packing of that set places (rounded down)."""
 
     @property
     def unallocated_pct(self) -> float:
-        return round(100.0 - 100.0 * self.best_placed_milli / self.capacity_milli, 4)
+        return round(100.0 - 100.0 * self.placeable_milli / self.capacity_milli, 4)
 
 
-def arrived_prefix(
-    pods_by_name: Sequence[PodSpec], order: np.ndarray, capacity_milli: int
-) -> list[int]:
+def arrived_prefix(pods_by_name: Sequence[PodSpec], order: np.ndarray, capacity_milli: int) -> list[int]:
     """The leading indices of ``order`` whose cumulative GPU request stays within capacity."""
     out: list[int] = []
     total = 0
@@ -67,78 +56,40 @@ def arrived_prefix(
     return out
 
 
-def pack_once(
-    mirror: MirrorLedger, pods: Sequence[PodSpec], *, rule: str, rng: np.random.Generator
-) -> int:
-    """Place ``pods`` (in the given order) on a fresh copy of ``mirror``'s books; GPU milli placed."""
-    gpu_free = mirror.gpu_free.copy()
-    cpu_free = mirror.cpu_free.copy()
-    mem_free = mirror.mem_free.copy()
-    node_rank = rng.permutation(len(mirror))
-    models = mirror.models
-    masks: dict[str, np.ndarray] = {}
-    placed = 0
-    for p in pods:
-        ok = (cpu_free >= p.cpu_milli) & (mem_free >= p.memory_mib)
-        if p.num_gpu:
-            mask = masks.get(p.spec_key)
-            if mask is None:
-                mask = np.array([bool(m) and (not p.gpu_spec or m in p.gpu_spec) for m in models])
-                masks[p.spec_key] = mask
-            ok &= mask[mirror.model]
-            ok &= (gpu_free >= p.gpu_milli).sum(axis=1) >= p.num_gpu
-        rows = np.flatnonzero(ok)
-        if len(rows) == 0:
-            continue
-        gpu_left = gpu_free[rows].sum(axis=1) - p.total_gpu_milli
-        cpu_left = cpu_free[rows] - p.cpu_milli
-        if rule == "gpu":
-            keys = (node_rank[rows], cpu_left, gpu_left)
-        else:
-            cards_left = np.maximum(gpu_left, 0) // MILLI_PER_GPU + 1
-            keys = (node_rank[rows], gpu_left, cpu_left // cards_left)
-        node = int(rows[int(np.lexsort(keys)[0])])
-        if p.num_gpu == 1 and p.gpu_milli < MILLI_PER_GPU:
-            free = gpu_free[node]
-            left = np.where(free >= p.gpu_milli, free, MILLI_PER_GPU + 1)
-            gpus = [int(np.argmin(left))]
-        elif p.num_gpu:
-            gpus = np.flatnonzero(gpu_free[node] == MILLI_PER_GPU)[: p.num_gpu].tolist()
-            if len(gpus) < p.num_gpu:  # whole-card pods need fully free cards
-                continue
-        else:
-            gpus = []
-        for g in gpus:
-            gpu_free[node, g] -= p.gpu_milli
-        cpu_free[node] -= p.cpu_milli
-        mem_free[node] -= p.memory_mib
-        placed += p.total_gpu_milli
-    return placed
+def placeable_milli(pods: Sequence[PodSpec], *, gpu_milli: int, cpu_milli: int) -> int:
+    """The relaxation's optimum: least CPU per GPU first, the last pod split; rounded down."""
+    gpu_pods = sorted(
+        (p for p in pods if p.total_gpu_milli > 0), key=lambda p: Fraction(p.cpu_milli, p.total_gpu_milli)
+    )
+    placed = Fraction(0)
+    cpu_left = Fraction(cpu_milli)
+    for p in gpu_pods:
+        room = gpu_milli - placed
+        if room <= 0:
+            break
+        take = Fraction(min(p.total_gpu_milli, room))
+        if p.cpu_milli:
+            take = min(take, cpu_left * p.total_gpu_milli / p.cpu_milli)
+        placed += take
+        cpu_left -= take * p.cpu_milli / p.total_gpu_milli
+        if take < min(p.total_gpu_milli, room):  # CPU ran out
+            break
+    return int(placed)
 
 
-def offline_bound(
-    nodes: Sequence[NodeSpec], pods: Sequence[PodSpec], *, seed: int, packings: int = PACKINGS
-) -> BoundResult:
-    """Best of ``packings`` randomised packings of the seed's arrivals up to 100 % of capacity."""
-    arrivals_rng, nodes_rng, _ = streams(seed)
-    mirror = MirrorLedger(node_tie_order([nd for nd in nodes if nd.gpu_count > 0], rng=nodes_rng))
+def offline_bound(nodes: Sequence[NodeSpec], pods: Sequence[PodSpec], *, seed: int) -> BoundResult:
+    """The floor for the seed's arrivals up to 100 % of the GPU capacity of ``nodes``."""
+    arrivals_rng, _, _ = streams(seed)
+    gpu_nodes = [nd for nd in nodes if nd.gpu_count > 0]
+    capacity = sum(nd.gpu_count for nd in gpu_nodes) * 1000
     by_name = sorted_by_name(pods)
-    order = arrival_order(by_name, capacity_milli=mirror.capacity_milli, rng=arrivals_rng)
-    chosen = [by_name[i] for i in arrived_prefix(by_name, order, mirror.capacity_milli)]
-    arrived = sum(p.total_gpu_milli for p in chosen)
-    rng = np.random.default_rng([seed, 1_000_003])
-    results = []
-    for k in range(packings):
-        noise = rng.permutation(len(chosen))
-        ranked = sorted(
-            range(len(chosen)),
-            key=lambda i: (-chosen[i].num_gpu, -chosen[i].gpu_milli, -chosen[i].cpu_milli, int(noise[i])),
-        )
-        results.append(pack_once(mirror, [chosen[i] for i in ranked], rule=RULES[k % len(RULES)], rng=rng))
+    order = arrival_order(by_name, capacity_milli=capacity, rng=arrivals_rng)
+    chosen = [by_name[i] for i in arrived_prefix(by_name, order, capacity)]
     return BoundResult(
         seed=seed,
-        capacity_milli=mirror.capacity_milli,
-        arrived_milli=arrived,
-        best_placed_milli=max(results),
-        placed_milli=tuple(results),
+        capacity_milli=capacity,
+        arrived_milli=sum(p.total_gpu_milli for p in chosen),
+        placeable_milli=placeable_milli(
+            chosen, gpu_milli=capacity, cpu_milli=sum(nd.cpu_milli for nd in gpu_nodes)
+        ),
     )

@@ -22,6 +22,17 @@ the 96-core ones absorb the demand meant for the others (and CPU-only or GPU-sha
 supply too, through the CPU they take). Why dominated demand: without it, the 1-card group would see
 only 1-card demand and spend the cards that 8-card pods also need.
 
+The horizon (``cpu_horizon=True``, the default policy's reserve): the free GPU is the future demand
+only if the mix can still reach it. Future pods bring ``cpu_demand`` milli-cores of CPU per
+``demand`` milli-GPU (the same shape counts, CPU-only shapes included), so the free CPU carries at
+most ``free_cpu x demand / cpu_demand`` milli of future GPU request; the horizon is the smaller of the
+two. Without it (``fgd-reserve``), a CPU-heavy mix (GPU pods asking 3x the trace's CPU) shows a
+shortfall from the first pod of the run on: every group's slots are CPU-bound while its "expected"
+demand is sized by a GPU capacity the CPU can never fill, so the reserve overrides FGD's choice on
+57 % of the placements (variant ``cpu300``, seed 42: 2,328 of 4,082) and leaves more GPU unallocated
+than FGD (52.81 vs 52.40 %). With the CPU horizon the overrides fall to 1,565 and the run beats FGD
+(52.03 %).
+
 Kept in exact integers by multiplying through by ``demand``. No constants: the horizon is the cluster's
 own free capacity and the mix is the trace's shape distribution. ``slots[n, g]`` is kept per node and a
 placement changes one node (`refresh`), so ``supply`` is incremental; free GPU is read from the mirror.
@@ -97,6 +108,13 @@ class WholeCardReserve:
         after = self._slots(full, m.cpu_free[rows] - cpu_milli, m.model[rows])
         supply = self.supply[None, :] - self.slots[rows] + after
         return self._shortfall(supply, self.horizon_milli(gpu_milli, cpu_milli))
+
+    def never_short(self, gpu_milli: int, cpu_milli: int) -> bool:
+        """True when NO placement of this pod can leave a shortfall: even a node losing all its
+        slots (the most any node holds, per group) leaves every group covered. Exact, not a guess:
+        `shortfall_after` would return 0 for every candidate, so callers may skip it."""
+        worst = self.supply - self.slots.max(axis=0)
+        return bool((self._shortfall(worst[None, :], self.horizon_milli(gpu_milli, cpu_milli)) == 0).all())
 
     def horizon_milli(self, gpu_milli: int = 0, cpu_milli: int = 0) -> int:
         """The GPU milli that future pods of the mix can still take: free GPU, and (with

@@ -2,10 +2,10 @@
 
 Role: `prepare_variants` writes the variant pod lists of `gpupool.sim.variants` for one generator
 seed into a directory (so `gpupool.sim.report.run_matrix` runs and caches them like any workload);
-`bound_matrix` runs `gpupool.sim.bound.offline_bound` per (variant, seed) in worker processes,
-cached as JSON; `variants_markdown` writes the table: per variant the measured mix, each policy's
-median unallocated GPU % at 100 % arrived, the bound, and the default policy against the reference
-(FGD). Relative change = (policy - reference) / reference, in %; the summary gives the mean and the
+`bound_matrix` runs `gpupool.sim.bound.offline_bound` (a floor no packing can beat) per
+(variant, seed) in worker processes, cached as JSON; `variants_markdown` writes the table: per
+variant the measured mix, each policy's median unallocated GPU % at 100 % arrived, the floor, the
+default policy against the reference (FGD) and the default's distance to the floor. Relative change = (policy - reference) / reference, in %; the summary gives the mean and the
 worst (largest) relative change over the variants. No timings here.
 """
 
@@ -40,8 +40,8 @@ def prepare_variants(
     return out
 
 
-def _bound_job(nodes_path: str, pods_path: str, seed: int, packings: int) -> dict[str, object]:
-    r = offline_bound(load_nodes(nodes_path), load_pods(pods_path), seed=seed, packings=packings)
+def _bound_job(nodes_path: str, pods_path: str, seed: int) -> dict[str, object]:
+    r = offline_bound(load_nodes(nodes_path), load_pods(pods_path), seed=seed)
     return {**asdict(r), "unallocated_pct": r.unallocated_pct}
 
 
@@ -51,21 +51,20 @@ def bound_matrix(
     names: Sequence[str],
     seeds: Sequence[int],
     *,
-    packings: int,
     cache: Path,
     workers: int,
 ) -> dict[str, dict[str, object]]:
-    """Per variant: the per-seed bound and its median (cached per (variant, seed, packings))."""
+    """Per variant: the per-seed floor and its median (cached per (variant, seed))."""
     cache.mkdir(parents=True, exist_ok=True)
 
     def file(name: str, seed: int) -> Path:
-        return cache / f"{name}__bound{packings}__{seed}.json"
+        return cache / f"{name}__floor__{seed}.json"
 
     jobs = [(n, s) for n in names for s in seeds if not file(n, s).is_file()]
     if jobs:
         with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
             futs = {
-                (n, s): pool.submit(_bound_job, str(nodes_path), str(variant_path(directory, n)), s, packings)
+                (n, s): pool.submit(_bound_job, str(nodes_path), str(variant_path(directory, n)), s)
                 for n, s in jobs
             }
             for (n, s), fut in futs.items():
@@ -75,7 +74,10 @@ def bound_matrix(
         per_seed = [json.loads(file(n, s).read_text()) for s in seeds]
         out[n] = {
             "unallocated_gpu_pct_at_100": round(statistics.median(r["unallocated_pct"] for r in per_seed), 4),
-            "per_seed": [{"seed": r["seed"], "unallocated_pct": r["unallocated_pct"]} for r in per_seed],
+            "per_seed": [
+                {"seed": r["seed"], "unallocated_pct": r["unallocated_pct"], "arrived_milli": r["arrived_milli"]}
+                for r in per_seed
+            ],
         }
     return out
 
@@ -100,7 +102,7 @@ def variants_markdown(
         return None if v is None else float(v)  # type: ignore[arg-type]
 
     head = ["variant", "sharing % of GPU", "multi-GPU % of GPU", "pinned % of pods", "CPU cores per GPU"]
-    head += [*policies, "bound", f"{default} vs {reference}", f"{default} - bound"]
+    head += [*policies, "floor", f"{default} vs {reference}", f"{default} - floor"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     rels: list[float] = []
     for n in names:
@@ -131,7 +133,7 @@ def variants_markdown(
         )
     intro = (
         "Unallocated GPU (%) at arrived workload = 100 %, median over seeds (lower is better; best "
-        "policy in bold). bound = best of randomised offline packings of the same arrivals (a best "
-        "known packing, not a proven optimum); '-' = not run.\n\n"
+        "policy in bold). floor = the pooled-cluster relaxation of the same arrivals: no packing, "
+        "online or offline, can leave less unallocated (`gpupool.sim.bound`); '-' = not run.\n\n"
     )
     return intro + "\n".join(lines) + "\n" + summary

@@ -18,7 +18,7 @@ from gpupool.sim.policies.baselines import (
     SeedBestFitPolicy,
 )
 from gpupool.sim.policies.fgd import FGDPolicy
-from gpupool.sim.policies.ours import FGDCapacityPolicy, FGDReserveCpuPolicy, FGDReserveNetPolicy, FGDReservePolicy, FragBestFitPolicy
+from gpupool.sim.policies.ours import FGDCapacityPolicy, FGDReserveCpuPolicy, FGDReservePolicy, FragBestFitPolicy
 
 SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     RandomPolicy.name: RandomPolicy,
@@ -32,7 +32,6 @@ SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     FGDReservePolicy.name: FGDReservePolicy,
     FragBestFitPolicy.name: FragBestFitPolicy,
     FGDReserveCpuPolicy.name: FGDReserveCpuPolicy,
-    FGDReserveNetPolicy.name: FGDReserveNetPolicy,
 }
 
 

@@ -1,6 +1,12 @@
 """Our policies, built on FGD's fragmentation gradient.
 
-``fgd-reserve`` (the one we recommend): first the whole-card reserve, then FGD, then the capacity
+``fgd-reserve-cpu`` (the default, `gpupool.sim.policies.DEFAULT_SIM_POLICY`): ``fgd-reserve`` below
+with the reserve's expected demand bounded by what the free CPU can carry at the mix's GPU-per-CPU
+ratio (`gpupool.sim.reserve`, "The horizon"). Same order of keys; the only difference is when the
+reserve sees a shortfall. On mixes where CPU never binds the two coincide; on CPU-heavy mixes the
+CPU-blind reserve sees a shortfall from the first pod on and overrides FGD on most placements.
+
+``fgd-reserve`` (the previous default, kept for comparison): first the whole-card reserve, then FGD, then the capacity
 gain. Among all placements, keep those that leave the least expected shortfall of node slots for the
 trace's whole-card and multi-GPU pods (`gpupool.sim.reserve`: a slot needs both the free cards and the
 free CPU of the shape, and each group also counts the demand of the shapes that compete for its
@@ -137,13 +143,16 @@ class FGDReservePolicy(FGDCapacityPolicy):
 
     def choose(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
         rows, gpus, values = placements(ctx, pod, feasible)
-        if pod.is_sharing:
-            taken = (values == MILLI_PER_GPU).astype(np.int64)  # a sharing pod opening a fresh card
-        else:
-            taken = np.full(len(rows), pod.num_gpu, dtype=np.int64)
-        short = self._reserve_table(ctx).shortfall_after(rows, taken, pod.total_gpu_milli, pod.cpu_milli)
-        keep = np.flatnonzero(short == short.min())
-        rows, gpus, values = _fgd_best(ctx, pod, rows[keep], gpus[keep], values[keep])
+        reserve = self._reserve_table(ctx)
+        if not reserve.never_short(pod.total_gpu_milli, pod.cpu_milli):  # else every shortfall is 0
+            if pod.is_sharing:
+                taken = (values == MILLI_PER_GPU).astype(np.int64)  # a sharing pod opening a fresh card
+            else:
+                taken = np.full(len(rows), pod.num_gpu, dtype=np.int64)
+            short = reserve.shortfall_after(rows, taken, pod.total_gpu_milli, pod.cpu_milli)
+            keep = np.flatnonzero(short == short.min())
+            rows, gpus, values = rows[keep], gpus[keep], values[keep]
+        rows, gpus, values = _fgd_best(ctx, pod, rows, gpus, values)
         best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))  # first = node order
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
@@ -153,6 +162,8 @@ class FGDReservePolicy(FGDCapacityPolicy):
 
 
 class FGDReserveCpuPolicy(FGDReservePolicy):
+    """`FGDReservePolicy` whose reserve bounds future demand by the free CPU (the default)."""
+
     name: ClassVar[str] = "fgd-reserve-cpu"
 
     def _reserve_table(self, ctx: SimContext) -> WholeCardReserve:
@@ -160,30 +171,3 @@ class FGDReserveCpuPolicy(FGDReservePolicy):
             self._reserve = WholeCardReserve(ctx.population or ctx.target, ctx.mirror, cpu_horizon=True)
         return self._reserve
 
-
-class FGDReserveNetPolicy(FGDReserveCpuPolicy):
-    name: ClassVar[str] = "fgd-reserve-net"
-
-    def choose(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
-        rows, gpus, values = placements(ctx, pod, feasible)
-        if pod.is_sharing:
-            taken = (values == MILLI_PER_GPU).astype(np.int64)
-        else:
-            taken = np.full(len(rows), pod.num_gpu, dtype=np.int64)
-        res = self._reserve_table(ctx)
-        short = res.shortfall_after(rows, taken, pod.total_gpu_milli, pod.cpu_milli)
-        frag_after = after(ctx.frag, pod, rows, values)
-        score = fgd_scores(ctx, rows, frag_after)
-
-        def pick(idx: np.ndarray) -> int:
-            top = idx[score[idx] == score[idx].max()]
-            return int(top[int(np.argmax(self._cap_gain(ctx, pod, rows[top], gpus[top], values[top])))])
-
-        a = pick(np.arange(len(rows)))
-        b = pick(np.flatnonzero(short == short.min()))
-        if a != b:
-            saved = (short[a] - short[b]) / res.demand
-            cost = (frag_after[b] - frag_after[a]) / ctx.frag.model.total
-            if saved <= cost:
-                b = a
-        return finish(ctx, pod, int(rows[b]), int(gpus[b]))
