@@ -21,7 +21,6 @@ from gpupool.cli.main import app
 from gpupool.sim.policies import DEFAULT_SIM_POLICY, SIM_POLICIES, get_sim_policy
 from gpupool.sim.policies.base import SimContext
 from gpupool.sim.reserve import WholeCardReserve
-
 from tests.sim.tiny import all_rows, context, node, pod, target
 
 GOLDEN = Path(__file__).with_name("golden")

@@ -137,13 +137,17 @@ def test_bad_names_name_the_variant_and_token(name: str, message: str) -> None:
 def test_cli_writes_reproducible_files_and_rejects_bad_names(tmp_path: Path) -> None:
     base = ["sim", "variants", "--pods", str(GOLDEN / "pods.csv"), "--nodes", str(GOLDEN / "nodes.csv")]
     for out in ("a", "b"):
-        r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / out), "--variants", "base,share60,multi40"])
+        r = CliRunner().invoke(
+            app, [*base, "--out", str(tmp_path / out), "--variants", "base,share60,multi40"]
+        )
         assert r.exit_code == 0, r.output
         assert "share60\t40\t" in r.output
     for name in ("base", "share60", "multi40"):
         f = f"openb_pod_list_{name}.csv"
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
-    assert load_pods(tmp_path / "a" / "openb_pod_list_share60.csv") == make_variant(PODS, NODES, "share60", seed=1)
+    assert load_pods(tmp_path / "a" / "openb_pod_list_share60.csv") == make_variant(
+        PODS, NODES, "share60", seed=1
+    )
     for args, msg in (
         (["--variants", "share60,bogus"], "invalid variant='bogus'"),
         (["--variants", "share60,share60"], "listed twice"),

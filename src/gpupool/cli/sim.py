@@ -60,12 +60,18 @@ def policies() -> None:
 @user_errors
 def variants(
     *,
-    out: Path = typer.Option(..., "--out", help="Directory for the variant pod lists (openb_pod_list_<name>.csv)."),
+    out: Path = typer.Option(
+        ..., "--out", help="Directory for the variant pod lists (openb_pod_list_<name>.csv)."
+    ),
     names: str = typer.Option(
-        "default", "--variants", help="Comma-separated variant names (base, cpu300, share60-spec20, ...) or 'default'."
+        "default",
+        "--variants",
+        help="Comma-separated variant names (base, cpu300, share60-spec20, ...) or 'default'.",
     ),
     seed: int = typer.Option(1, "--seed", help="Generator seed: the same seed writes the same files."),
-    pods: Path | None = typer.Option(None, "--pods", help="Base pod list (default: the trace's default list)."),
+    pods: Path | None = typer.Option(
+        None, "--pods", help="Base pod list (default: the trace's default list)."
+    ),
     nodes: Path | None = typer.Option(None, "--nodes", help="Node list (default: the trace's GPU nodes)."),
 ) -> None:
     """Write workload variants of a pod list, built like the FGD authors' (see gpupool.sim.variants).
@@ -165,7 +171,8 @@ def report(
     policies: str | None = typer.Option(
         None,
         "--policies",
-        help=f"Comma-separated policy names (default: {DEFAULT_POLICIES}; with --variants: {VARIANT_POLICIES}).",
+        help=f"Comma-separated policy names (default: {DEFAULT_POLICIES}; "
+        f"with --variants: {VARIANT_POLICIES}).",
     ),
     seeds: str = typer.Option("42,43,44,45,46,47,48,49,50,51", "--seeds", help="Comma-separated seeds."),
     out: Path = typer.Option(
@@ -311,7 +318,8 @@ def _variant_report(
     out.mkdir(parents=True, exist_ok=True)
     command = (
         f"gpupool sim report --variants {','.join(names)} --variant-seed {variant_seed} "
-        f"--policies {','.join(pols)}" + ("" if bound_names == names else f" --bound {','.join(bound_names) or 'none'}")
+        f"--policies {','.join(pols)}"
+        + ("" if bound_names == names else f" --bound {','.join(bound_names) or 'none'}")
     )
     (out / "variants.md").write_text(
         "# Workload variants: unallocated GPU at 100 % arrived\n\n"
@@ -325,7 +333,9 @@ def _variant_report(
         "default_policy": DEFAULT_SIM_POLICY,
         "mix": {n: asdict(m) for n, m in mixes.items()},
         "cells": {
-            f"{n}/{p}": {k: v for k, v in results[(n, p)].items() if k != "curve"} for n in names for p in pols
+            f"{n}/{p}": {k: v for k, v in results[(n, p)].items() if k != "curve"}
+            for n in names
+            for p in pols
         },
         "bound": bounds,
     }

@@ -64,15 +64,14 @@ def placeable_milli(pods: Sequence[PodSpec], *, gpu_milli: int, cpu_milli: int) 
     placed = Fraction(0)
     cpu_left = Fraction(cpu_milli)
     for p in gpu_pods:
-        room = gpu_milli - placed
+        room: Fraction = gpu_milli - placed
         if room <= 0:
             break
-        take = Fraction(min(p.total_gpu_milli, room))
-        if p.cpu_milli:
-            take = min(take, cpu_left * p.total_gpu_milli / p.cpu_milli)
+        want: Fraction = min(Fraction(p.total_gpu_milli), room)
+        take = want if not p.cpu_milli else min(want, cpu_left * p.total_gpu_milli / p.cpu_milli)
         placed += take
         cpu_left -= take * p.cpu_milli / p.total_gpu_milli
-        if take < min(p.total_gpu_milli, room):  # CPU ran out
+        if take < want:  # CPU ran out
             break
     return int(placed)
 

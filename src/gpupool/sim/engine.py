@@ -190,7 +190,9 @@ def run(
         allocated[step] = allocated_total
         frag_milli[step] = frag.cluster_frag_milli()
         idle[step] = mirror.capacity_milli - allocated_total
-        if stop_arrived_pct is not None and arrived_total * 200 > mirror.capacity_milli * (2 * stop_arrived_pct + 1):
+        if stop_arrived_pct is not None and arrived_total * 200 > mirror.capacity_milli * (
+            2 * stop_arrived_pct + 1
+        ):
             n_events = step + 1
             arrived, allocated = arrived[:n_events], allocated[:n_events]
             frag_milli, idle = frag_milli[:n_events], idle[:n_events]

@@ -48,7 +48,9 @@ from gpupool.sim.workload import TargetWorkload
 
 
 class WholeCardReserve:
-    def __init__(self, population: TargetWorkload, mirror: MirrorLedger, *, cpu_horizon: bool = False) -> None:
+    def __init__(
+        self, population: TargetWorkload, mirror: MirrorLedger, *, cpu_horizon: bool = False
+    ) -> None:
         self.mirror = mirror
         self.cpu_horizon = cpu_horizon
         groups: dict[tuple[int, int, str], int] = {}

@@ -1,12 +1,13 @@
-"""The variant matrix: workload variants x policies (median of seeds) next to an offline packing bound.
+"""The variant matrix: workload variants x policies (median of seeds) next to a floor no packing beats.
 
 Role: `prepare_variants` writes the variant pod lists of `gpupool.sim.variants` for one generator
 seed into a directory (so `gpupool.sim.report.run_matrix` runs and caches them like any workload);
 `bound_matrix` runs `gpupool.sim.bound.offline_bound` (a floor no packing can beat) per
 (variant, seed) in worker processes, cached as JSON; `variants_markdown` writes the table: per
 variant the measured mix, each policy's median unallocated GPU % at 100 % arrived, the floor, the
-default policy against the reference (FGD) and the default's distance to the floor. Relative change = (policy - reference) / reference, in %; the summary gives the mean and the
-worst (largest) relative change over the variants. No timings here.
+default policy against the reference (FGD) and the default's distance to the floor. Relative
+change = (policy - reference) / reference, in %; the summary gives the mean and the worst (largest)
+relative change over the variants. No timings here.
 """
 
 from __future__ import annotations
@@ -75,7 +76,11 @@ def bound_matrix(
         out[n] = {
             "unallocated_gpu_pct_at_100": round(statistics.median(r["unallocated_pct"] for r in per_seed), 4),
             "per_seed": [
-                {"seed": r["seed"], "unallocated_pct": r["unallocated_pct"], "arrived_milli": r["arrived_milli"]}
+                {
+                    "seed": r["seed"],
+                    "unallocated_pct": r["unallocated_pct"],
+                    "arrived_milli": r["arrived_milli"],
+                }
                 for r in per_seed
             ],
         }
@@ -107,7 +112,13 @@ def variants_markdown(
     rels: list[float] = []
     for n in names:
         m = mixes[n]
-        row = [n, f"{m.sharing_pct:.1f}", f"{m.multi_pct:.1f}", f"{m.pinned_pct:.1f}", f"{m.cpu_per_gpu_milli / 1000:.1f}"]
+        row = [
+            n,
+            f"{m.sharing_pct:.1f}",
+            f"{m.multi_pct:.1f}",
+            f"{m.pinned_pct:.1f}",
+            f"{m.cpu_per_gpu_milli / 1000:.1f}",
+        ]
         vals = {p: cell(n, p) for p in policies}
         best = min((v for v in vals.values() if v is not None), default=None)
         for p in policies:

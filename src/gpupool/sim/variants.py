@@ -113,7 +113,9 @@ def _demand(pods: Sequence[PodSpec]) -> tuple[int, int, int]:
 
 
 def _take(p: PodSpec, t: PodSpec) -> PodSpec:
-    return replace(p, cpu_milli=t.cpu_milli, memory_mib=t.memory_mib, num_gpu=t.num_gpu, gpu_milli=t.gpu_milli)
+    return replace(
+        p, cpu_milli=t.cpu_milli, memory_mib=t.memory_mib, num_gpu=t.num_gpu, gpu_milli=t.gpu_milli
+    )
 
 
 def with_share(pods: Sequence[PodSpec], pct: int, seed: int) -> list[PodSpec]:
@@ -260,5 +262,7 @@ def write_pods(pods: Sequence[PodSpec], path: Path) -> None:
         w = csv.writer(fh)
         w.writerow(POD_HEADER)
         for p in pods:
-            w.writerow([p.name, p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, "|".join(sorted(p.gpu_spec))])
+            w.writerow(
+                [p.name, p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, "|".join(sorted(p.gpu_spec))]
+            )
     tmp.replace(path)

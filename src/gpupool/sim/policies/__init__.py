@@ -18,7 +18,12 @@ from gpupool.sim.policies.baselines import (
     SeedBestFitPolicy,
 )
 from gpupool.sim.policies.fgd import FGDPolicy
-from gpupool.sim.policies.ours import FGDCapacityPolicy, FGDReserveCpuPolicy, FGDReservePolicy, FragBestFitPolicy
+from gpupool.sim.policies.ours import (
+    FGDCapacityPolicy,
+    FGDReserveCpuPolicy,
+    FGDReservePolicy,
+    FragBestFitPolicy,
+)
 
 SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     RandomPolicy.name: RandomPolicy,

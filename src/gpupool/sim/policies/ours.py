@@ -6,12 +6,12 @@ ratio (`gpupool.sim.reserve`, "The horizon"). Same order of keys; the only diffe
 reserve sees a shortfall. On mixes where CPU never binds the two coincide; on CPU-heavy mixes the
 CPU-blind reserve sees a shortfall from the first pod on and overrides FGD on most placements.
 
-``fgd-reserve`` (the previous default, kept for comparison): first the whole-card reserve, then FGD, then the capacity
-gain. Among all placements, keep those that leave the least expected shortfall of node slots for the
-trace's whole-card and multi-GPU pods (`gpupool.sim.reserve`: a slot needs both the free cards and the
-free CPU of the shape, and each group also counts the demand of the shapes that compete for its
-slots); among those, FGD's best integer score; among those, the largest capacity gain (below); then
-node order. While the cluster has more free whole-card slots than the expected demand (most of a
+``fgd-reserve`` (the previous recommendation, kept for comparison): first the whole-card reserve,
+then FGD, then the capacity gain. Among all placements, keep those that leave the least expected
+shortfall of node slots for the trace's whole-card and multi-GPU pods (`gpupool.sim.reserve`: a slot
+needs both the free cards and the free CPU of the shape, and each group also counts the demand of
+the shapes that compete for its slots); among those, FGD's best integer score; among those, the
+largest capacity gain (below); then node order. While the cluster has more free whole-card slots than the expected demand (most of a
 run) every placement has shortfall 0 and this is ``fgd-capacity``. Once a shape's slots run short,
 the reserve overrides FGD: FGD and the capacity measure weight shapes by pod COUNT, so they would
 spend the last fully free, CPU-rich 8-card nodes that rare 8-GPU pods (5.8 % of the default trace's
@@ -170,4 +170,3 @@ class FGDReserveCpuPolicy(FGDReservePolicy):
         if self._reserve is None or self._reserve.mirror is not ctx.mirror:
             self._reserve = WholeCardReserve(ctx.population or ctx.target, ctx.mirror, cpu_horizon=True)
         return self._reserve
-
