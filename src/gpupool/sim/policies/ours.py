@@ -11,11 +11,12 @@ then FGD, then the capacity gain. Among all placements, keep those that leave th
 shortfall of node slots for the trace's whole-card and multi-GPU pods (`gpupool.sim.reserve`: a slot
 needs both the free cards and the free CPU of the shape, and each group also counts the demand of
 the shapes that compete for its slots); among those, FGD's best integer score; among those, the
-largest capacity gain (below); then node order. While the cluster has more free whole-card slots than the expected demand (most of a
-run) every placement has shortfall 0 and this is ``fgd-capacity``. Once a shape's slots run short,
-the reserve overrides FGD: FGD and the capacity measure weight shapes by pod COUNT, so they would
-spend the last fully free, CPU-rich 8-card nodes that rare 8-GPU pods (5.8 % of the default trace's
-GPU demand, 0.5 % of its pods) need. No constants.
+largest capacity gain (below); then node order. While the cluster has more free whole-card slots
+than the expected demand (most of a run) every placement has shortfall 0 and this is
+``fgd-capacity``. Once a shape's slots run short, the reserve overrides FGD: FGD and the capacity
+measure weight shapes by pod COUNT, so they would spend the last fully free, CPU-rich 8-card nodes
+that rare 8-GPU pods (5.8 % of the default trace's GPU demand, 0.5 % of its pods) need. No
+constants.
 
 ``fgd-capacity``: rank placements by FGD's own integer score
 ``int(100 x sigmoid(delta_gpus))`` and break its (frequent) ties by the decrease of the
