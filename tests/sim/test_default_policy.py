@@ -91,9 +91,10 @@ def test_never_short_is_exact_on_random_states() -> None:
         for cpu_horizon in (False, True):
             reserve = WholeCardReserve(pop, ctx.mirror, cpu_horizon=cpu_horizon)
             p_cpu, p_cards = int(rng.choice([0, 1000, 8000])), int(rng.choice([0, 1]))
-            if reserve.never_short(1000 * p_cards, p_cpu):
+            if reserve.never_short(p_cards, 1000 * p_cards, p_cpu):
                 said_never += 1
-                rows = all_rows(ctx)
-                short = reserve.shortfall_after(rows, np.full(n, p_cards), 1000 * p_cards, p_cpu)
+                m = ctx.mirror  # feasible placements only: enough full cards and CPU
+                rows = np.flatnonzero(((m.gpu_free == 1000).sum(axis=1) >= p_cards) & (m.cpu_free >= p_cpu))
+                short = reserve.shortfall_after(rows, np.full(len(rows), p_cards), 1000 * p_cards, p_cpu)
                 assert (short == 0).all()
     assert 0 < said_never < 600  # both answers occur

@@ -111,11 +111,15 @@ class WholeCardReserve:
         supply = self.supply[None, :] - self.slots[rows] + after
         return self._shortfall(supply, self.horizon_milli(gpu_milli, cpu_milli))
 
-    def never_short(self, gpu_milli: int, cpu_milli: int) -> bool:
-        """True when NO placement of this pod can leave a shortfall: even a node losing all its
-        slots (the most any node holds, per group) leaves every group covered. Exact, not a guess:
-        `shortfall_after` would return 0 for every candidate, so callers may skip it."""
-        worst = self.supply - self.slots.max(axis=0)
+    def never_short(self, cards: int, gpu_milli: int, cpu_milli: int) -> bool:
+        """True when NO placement of a pod taking at most ``cards`` full cards, ``gpu_milli`` and
+        ``cpu_milli`` can leave a shortfall. Exact, not a guess (`shortfall_after` would return 0
+        for every candidate, so callers may skip it): a node's slots of g are
+        ``min(floor(full / k), floor(cpu / cpu_g))``, and taking ``cards`` cards and ``cpu_milli``
+        lowers a minimum of two terms by at most the larger drop, ``max(ceil(cards / k),
+        ceil(cpu_milli / cpu_g))``, and never below zero (no node holds more than the most any holds)."""
+        drop = np.maximum(-(-cards // self.k), -(-cpu_milli // self.cpu))
+        worst = self.supply - np.minimum(self.slots.max(axis=0), drop)
         return bool((self._shortfall(worst[None, :], self.horizon_milli(gpu_milli, cpu_milli)) == 0).all())
 
     def horizon_milli(self, gpu_milli: int = 0, cpu_milli: int = 0) -> int:

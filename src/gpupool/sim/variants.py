@@ -30,6 +30,7 @@ written variant loads with `load_pods`.
 from __future__ import annotations
 
 import csv
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -257,7 +258,7 @@ POD_HEADER = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_sp
 def write_pods(pods: Sequence[PodSpec], path: Path) -> None:
     """Write a pod list that `load_pods` reads back unchanged."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # concurrent writers never share one
     with tmp.open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(POD_HEADER)

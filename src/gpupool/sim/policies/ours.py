@@ -145,7 +145,8 @@ class FGDReservePolicy(FGDCapacityPolicy):
     def choose(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
         rows, gpus, values = placements(ctx, pod, feasible)
         reserve = self._reserve_table(ctx)
-        if not reserve.never_short(pod.total_gpu_milli, pod.cpu_milli):  # else every shortfall is 0
+        cards = 1 if pod.is_sharing else pod.num_gpu  # a sharing pod opens at most one fresh card
+        if not reserve.never_short(cards, pod.total_gpu_milli, pod.cpu_milli):  # else all shortfalls are 0
             if pod.is_sharing:
                 taken = (values == MILLI_PER_GPU).astype(np.int64)  # a sharing pod opening a fresh card
             else:
