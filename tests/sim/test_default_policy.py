@@ -98,3 +98,19 @@ def test_never_short_is_exact_on_random_states() -> None:
                 short = reserve.shortfall_after(rows, np.full(len(rows), p_cards), 1000 * p_cards, p_cpu)
                 assert (short == 0).all()
     assert 0 < said_never < 600  # both answers occur
+
+
+def test_a_gpu_pod_asking_no_cpu_keeps_fgds_node_order() -> None:
+    # a = [1000, 0], b = [1000, 700], 8 cores each. Target = population: A = (0 cores, 470) x 4,
+    # B = (0 cores, one card) x 1. The pod: 470 milli, 0 cores. FGD numerators (x5 pods): a/gpu0 0 ->
+    # 530 (B loses its card), b/gpu0 700 -> 1230, b/gpu1 700 -> 1150 (230 left: A 4 x 230 + B 230):
+    # all score int(100 sigmoid(-0.106 or -0.09)) = 47 -> node order: a, GPU 0.
+    # Capacity gains: a/gpu0 240 -> 770 (-530), b/gpu0 1860 -> 2390 (-530), b/gpu1 1860 -> 1390
+    # (+470): fgd-reserve takes b, GPU 1. The default keeps FGD's choice.
+    tw = target((0, 470, 1, 4), (0, 1000, 1, 1))
+    ctx = context([node("a", 2, cpu=8000), node("b", 2, cpu=8000)], tw, gpu_free=[[1000, 0], [1000, 700]])
+    ctx.population = tw
+    p = pod(0, 470, 1)
+    assert get_sim_policy("fgd").choose(ctx, p, all_rows(ctx)) == (0, (0,))
+    assert get_sim_policy("fgd-reserve").choose(ctx, p, all_rows(ctx)) == (1, (1,))
+    assert get_sim_policy(DEFAULT_SIM_POLICY).choose(ctx, p, all_rows(ctx)) == (0, (0,))
