@@ -51,13 +51,12 @@ DEFAULT_MATRIX = (
     "cpu200",
     "cpu300",
     "share20",
-    "share60",
     "multi40",
     "multi50",
     "spec33",
     "cpu200-multi40",
 )
-"""The default matrix (10): the base, each knob at one to three settings beyond the nine published
+"""The default matrix (9): the base, each knob at one to three settings beyond the nine published
 workloads (share 40/60, multi 20/30 and spec 10/20 are those), and one combination."""
 
 

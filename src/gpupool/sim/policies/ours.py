@@ -10,6 +10,8 @@ order. Measured on the ``cpu0`` variant (GPU pods ask no CPU), seed 42: with the
 unallocated, FGD 4.42 %, without it 4.42 %; with no CPU to strand, the capacity measure sees only
 in-card rounding and the multi-GPU slot term, and spreads such pods away from FGD's packing order.
 The published workloads and the golden traces have no such pod, so nothing else changes.
+Known loss (docs/fgd/README.md): on the ``multi50`` variant the reserve sees an unclosable
+multi-GPU shortfall from the first pod on and the default leaves 2.83 % unallocated, FGD 2.76 %.
 
 ``fgd-reserve`` (the previous recommendation, kept for comparison): first the whole-card reserve,
 then FGD, then the capacity gain. Among all placements, keep those that leave the least expected
