@@ -15,7 +15,7 @@ GOLDEN = Path(__file__).parent / "golden"
 def test_policies_one_per_line() -> None:
     result = CliRunner().invoke(app, ["sim", "policies"])
     assert result.exit_code == 0
-    assert result.stdout.splitlines() == list(SIM_POLICIES)
+    assert [line.removesuffix(" (default)") for line in result.stdout.splitlines()] == list(SIM_POLICIES)
 
 
 def test_bad_inputs_exit_2_with_one_line(tmp_path: Path) -> None:

@@ -82,3 +82,16 @@ def test_capacity_measure_by_hand() -> None:
     ctx.mirror.apply(0, (0,), gpu_milli=1000, cpu_milli=1000, memory_mib=0)
     cap.refresh(0)
     assert cap.node_frag.tolist() == [60.0]
+
+
+def test_capacity_measure_never_cpu_limits_a_shape_that_asks_no_cpu() -> None:
+    # Regression (variant cpu0: GPU pods ask 0 CPU, CPU-only pods use up node CPU): a node with two
+    # free cards and 0 free CPU. The 0-CPU whole-card shape uses both cards (fragment 0); the 1-core
+    # shape none (fragment 2000). Before the fix the 0-CPU shape counted 0 / tiny = 0 CPU slots.
+    from gpupool.sim.capfrag import CapacityFragTable
+
+    tw = target((0, 1000, 1, 1), (1000, 1000, 1, 1))
+    ctx = context([node("a", 2, cpu=4000)], tw, gpu_free=[[1000, 1000]], cpu_free=[0])
+    cap = CapacityFragTable(tw, ctx.mirror)
+    assert cap.node_frag.tolist() == [2000.0]
+    assert cap.after_whole(np.array([0]), 1, 0).tolist() == [1000.0]  # 1 card left: 0 + 1000

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
@@ -18,6 +19,9 @@ app = typer.Typer(
 app.command("tidal")(tidal.sim_tidal)
 
 DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,seed-bestfit,fgd-capacity,fgd-reserve"
+VARIANT_POLICIES = "fgd,fgd-reserve,fgd-reserve-cpu"
+VARIANT_STOP_PCT = 101  # variant runs end past 101.5 % arrived: the table needs the value at 100 %
+DEFAULT_SIM_POLICY_NAME = "fgd-reserve-cpu"  # = gpupool.sim.policies.DEFAULT_SIM_POLICY (a test checks)
 
 
 def _seeds(text: str) -> list[int]:
@@ -45,11 +49,71 @@ def _data_dir() -> Path:
 
 @app.command("policies")
 def policies() -> None:
-    """List the simulator's placement policies, one per line."""
-    from gpupool.sim.policies import SIM_POLICIES
+    """List the simulator's placement policies, one per line; the default is marked '(default)'."""
+    from gpupool.sim.policies import DEFAULT_SIM_POLICY, SIM_POLICIES
 
     for name in SIM_POLICIES:
-        typer.echo(name)
+        typer.echo(f"{name} (default)" if name == DEFAULT_SIM_POLICY else name)
+
+
+@app.command("variants")
+@user_errors
+def variants(
+    *,
+    out: Path = typer.Option(
+        ..., "--out", help="Directory for the variant pod lists (openb_pod_list_<name>.csv)."
+    ),
+    names: str = typer.Option(
+        "default",
+        "--variants",
+        help="Comma-separated variant names (base, cpu300, share60-spec20, ...) or 'default'.",
+    ),
+    seed: int = typer.Option(1, "--seed", help="Generator seed: the same seed writes the same files."),
+    pods: Path | None = typer.Option(
+        None, "--pods", help="Base pod list (default: the trace's default list)."
+    ),
+    nodes: Path | None = typer.Option(None, "--nodes", help="Node list (default: the trace's GPU nodes)."),
+) -> None:
+    """Write workload variants of a pod list, built like the FGD authors' (see gpupool.sim.variants).
+
+    Knobs, integer %: cpu<P> scales the CPU request of GPU pods (0..300); share<P> makes GPU-sharing
+    pods carry P % of the GPU request (1..100); multi<P> makes multi-GPU pods carry at least P %
+    (1..90); spec<P> pins P % of GPU pods to one GPU model (0..100). Join knobs with '-'.
+    """
+    from gpupool.sim.variant_report import prepare_variants
+
+    check_range("--seed", seed, lo=0, hi=2**32 - 1)
+    seed_value = seed
+    wanted = _variant_names(names)
+    trace_dir = _data_dir() / "alibaba-gpu-v2023"
+    base = pods if pods is not None else trace_dir / "openb_pod_list_default.csv"
+    node_list = nodes if nodes is not None else trace_dir / "openb_node_list_gpu_node.csv"
+    for path in (base, node_list):
+        if not path.is_file():
+            raise UserError(f"file not found: {path} (set --pods/--nodes or GPUPOOL_DATA_DIR)")
+    mixes = prepare_variants(base, node_list, wanted, seed=seed_value, directory=out)
+    typer.echo("variant\tpods\tgpu_request_milli\tsharing_pct\tmulti_pct\tpinned_pct\tcpu_per_gpu_milli")
+    for name, m in mixes.items():
+        typer.echo(
+            f"{name}\t{m.pods}\t{m.gpu_request_milli}\t{m.sharing_pct}\t{m.multi_pct}\t{m.pinned_pct}"
+            f"\t{m.cpu_per_gpu_milli}"
+        )
+    typer.echo(f"wrote {len(mixes)} pod lists to {out}")
+
+
+def _variant_names(text: str) -> list[str]:
+    from gpupool.sim.variants import DEFAULT_MATRIX, parse_variant
+
+    if text.strip() == "default":
+        return list(DEFAULT_MATRIX)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UserError(f"invalid --variants={text!r}: no variant given")
+    for n in names:
+        parse_variant(n)  # InvalidInput names the variant and the bad token
+    if len(set(names)) != len(names):
+        raise UserError(f"invalid --variants={text!r}: a variant is listed twice")
+    return names
 
 
 @app.command("fgd")
@@ -60,7 +124,9 @@ def fgd(
         ..., "--pods", help="Pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec])."
     ),
     nodes: Path = typer.Option(..., "--nodes", help="Node list CSV (sn,cpu_milli,memory_mib,gpu,model)."),
-    policy: str = typer.Option("fgd", "--policy", help="Placement policy (see `gpupool sim policies`)."),
+    policy: str = typer.Option(
+        DEFAULT_SIM_POLICY_NAME, "--policy", help="Placement policy (see `gpupool sim policies`)."
+    ),
     seeds: str = typer.Option("42", "--seeds", help="Comma-separated seeds, e.g. 42,43,44."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
     cross_check: bool = typer.Option(
@@ -102,7 +168,12 @@ def report(
     workloads: str = typer.Option(
         "default", "--workloads", help="Comma-separated workload names (openb_pod_list_<name>.csv), or 'all'."
     ),
-    policies: str = typer.Option(DEFAULT_POLICIES, "--policies", help="Comma-separated policy names."),
+    policies: str | None = typer.Option(
+        None,
+        "--policies",
+        help=f"Comma-separated policy names (default: {DEFAULT_POLICIES}; "
+        f"with --variants: {VARIANT_POLICIES}).",
+    ),
     seeds: str = typer.Option("42,43,44,45,46,47,48,49,50,51", "--seeds", help="Comma-separated seeds."),
     out: Path = typer.Option(
         Path("docs/fgd"), "--out", help="Directory for report.md, results.json and PNGs."
@@ -116,17 +187,37 @@ def report(
     data: Path | None = typer.Option(
         None, "--data", help="Data root (default ../shared/data or $GPUPOOL_DATA_DIR)."
     ),
+    variant_names: str | None = typer.Option(
+        None,
+        "--variants",
+        help="Run workload variants of the default list instead of --workloads: comma-separated names or "
+        "'default' (the default matrix); writes variants.md and variants.json.",
+    ),
+    variant_seed: int = typer.Option(1, "--variant-seed", help="Generator seed of the variants."),
+    bound: str = typer.Option(
+        "all", "--bound", help="Variants that get the relaxation floor: comma-separated, 'all' or 'none'."
+    ),
 ) -> None:
-    """Run workloads x policies x seeds in parallel processes; write a Markdown table and PNG plots."""
+    """Run workloads x policies x seeds in parallel processes; write a Markdown table and PNG plots.
+
+    With --variants: variants x policies x seeds plus a floor no packing can beat (a relaxation), as
+    variants.md and variants.json."""
     from rich.progress import Progress
 
     from gpupool.sim.plots import plot_frag_rate, plot_unallocated
-    from gpupool.sim.policies import SIM_POLICIES
     from gpupool.sim.report import authors_curves, authors_medians, markdown_table, run_matrix
 
     seed_list = _seeds(seeds)
     check_range("--workers", workers, lo=1)
+    check_range("--variant-seed", variant_seed, lo=0, hi=2**32 - 1)
     root = data if data is not None else _data_dir()
+    if variant_names is not None:
+        _variant_report(
+            root, _variant_names(variant_names), _policy_list(policies or VARIANT_POLICIES), seed_list,
+            variant_seed=variant_seed, bound=bound, out=out, cache=cache,
+            workers=workers,
+        )  # fmt: skip
+        return
     trace_dir = root / "alibaba-gpu-v2023"
     authors_dir = root / "fgd-atc23-expected-results"
     nodes_path = trace_dir / "openb_node_list_gpu_node.csv"
@@ -137,10 +228,7 @@ def report(
         wls = sorted(found, key=lambda w: (w != "default", w))  # the paper's main trace first
     else:
         wls = [w.strip() for w in workloads.split(",") if w.strip()]
-    pols = [p.strip() for p in policies.split(",") if p.strip()]
-    for p in pols:
-        if p not in SIM_POLICIES:
-            raise UserError(f"invalid --policies entry {p!r}: known policies: {', '.join(SIM_POLICIES)}")
+    pols = _policy_list(policies or DEFAULT_POLICIES)
     pods_paths = [trace_dir / f"openb_pod_list_{w}.csv" for w in wls]
     for pp in pods_paths:
         if not pp.is_file():
@@ -176,3 +264,81 @@ def report(
         plot_frag_rate(results, rate_authors, wl, pols, out / f"frag_rate_{wl}.png")
     typer.echo(table)
     typer.echo(f"wrote {out / 'report.md'}, {out / 'results.json'} and plots")
+
+
+def _policy_list(text: str) -> list[str]:
+    from gpupool.sim.policies import SIM_POLICIES
+
+    pols = [p.strip() for p in text.split(",") if p.strip()]
+    if not pols:
+        raise UserError(f"invalid --policies={text!r}: no policy given")
+    for p in pols:
+        if p not in SIM_POLICIES:
+            raise UserError(f"invalid --policies entry {p!r}: known policies: {', '.join(SIM_POLICIES)}")
+    return pols
+
+
+def _variant_report(
+    root: Path,
+    names: list[str],
+    pols: list[str],
+    seed_list: list[int],
+    *,
+    variant_seed: int,
+    bound: str,
+    out: Path,
+    cache: Path,
+    workers: int,
+) -> None:
+    from gpupool.sim.policies import DEFAULT_SIM_POLICY
+    from gpupool.sim.report import run_matrix
+    from gpupool.sim.variant_report import bound_matrix, prepare_variants, variant_path, variants_markdown
+
+    text = bound.strip()
+    bound_names = [] if text == "none" else list(names) if text == "all" else _variant_names(bound)
+    for b in bound_names:
+        if b not in names:
+            raise UserError(f"invalid --bound entry {b!r}: not among --variants")
+    trace_dir = root / "alibaba-gpu-v2023"
+    nodes_path = trace_dir / "openb_node_list_gpu_node.csv"
+    base = trace_dir / "openb_pod_list_default.csv"
+    for path in (nodes_path, base):
+        if not path.is_file():
+            raise UserError(f"file not found: {path} (set --data or GPUPOOL_DATA_DIR)")
+    directory = cache / f"variants-seed{variant_seed}"
+    mixes = prepare_variants(base, nodes_path, names, seed=variant_seed, directory=directory)
+    results = run_matrix(
+        nodes_path, [variant_path(directory, n) for n in names], pols, seed_list,
+        cache=directory / "runs", workers=workers, stop_arrived_pct=VARIANT_STOP_PCT,
+    )  # fmt: skip
+    bounds = bound_matrix(
+        nodes_path, directory, bound_names, seed_list, cache=directory / "runs", workers=workers,
+    )  # fmt: skip
+    table = variants_markdown(results, bounds, mixes, names, pols, default=DEFAULT_SIM_POLICY)
+    out.mkdir(parents=True, exist_ok=True)
+    command = (
+        f"gpupool sim report --variants {','.join(names)} --variant-seed {variant_seed} "
+        f"--policies {','.join(pols)}"
+        + ("" if bound_names == names else f" --bound {','.join(bound_names) or 'none'}")
+    )
+    (out / "variants.md").write_text(
+        "# Workload variants: unallocated GPU at 100 % arrived\n\n"
+        f"Variants of the default pod list (generator seed {variant_seed}, `gpupool sim variants`); "
+        f"seeds {seed_list[0]}..{seed_list[-1]} ({len(seed_list)}), tune ratio 1.3, 1,213 GPU nodes; "
+        f"default policy `{DEFAULT_SIM_POLICY}`. Command: `{command}`.\n\n" + table
+    )
+    compact = {
+        "variant_seed": variant_seed,
+        "seeds": seed_list,
+        "default_policy": DEFAULT_SIM_POLICY,
+        "mix": {n: asdict(m) for n, m in mixes.items()},
+        "cells": {
+            f"{n}/{p}": {k: v for k, v in results[(n, p)].items() if k != "curve"}
+            for n in names
+            for p in pols
+        },
+        "bound": bounds,
+    }
+    (out / "variants.json").write_text(json.dumps(compact, indent=1, sort_keys=True) + "\n")
+    typer.echo(table)
+    typer.echo(f"wrote {out / 'variants.md'} and {out / 'variants.json'}")

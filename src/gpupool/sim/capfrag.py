@@ -38,7 +38,8 @@ class CapacityFragTable:
         self.shape_k = np.array([max(s.num_gpu, 1) for s in shapes], dtype=np.int64)
         self.k_f = self.shape_k.astype(np.float64)
         cpu = np.array([s.cpu_milli for s in shapes], dtype=np.float64)
-        self.cpu_f = np.where(cpu > 0, cpu, 1e-12)  # a shape asking no CPU is never CPU-limited
+        self.cpu_free_shape = cpu == 0  # a shape asking no CPU is never CPU-limited, even at 0 free
+        self.cpu_f = np.where(self.cpu_free_shape, 1.0, cpu)
         self.shape_milli = np.array([s.gpu_milli * s.num_gpu for s in shapes], dtype=np.int64)
         self.weights = np.array(target.counts, dtype=np.float64)
         self.total = float(target.total)
@@ -65,6 +66,7 @@ class CapacityFragTable:
         # float64 floor-division is exact here (integers < 2**53; true division rounds correctly)
         gpu_slots = np.floor(slots[:, self.shape_level] / self.k_f)
         cpu_slots = np.floor(np.maximum(cpu_free, 0).astype(np.float64)[:, None] / self.cpu_f)
+        cpu_slots = np.where(self.cpu_free_shape, np.inf, cpu_slots)
         usable = np.minimum(gpu_slots, cpu_slots) * self.ok_milli[model]
         out: np.ndarray = self.total * free_total.astype(np.float64) - usable @ self.weights
         return out

@@ -123,8 +123,12 @@ def run(
     tune_ratio: float = TUNE_RATIO,
     target: TargetWorkload | None = None,
     cross_check_steps: bool = False,
+    stop_arrived_pct: int | None = None,
 ) -> RunRecord:
-    """Run one experiment; see the module docstring."""
+    """Run one experiment; see the module docstring. With ``stop_arrived_pct`` the run ends after
+    the first pod that takes the arrived GPU request past ``stop_arrived_pct + 0.5`` % of capacity:
+    nothing departs, so every event whose arrived % rounds to at most ``stop_arrived_pct`` is the
+    same as in the full run (the variant matrix needs only the value at 100 %)."""
     arrivals_rng, nodes_rng, policy_rng = streams(seed)
     gpu_nodes = [nd for nd in nodes if nd.gpu_count > 0]
     mirror = MirrorLedger(node_tie_order(gpu_nodes, rng=nodes_rng))
@@ -186,6 +190,13 @@ def run(
         allocated[step] = allocated_total
         frag_milli[step] = frag.cluster_frag_milli()
         idle[step] = mirror.capacity_milli - allocated_total
+        if stop_arrived_pct is not None and arrived_total * 200 > mirror.capacity_milli * (
+            2 * stop_arrived_pct + 1
+        ):
+            n_events = step + 1
+            arrived, allocated = arrived[:n_events], allocated[:n_events]
+            frag_milli, idle = frag_milli[:n_events], idle[:n_events]
+            break
     cross_check(allocator, mirror)
     if cross_check_steps:
         allocator.check_invariants()

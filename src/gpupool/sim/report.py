@@ -34,8 +34,11 @@ ALLOC_FILE = "analysis_allo_discrete.csv"
 FRAG_RATE_FILE = "analysis_frag_ratio_discrete.csv"
 
 
-def run_curves_for(nodes_path: str, pods_path: str, policy: str, seed: int) -> RunCurves:
-    return run_curves(run(load_nodes(nodes_path), load_pods(pods_path), policy=policy, seed=seed))
+def run_curves_for(
+    nodes_path: str, pods_path: str, policy: str, seed: int, stop_arrived_pct: int | None = None
+) -> RunCurves:
+    nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    return run_curves(run(nodes, pods, policy=policy, seed=seed, stop_arrived_pct=stop_arrived_pct))
 
 
 def run_experiment(
@@ -88,8 +91,10 @@ def run_matrix(
     cache: Path,
     workers: int,
     progress: Callable[[int, int, str], None] | None = None,
+    stop_arrived_pct: int | None = None,
 ) -> dict[tuple[str, str], dict[str, object]]:
-    """Every (workload, policy) summary over ``seeds``; missing runs go to ``workers`` processes."""
+    """Every (workload, policy) summary over ``seeds``; missing runs go to ``workers`` processes.
+    ``stop_arrived_pct``: end each run there (see `gpupool.sim.engine.run`); curves stop there too."""
     cache.mkdir(parents=True, exist_ok=True)
     jobs = []
     for pp in pods_paths:
@@ -102,7 +107,7 @@ def run_matrix(
     if jobs:
         with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
             futs = {
-                pool.submit(run_curves_for, str(nodes_path), str(pp), pol, s): (wl, pol, s)
+                pool.submit(run_curves_for, str(nodes_path), str(pp), pol, s, stop_arrived_pct): (wl, pol, s)
                 for pp, wl, pol, s in jobs
             }
             for fut in as_completed(futs):

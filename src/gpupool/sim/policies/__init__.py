@@ -18,7 +18,12 @@ from gpupool.sim.policies.baselines import (
     SeedBestFitPolicy,
 )
 from gpupool.sim.policies.fgd import FGDPolicy
-from gpupool.sim.policies.ours import FGDCapacityPolicy, FGDReservePolicy, FragBestFitPolicy
+from gpupool.sim.policies.ours import (
+    FGDCapacityPolicy,
+    FGDReserveCpuPolicy,
+    FGDReservePolicy,
+    FragBestFitPolicy,
+)
 
 SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     RandomPolicy.name: RandomPolicy,
@@ -31,7 +36,12 @@ SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     FGDCapacityPolicy.name: FGDCapacityPolicy,
     FGDReservePolicy.name: FGDReservePolicy,
     FragBestFitPolicy.name: FragBestFitPolicy,
+    FGDReserveCpuPolicy.name: FGDReserveCpuPolicy,
 }
+
+
+DEFAULT_SIM_POLICY = FGDReserveCpuPolicy.name
+"""The simulator's default (``gpupool sim fgd``, the variant report); see `gpupool.sim.policies.ours`."""
 
 
 def get_sim_policy(name: str) -> SimPolicy:
@@ -41,4 +51,4 @@ def get_sim_policy(name: str) -> SimPolicy:
         raise InvalidInput("policy", name, f"known policies: {', '.join(SIM_POLICIES)}") from None
 
 
-__all__ = ["SIM_POLICIES", "SimPolicy", "get_sim_policy"]
+__all__ = ["DEFAULT_SIM_POLICY", "SIM_POLICIES", "SimPolicy", "get_sim_policy"]
