@@ -140,6 +140,7 @@ def build(
     workloads: Path = DEFAULT_WORKLOADS,
     auth_file: Path | None = None,
     store_url: str | None = None,
+    store_options: dict[str, Any] | None = None,
     simulate: bool = True,
     extra_tokens: Iterable[tuple[str, str, str]] = (),
     metrics_tenant_labels: bool = False,
@@ -160,10 +161,15 @@ def build(
     # every other argument is valid by now: only then open (and recover) the store
     import sqlite3
 
+    from gpupool.adapters.store.sqlite import StoreCorrupt
+    from gpupool.core.errors import GpupoolError
+
     url = store_url or f"sqlite:{data_dir / 'leases.db'}"
     try:
-        store = open_store(url)
-    except (OSError, sqlite3.Error) as exc:  # (damage is StoreCorrupt: one line already)
+        store = open_store(url, **(store_options or {}))
+    except (InvalidInput, StoreCorrupt):  # (damage is StoreCorrupt: one line already)
+        raise
+    except (OSError, sqlite3.Error, GpupoolError) as exc:
         raise UserError(f"cannot open the lease store {url}: {exc}") from None
     controller = LeaseController(slices, clock=FunctionClock(time.time), store=store)
     saved = store.get_meta("watermarks")
@@ -480,6 +486,61 @@ def _load_objectives_file(path: Path) -> dict[str, int]:
         raise UserError(f"{path}: {exc}") from None
 
 
+def store_settings(
+    url: str | None,
+    *,
+    cacert: Path | None = None,
+    cert: Path | None = None,
+    key: Path | None = None,
+    user: str | None = None,
+    password: str | None = None,
+) -> dict[str, Any]:
+    """Check ``--store`` and the ``--etcd-*`` options before anything is opened; the keyword
+    arguments for `open_store`. Every error names the option and its value (exit 2)."""
+    etcd_flags = {
+        "--etcd-cacert": cacert,
+        "--etcd-cert": cert,
+        "--etcd-key": key,
+        "--etcd-user": user,
+        "--etcd-password": password,
+    }
+    given = [flag for flag, v in etcd_flags.items() if v is not None]
+    if url is None or not url.startswith(("etcd://", "etcds://")):
+        if url is not None and not url.startswith(("sqlite:", "memory:")):
+            raise UserError(
+                f"invalid --store={url!r}: expected sqlite:///PATH or etcd://HOST:PORT[,HOST:PORT...][/PREFIX/]"
+            )
+        if (
+            url is not None
+            and url.startswith("sqlite:")
+            and not url.removeprefix("sqlite:").removeprefix("//")
+        ):
+            raise UserError(f"invalid --store={url!r}: no path after sqlite:")
+        if given:
+            raise UserError(f"{given[0]} needs --store etcd://...")
+        return {}
+    from gpupool.adapters.store.etcd import parse_etcd_url
+
+    try:
+        parse_etcd_url(url)
+    except InvalidInput as exc:
+        raise UserError(f"invalid --store={url!r}: {exc.reason}") from None
+    for flag, path in (("--etcd-cacert", cacert), ("--etcd-cert", cert), ("--etcd-key", key)):
+        if path is not None and not path.is_file():
+            raise UserError(f"invalid {flag}={str(path)!r}: no such file")
+    if (cert is None) != (key is None):
+        raise UserError(
+            "--etcd-cert and --etcd-key go together"
+            + f" (got only {'--etcd-cert' if cert else '--etcd-key'})"
+        )
+    if (user is None) != (password is None):
+        raise UserError("--etcd-user and --etcd-password go together")
+    out: dict[str, Any] = {"user": user, "password": password}
+    for name, path in (("cacert", cacert), ("cert", cert), ("key", key)):
+        out[name] = None if path is None else str(path)
+    return out
+
+
 @user_errors
 def serve(  # noqa: PLR0917 (typer options)
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
@@ -515,6 +576,26 @@ def serve(  # noqa: PLR0917 (typer options)
     max_connections: int = typer.Option(
         1000, "--max-connections", help="Open connections + running requests; past it new requests get 503."
     ),
+    store: str | None = typer.Option(
+        None,
+        "--store",
+        help="Lease store: sqlite:///PATH (default DATA_DIR/leases.db) or etcd://HOST:PORT[,HOST:PORT...][/PREFIX/]"
+        " (etcds:// for TLS). See docs/store.md.",
+    ),
+    etcd_cacert: Path | None = typer.Option(
+        None, "--etcd-cacert", help="CA bundle that signed etcd's certificate."
+    ),
+    etcd_cert: Path | None = typer.Option(
+        None, "--etcd-cert", help="Client certificate for etcd (with --etcd-key)."
+    ),
+    etcd_key: Path | None = typer.Option(None, "--etcd-key", help="Client key for etcd (with --etcd-cert)."),
+    etcd_user: str | None = typer.Option(None, "--etcd-user", help="etcd user (with --etcd-password)."),
+    etcd_password: str | None = typer.Option(
+        None,
+        "--etcd-password",
+        envvar="GPUPOOL_ETCD_PASSWORD",
+        help="etcd password (or $GPUPOOL_ETCD_PASSWORD).",
+    ),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
     for flag, v in (
@@ -527,6 +608,14 @@ def serve(  # noqa: PLR0917 (typer options)
     if not (math.isfinite(header_timeout_s) and header_timeout_s > 0):
         raise UserError(f"--header-timeout-s {header_timeout_s}: must be a positive number of seconds")
     check_port("--port", port)
+    store_options = store_settings(
+        store,
+        cacert=etcd_cacert,
+        cert=etcd_cert,
+        key=etcd_key,
+        user=etcd_user,
+        password=etcd_password,
+    )
     table = _load_objectives_file(objectives) if objectives is not None else None
     backend_specs = _load_backends_file(backends) if backends is not None else None
     bundle = build(
@@ -534,6 +623,8 @@ def serve(  # noqa: PLR0917 (typer options)
         cluster=cluster,
         workloads=workloads,
         auth_file=auth_file,
+        store_url=store,
+        store_options=store_options,
         simulate=simulate_readings,
         metrics_tenant_labels=metrics_tenant_labels,
         app_options={
@@ -547,7 +638,7 @@ def serve(  # noqa: PLR0917 (typer options)
         set_objectives(bundle.app, table)
     if backend_specs is not None:
         register_backends(bundle, *backend_specs)
-    say(f"gpupool gateway on http://{host}:{port}  (store {data_dir / 'leases.db'})")
+    say(f"gpupool gateway on http://{host}:{port}  (store {store or data_dir / 'leases.db'})")
     if bundle.new_admin_token:
         say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")
     with contextlib.suppress(KeyboardInterrupt):
