@@ -31,7 +31,7 @@ from typing import Any
 import typer
 
 from gpupool.cli.console import say
-from gpupool.cli.errors import UserError, check_port, user_errors
+from gpupool.cli.errors import UserError, check_port, check_range, user_errors
 from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import LeaseController
 from gpupool.core.errors import InvalidInput
@@ -197,6 +197,9 @@ def build(
     )
     gw = app.state.gateway
     commits.append(gw.committer)
+    if url.startswith(("etcd://", "etcds://")):
+        # a commit is a network round trip: wait for it in the committer's thread, not on the loop
+        gw.committer.inline = False
     gw.hub.extra.append(metrics.observe_event)
     sim = None
     if simulate:
@@ -494,6 +497,7 @@ def store_settings(
     key: Path | None = None,
     user: str | None = None,
     password: str | None = None,
+    max_txn_ops: int = 128,
 ) -> dict[str, Any]:
     """Check ``--store`` and the ``--etcd-*`` options before anything is opened; the keyword
     arguments for `open_store`. Every error names the option and its value (exit 2)."""
@@ -503,6 +507,7 @@ def store_settings(
         "--etcd-key": key,
         "--etcd-user": user,
         "--etcd-password": password,
+        "--etcd-max-txn-ops": None if max_txn_ops == 128 else max_txn_ops,
     }
     given = [flag for flag, v in etcd_flags.items() if v is not None]
     if url is None or not url.startswith(("etcd://", "etcds://")):
@@ -535,7 +540,8 @@ def store_settings(
         )
     if (user is None) != (password is None):
         raise UserError("--etcd-user and --etcd-password go together")
-    out: dict[str, Any] = {"user": user, "password": password}
+    check_range("--etcd-max-txn-ops", max_txn_ops, lo=1)
+    out: dict[str, Any] = {"user": user, "password": password, "max_txn_ops": max_txn_ops}
     for name, path in (("cacert", cacert), ("cert", cert), ("key", key)):
         out[name] = None if path is None else str(path)
     return out
@@ -596,6 +602,9 @@ def serve(  # noqa: PLR0917 (typer options)
         envvar="GPUPOOL_ETCD_PASSWORD",
         help="etcd password (or $GPUPOOL_ETCD_PASSWORD).",
     ),
+    etcd_max_txn_ops: int = typer.Option(
+        128, "--etcd-max-txn-ops", help="etcd's --max-txn-ops: the most writes one group commit may carry."
+    ),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
     for flag, v in (
@@ -615,6 +624,7 @@ def serve(  # noqa: PLR0917 (typer options)
         key=etcd_key,
         user=etcd_user,
         password=etcd_password,
+        max_txn_ops=etcd_max_txn_ops,
     )
     table = _load_objectives_file(objectives) if objectives is not None else None
     backend_specs = _load_backends_file(backends) if backends is not None else None

@@ -76,7 +76,14 @@ def test_store_settings_check_the_options_in_pairs_and_name_them(tmp_path: Path)
     assert store_settings(None) == {}
     assert store_settings("sqlite:///tmp/x.db") == {}
     ok = store_settings("etcd://h:1", cacert=pem, user="u", password="p")
-    assert ok == {"cacert": str(pem), "cert": None, "key": None, "user": "u", "password": "p"}
+    assert ok == {
+        "cacert": str(pem),
+        "cert": None,
+        "key": None,
+        "user": "u",
+        "password": "p",
+        "max_txn_ops": 128,
+    }
     for args, kw, want in [
         ("etcd://h", {}, "invalid --store='etcd://h': endpoint 'h' is not host:port"),
         ("etcd://h:1,h:70000", {}, "invalid --store='etcd://h:1,h:70000': endpoint 'h:70000'"),
@@ -86,6 +93,8 @@ def test_store_settings_check_the_options_in_pairs_and_name_them(tmp_path: Path)
         ("etcd://h:1", {"cacert": tmp_path / "nope.pem"}, "invalid --etcd-cacert="),
         ("etcd://h:1", {"cert": pem}, "--etcd-cert and --etcd-key go together"),
         ("etcd://h:1", {"password": "p"}, "--etcd-user and --etcd-password go together"),
+        ("etcd://h:1", {"max_txn_ops": 0}, "invalid --etcd-max-txn-ops=0: must be >= 1"),
+        ("sqlite:///x.db", {"max_txn_ops": 256}, "--etcd-max-txn-ops needs --store etcd://"),
     ]:
         with pytest.raises(UserError) as e:
             store_settings(args, **kw)  # type: ignore[arg-type]
