@@ -25,6 +25,9 @@ Invariants:
 - fencing: `set_fence` adds compares (the leader key's revision) to every write; a write after the
   fence broke raises `NotLeader` and lands nothing;
 - tickets are upserts in the same Txn as the lease writes around them (no compare);
+- an unknown outcome (the Txn's answer lost to a timeout or a reset) raises `EtcdError`; if that
+  Txn did land, the next write of one of its leases fails its compare (`RevisionConflict` naming
+  what etcd holds): a write never lands twice and never over a version it did not expect;
 - watch: `watch` follows every change under the prefix from a revision (after a `snapshot`, from
   its revision + 1: nothing missed, nothing twice);
 - compaction: `purge_ended`/`purge_tickets` delete old ended entries (each delete compares the

@@ -8,9 +8,12 @@ Invariants:
 - keys and values are ``bytes`` on this API and base64 on the wire (the gateway's proto3 JSON form);
   every 64-bit integer is sent as a JSON string and parsed back with ``int``; fields at their proto
   zero value are absent from answers and read as 0 / empty;
-- a request goes to the current endpoint; on a connection error the next endpoint of the list is
-  tried once each (a cluster keeps answering while one member is down); an etcd error answer is
-  never retried here: it raises `EtcdError` with etcd's gRPC code and message;
+- a request goes to the current endpoint; on a transport error (refused, reset, a keep-alive
+  connection the server closed) it is tried again on the same endpoint once, then on each other
+  endpoint once (a cluster keeps answering while one member is down). Retrying a write is safe: a
+  Txn whose first try landed fails its compare on the second (a conflict, never a double write) and
+  plain puts are idempotent. An etcd error answer is never retried here: it raises `EtcdError`
+  with etcd's gRPC code and message;
 - with ``user``/``password`` the client authenticates once (``/v3/auth/authenticate``) and sends the
   token in the ``Authorization`` header; an "invalid auth token" answer re-authenticates once;
 - one client object may be used from several threads (httpx's pool is thread-safe); a `Watch` runs
@@ -194,8 +197,8 @@ class EtcdClient:
     def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         errors = []
         n = len(self.urls)
-        for i in range(n):
-            at = (self._current + i) % n
+        for i in range(n + 1):  # the current endpoint twice (a stale pooled connection), then the others
+            at = (self._current + max(0, i - 1)) % n
             try:
                 resp = self._http.post(self.urls[at] + path, json=body, headers=self._headers())
             except httpx.TransportError as exc:
