@@ -10,7 +10,9 @@ Proves:
 - a batch larger than ``max_txn_ops`` is refused before sending, naming the number;
 - a dead first endpoint does not stop the store (the next one answers); no endpoint: `EtcdError`;
 - bad URLs name the value; the etcd options are checked in pairs;
-- every commit that returned is still there after etcd is killed with SIGKILL and restarted.
+- every commit that returned is still there after etcd is killed with SIGKILL and restarted;
+- with auth on, user + password authenticate (a dropped token is renewed once), and no or wrong
+  credentials are refused with etcd's reason.
 """
 
 from __future__ import annotations
@@ -204,3 +206,25 @@ def test_every_returned_commit_survives_a_kill_9_of_etcd(tmp_path: object) -> No
         assert len(s.active()) == 20 and s.get("l3") == lease("l3", rev=2) and s.get("l4") == lease("l4")
         s.apply([StoreWrite(lease("l4", rev=2), 1)])
         s.close()
+
+
+@pytest.mark.slow
+def test_user_and_password_authenticate_and_are_required_once_auth_is_on() -> None:
+    if find_etcd() is None:
+        pytest.skip("no etcd binary installed")
+    with LocalEtcd() as server:
+        admin = EtcdClient([server.endpoint])
+        admin.call("/v3/auth/user/add", {"name": "root", "password": "s3cret"})
+        admin.call("/v3/auth/role/add", {"name": "root"})
+        admin.call("/v3/auth/user/grant", {"user": "root", "role": "root"})
+        admin.call("/v3/auth/enable", {})
+        admin.close()
+        s = open_etcd_store(server.url, user="root", password="s3cret")
+        s.apply([StoreWrite(lease("a"), None)])
+        s.client._token = "not-a-valid-token"  # as after etcd dropped the token: one re-authentication
+        assert s.get("a") == lease("a")
+        s.close()
+        with pytest.raises(EtcdError, match=r"user name is empty|authentication|permission"):
+            open_etcd_store(server.url)
+        with pytest.raises(EtcdError, match="authentication failed"):
+            open_etcd_store(server.url, user="root", password="wrong")
