@@ -17,9 +17,12 @@ Proves:
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -228,3 +231,89 @@ def test_user_and_password_authenticate_and_are_required_once_auth_is_on() -> No
             open_etcd_store(server.url)
         with pytest.raises(EtcdError, match="authentication failed"):
             open_etcd_store(server.url, user="root", password="wrong")
+
+
+def make_certs(d: Path) -> dict[str, str]:
+    """A throw-away CA, a server certificate for 127.0.0.1 and a client certificate (openssl CLI)."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    (d / "server.ext").write_text(
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"
+    )  # (etcd's gateway dials itself with it)
+    (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=gpupool-test-ca",
+    )
+    for name in ("server", "client"):
+        openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
+        )
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "1",
+            "-extfile",
+            f"{name}.ext",
+        )
+    return {k: str(d / k) for k in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
+
+
+@pytest.mark.slow
+def test_tls_with_client_certificates_for_reads_writes_and_watch(tmp_path: Path) -> None:
+    if find_etcd() is None or shutil.which("openssl") is None:
+        pytest.skip("needs the etcd binary and the openssl CLI")
+    c = make_certs(tmp_path)
+    server = LocalEtcd(
+        cert_file=c["server.pem"],
+        key_file=c["server.key"],
+        client_ca_file=c["ca.pem"],
+        probe_cert=(c["client.pem"], c["client.key"]),
+    )
+    with server:
+        s = open_etcd_store(
+            f"etcd://{server.endpoint}", cacert=c["ca.pem"], cert=c["client.pem"], key=c["client.key"]
+        )
+        assert s.client.urls[0].startswith("https://")
+        seen: list[StoreChange] = []
+        w = s.watch(lambda ch, rev: seen.extend(ch), start_revision=s.revision() + 1)
+        assert w.created.wait(10)
+        s.apply([StoreWrite(lease("a"), None)])
+        assert s.get("a") == lease("a")
+        wait_for(lambda: len(seen) == 1, "the change over the TLS watch")
+        w.cancel()
+        s.close()
+        with pytest.raises(EtcdError, match="no etcd endpoint answered"):  # no client certificate
+            open_etcd_store(f"etcd://{server.endpoint}", cacert=c["ca.pem"])

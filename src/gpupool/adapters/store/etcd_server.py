@@ -17,6 +17,7 @@ import importlib.util
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -53,7 +54,14 @@ class LocalEtcd:
         binary: str | None = None,
         max_txn_ops: int = 4096,
         extra_args: tuple[str, ...] = (),
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        client_ca_file: str | None = None,
+        probe_cert: tuple[str, str] | None = None,
     ) -> None:
+        """``cert_file``/``key_file``: serve clients over TLS; ``client_ca_file``: also require client
+        certificates signed by that CA (etcd's ``--client-cert-auth``); ``probe_cert``: the client
+        (cert, key) the readiness probe presents then."""
         found = binary or find_etcd()
         if found is None:
             raise FileNotFoundError(
@@ -67,6 +75,8 @@ class LocalEtcd:
         self.client_port = 0
         self.peer_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
+        self.cert_file, self.key_file, self.client_ca_file = cert_file, key_file, client_ca_file
+        self.probe_cert = probe_cert
 
     @property
     def endpoint(self) -> str:
@@ -74,12 +84,32 @@ class LocalEtcd:
 
     @property
     def url(self) -> str:
-        return f"etcd://{self.endpoint}"
+        return f"{'etcds' if self.cert_file else 'etcd'}://{self.endpoint}"
+
+    def _tls_args(self) -> list[str]:
+        if not self.cert_file or not self.key_file:
+            return []
+        args = ["--cert-file", self.cert_file, "--key-file", self.key_file]
+        if self.client_ca_file:
+            args += ["--client-cert-auth", "--trusted-ca-file", self.client_ca_file]
+        return args
+
+    def _healthy(self, base: str) -> bool:
+        verify: ssl.SSLContext | bool = True
+        if self.cert_file:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE  # (a probe of our own loopback child; clients verify)
+            if self.probe_cert is not None:
+                ctx.load_cert_chain(*self.probe_cert)
+            verify = ctx
+        return bool(httpx.get(f"{base}/health", timeout=1.0, verify=verify).json().get("health") == "true")
 
     def start(self, *, timeout_s: float = 20.0) -> LocalEtcd:
         self.client_port = self.client_port or free_port()
         self.peer_port = self.peer_port or free_port()
-        c, p = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
+        scheme = "https" if self.cert_file else "http"
+        c, p = f"{scheme}://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
         log = (self.data_dir / "etcd.log").open("ab")
         self.proc = subprocess.Popen(
             [
@@ -102,6 +132,7 @@ class LocalEtcd:
                 str(self.max_txn_ops),
                 "--log-level",
                 "error",
+                *self._tls_args(),
                 *self.extra_args,
             ],
             stdout=log,
@@ -114,8 +145,8 @@ class LocalEtcd:
             if self.proc.poll() is not None:
                 tail = (self.data_dir / "etcd.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}: {tail}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{c}/health", timeout=1.0).json().get("health") == "true":
+            with contextlib.suppress(httpx.HTTPError, OSError, ValueError):
+                if self._healthy(c):
                     return self
             if time.monotonic() > deadline:
                 self.stop()
