@@ -12,7 +12,7 @@ Proves:
 - bad URLs name the value; the etcd options are checked in pairs;
 - every commit that returned is still there after etcd is killed with SIGKILL and restarted;
 - with auth on, user + password authenticate (a dropped token is renewed once), and no or wrong
-  credentials are refused with etcd's reason.
+  credentials are refused with etcd's reason; a user granted only its prefix can run the store.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from gpupool.adapters.store.etcd import (
     open_etcd_store,
     parse_etcd_url,
 )
-from gpupool.adapters.store.etcd_client import GRPC_OUT_OF_RANGE, EtcdClient, EtcdError
+from gpupool.adapters.store.etcd_client import GRPC_OUT_OF_RANGE, EtcdClient, EtcdError, b64, prefix_end
 from gpupool.adapters.store.etcd_server import LocalEtcd, find_etcd, free_port
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Grant, Lease, LeaseState, Request
@@ -231,6 +231,22 @@ def test_user_and_password_authenticate_and_are_required_once_auth_is_on() -> No
             open_etcd_store(server.url)
         with pytest.raises(EtcdError, match="authentication failed"):
             open_etcd_store(server.url, user="root", password="wrong")
+        # a user allowed only its prefix: the store works inside it, purges (its compaction is
+        # skipped when etcd refuses it) and cannot open another prefix
+        root = EtcdClient([server.endpoint], user="root", password="s3cret")
+        root.call("/v3/auth/user/add", {"name": "pool", "password": "p00l"})
+        root.call("/v3/auth/role/add", {"name": "pool-rw"})
+        perm = {"permType": "READWRITE", "key": b64(b"/pool/"), "range_end": b64(prefix_end(b"/pool/"))}
+        root.call("/v3/auth/role/grant", {"name": "pool-rw", "perm": perm})
+        root.call("/v3/auth/user/grant", {"user": "pool", "role": "pool-rw"})
+        root.close()
+        p = open_etcd_store(f"{server.url}/pool/", user="pool", password="p00l")
+        p.history_revisions = 0
+        p.apply([StoreWrite(lease("a").with_state(LeaseState.EXPIRED, at=1.0), None)])
+        assert p.purge_ended(before_s=2.0) == 1 and p.leases() == []
+        p.close()
+        with pytest.raises(EtcdError, match="permission denied"):
+            open_etcd_store(f"{server.url}/other/", user="pool", password="p00l")
 
 
 def make_certs(d: Path) -> dict[str, str]:

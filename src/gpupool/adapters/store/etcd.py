@@ -35,15 +35,18 @@ Invariants:
   ``history_revisions`` before the current revision (a deleted lease's bytes go for good; a
   watcher lagging less than that still resumes).
 
-Client: etcd's JSON gRPC gateway over httpx (`gpupool.adapters.store.etcd_client`, ~300 lines).
-Compared on PyPI (last release): ``etcd3`` (2020-03; unmaintained, its generated stubs need
-protobuf < 4 while the project pins protobuf 7), its forks ``etcd3-fork``/``etcd3-fc``/
-``cslab-etcd3``/``python3-etcd3`` (one-person forks of that code), ``aetcd`` (2026-06, asyncio only;
-the store is called synchronously from the group committer), ``etcd3gw`` (2026-06, OpenStack, also
-the JSON gateway: its ``transaction`` takes the raw gateway JSON anyway, it has no auth token
-support, and it adds requests, futurist and pbr), ``etcd-client-py`` (Rust binding, 2026-01, small
-user base). The gateway is etcd's documented, versioned (``/v3``) API with Txn, leases, watch, auth
-and TLS; httpx is already pinned for the gateway and the SDK, so no new dependency is needed.
+Client: etcd's JSON gRPC gateway over the standard library's ``http.client``
+(`gpupool.adapters.store.etcd_client`, ~450 lines). Compared on PyPI (last release): ``etcd3``
+(2020-03; unmaintained; its generated stubs predate protobuf 4, the project pins protobuf 7),
+its forks ``etcd3-fork``/``etcd3-fc``/``cslab-etcd3``/``python3-etcd3`` (one-person forks of that
+code), ``aetcd`` (2026-06, asyncio only; the store is called synchronously by the group committer),
+``etcd3gw`` (2026-06, OpenStack, also the JSON gateway: its ``transaction`` takes the raw gateway
+JSON anyway, it has no auth-token support, and it adds requests, futurist and pbr),
+``etcd-client-py`` (a Rust binding, 2026-01, small user base). The gateway is etcd's documented,
+versioned (``/v3``) API with Txn, leases, watch, auth and TLS, so no dependency is needed at all.
+Measured on the 2-core machine (one etcd 3.5 member on loopback, fsync on): per one-write Txn
+6.0 ms wall and 1.6 ms client CPU with httpx, 2.6 ms and 0.6 ms with ``http.client``; per 32-write
+Txn 13 ms wall, 2.2 ms client CPU and 6.7 ms of etcd's CPU.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from typing import Any
 
 from gpupool.adapters.store.etcd_client import (
     GRPC_OUT_OF_RANGE,
+    GRPC_PERMISSION_DENIED,
     EtcdClient,
     EtcdError,
     KeyValue,
@@ -135,7 +139,7 @@ class EtcdLeaseStore:
         self._fence: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.commits = 0
-        self.client.revision()  # fail now (named) if no endpoint answers
+        self.revision()  # fail now (named) if no endpoint answers
 
     # ------------------------------------------------------------------ keys
     def _key(self, kind: str, ident: str) -> bytes:
@@ -289,7 +293,7 @@ class EtcdLeaseStore:
 
     def revision(self) -> int:
         """etcd's current revision (every committed write so far has a revision <= it)."""
-        return self.client.revision()
+        return self.client.revision(self.prefix + b"leader")  # (a key under the prefix: readable)
 
     def snapshot(self) -> Snapshot:
         """Every lease and ticket at one revision: rebuild from it, then `watch` from revision + 1."""
@@ -342,12 +346,14 @@ class EtcdLeaseStore:
 
     def compact_history(self) -> int:
         """Compact etcd's history to ``history_revisions`` before now; the revision compacted to (0: none)."""
-        target = self.client.revision() - self.history_revisions
+        target = self.revision() - self.history_revisions
         if target <= 1:
             return 0
         try:
             self.client.compact(target)
         except EtcdError as exc:
+            if exc.code == GRPC_PERMISSION_DENIED:  # a user limited to the prefix may not compact:
+                return 0  # etcd's --auto-compaction-retention does it then (docs/store.md)
             if exc.code != GRPC_OUT_OF_RANGE:  # already compacted at or past it: nothing to do
                 raise
         return target

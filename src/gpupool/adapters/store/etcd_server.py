@@ -13,7 +13,9 @@ this object created it.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-import httpx
+from gpupool.adapters.store.etcd_client import connect
 
 
 def find_etcd() -> str | None:
@@ -94,16 +96,21 @@ class LocalEtcd:
             args += ["--client-cert-auth", "--trusted-ca-file", self.client_ca_file]
         return args
 
-    def _healthy(self, base: str) -> bool:
-        verify: ssl.SSLContext | bool = True
+    def _healthy(self) -> bool:
+        context = None
         if self.cert_file:
-            ctx = ssl.create_default_context()
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE  # (a probe of our own loopback child; clients verify)
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE  # (a probe of our own loopback child; clients verify)
             if self.probe_cert is not None:
-                ctx.load_cert_chain(*self.probe_cert)
-            verify = ctx
-        return bool(httpx.get(f"{base}/health", timeout=1.0, verify=verify).json().get("health") == "true")
+                context.load_cert_chain(*self.probe_cert)
+        scheme = "https" if self.cert_file else "http"
+        conn = connect(f"{scheme}://127.0.0.1:{self.client_port}", context, 1.0)
+        try:
+            conn.request("GET", "/health")
+            return bool(json.loads(conn.getresponse().read()).get("health") == "true")
+        finally:
+            conn.close()
 
     def start(self, *, timeout_s: float = 20.0) -> LocalEtcd:
         self.client_port = self.client_port or free_port()
@@ -145,8 +152,8 @@ class LocalEtcd:
             if self.proc.poll() is not None:
                 tail = (self.data_dir / "etcd.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}: {tail}")
-            with contextlib.suppress(httpx.HTTPError, OSError, ValueError):
-                if self._healthy(c):
+            with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+                if self._healthy():
                     return self
             if time.monotonic() > deadline:
                 self.stop()
