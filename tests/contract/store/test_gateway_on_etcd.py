@@ -26,7 +26,7 @@ from gpupool.adapters.store.etcd import open_etcd_store
 from gpupool.adapters.store.etcd_server import LocalEtcd, free_port
 from gpupool.cli.demo import seed_example_pool
 from gpupool.cli.errors import UserError
-from gpupool.cli.serve import store_settings
+from gpupool.cli.store_options import store_settings
 from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import LeaseController
 from gpupool.core.model import LeaseState
