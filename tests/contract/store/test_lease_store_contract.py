@@ -1,4 +1,5 @@
-"""One contract suite over every `LeaseStore` implementation (memory = reference, SQLite = durable)."""
+"""One contract suite over every `LeaseStore` implementation (memory = reference, SQLite and etcd v3 =
+durable; the engines and the etcd server are in `conftest.py`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tickets in every `LeaseStore` (memory = reference, SQLite = durable): codec, upsert, atomic with
+"""Tickets in every `LeaseStore` (memory = reference, SQLite and etcd = durable): codec, upsert, atomic with
 the lease writes of the same batch, purge of old ended tickets, survival across a reopen."""
 
 from __future__ import annotations
