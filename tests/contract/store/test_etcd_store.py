@@ -6,7 +6,8 @@ Proves:
   every writer exactly once, in revision order, deletes included, and nothing after `cancel`;
 - a watch from a compacted revision fails with the compaction named (it never silently skips);
 - purging ended leases also compacts etcd's history (the deleted bytes are gone for good);
-- a fenced store refuses to write once the leader key changed (`NotLeader`), landing nothing;
+- a fenced store refuses to write once the leader key changed (`NotLeader`), landing nothing
+  (leases, meta and batch jobs alike);
 - a batch larger than ``max_txn_ops`` is refused before sending, naming the number;
 - a dead first endpoint does not stop the store (the next one answers); no endpoint: `EtcdError`;
 - bad URLs name the value; the etcd options are checked in pairs;
@@ -35,10 +36,12 @@ from gpupool.adapters.store.etcd import (
     parse_etcd_url,
 )
 from gpupool.adapters.store.etcd_client import GRPC_OUT_OF_RANGE, EtcdClient, EtcdError, b64, prefix_end
+from gpupool.adapters.store.etcd_jobs import EtcdJobQueue
 from gpupool.adapters.store.etcd_server import LocalEtcd, find_etcd, free_port
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Grant, Lease, LeaseState, Request
 from gpupool.core.ports import StoreWrite, TicketRecord
+from gpupool.core.tidal_jobs import BatchJobSpec
 from gpupool.hardware.units import Resources
 
 pytestmark = pytest.mark.etcd
@@ -139,7 +142,11 @@ def test_a_fenced_store_stops_writing_once_the_leader_key_changed(etcd_url: str)
         s.apply([StoreWrite(lease("a", rev=2), 1), StoreWrite(lease("b"), None)])
     with pytest.raises(NotLeader):
         s.set_meta("k", "v")
+    jobs = EtcdJobQueue(s)
+    with pytest.raises(NotLeader):
+        jobs.submit(BatchJobSpec(id="j", vram_mib=1, command=("true",)), now=1.0)
     assert s.get("a") == lease("a") and s.get("b") is None and s.get_meta("k") is None
+    assert jobs.jobs() == []
     s.set_fence(None)
     s.apply([StoreWrite(lease("b"), None)])
     s.close()
