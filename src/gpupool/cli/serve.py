@@ -528,7 +528,7 @@ def serve(  # noqa: PLR0917 (typer options)
     store: str | None = typer.Option(
         None,
         "--store",
-        help="Lease store: sqlite:///PATH (default DATA_DIR/leases.db) or etcd://HOST:PORT[,HOST:PORT...][/PREFIX/]"
+        help="Lease store: sqlite:///PATH (default DATA_DIR/leases.db) or etcd://HOST:PORT,HOST:PORT.../PREFIX/"
         " (etcds:// for TLS). See docs/store.md.",
     ),
     etcd_cacert: Path | None = typer.Option(
