@@ -11,7 +11,8 @@ Proves:
 - a batch larger than ``max_txn_ops`` is refused before sending, naming the number;
 - a dead first endpoint does not stop the store (the next one answers); no endpoint: `EtcdError`;
 - bad URLs name the value; the etcd options are checked in pairs;
-- every commit that returned is still there after etcd is killed with SIGKILL and restarted;
+- every commit that returned is still there after etcd is killed with SIGKILL and restarted, and a
+  watch resumes across the restart without losing or repeating a change;
 - with auth on, user + password authenticate (a dropped token is renewed once), and no or wrong
   credentials are refused with etcd's reason; a user granted only its prefix can run the store.
 """
@@ -207,14 +208,23 @@ def test_every_returned_commit_survives_a_kill_9_of_etcd(tmp_path: object) -> No
         pytest.skip("no etcd binary installed")
     with LocalEtcd() as server:
         s = open_etcd_store(server.url)
+        seen: list[StoreChange] = []
+        errors: list[BaseException] = []
+        w = s.watch(lambda ch, rev: seen.extend(ch), start_revision=s.revision() + 1, on_error=errors.append)
+        assert w.created.wait(10)
         s.apply([StoreWrite(lease(f"l{i}"), None) for i in range(20)])
         s.apply([StoreWrite(lease("l3", rev=2), 1)])
+        wait_for(lambda: len(seen) == 21, "the 21 changes before the kill")
         server.kill()
         with pytest.raises(EtcdError):
             s.apply([StoreWrite(lease("l4", rev=2), 1)])
         server.start()
         assert len(s.active()) == 20 and s.get("l3") == lease("l3", rev=2) and s.get("l4") == lease("l4")
         s.apply([StoreWrite(lease("l4", rev=2), 1)])
+        wait_for(lambda: len(seen) == 22, "the watch to resume after the restart")
+        w.cancel()
+        assert errors == [] and (seen[-1].id, seen[-1].value) == ("l4", lease("l4", rev=2))
+        assert len(seen) == 22 and len({c.mod_revision for c in seen}) == 3  # nothing twice or lost
         s.close()
 
 

@@ -32,6 +32,7 @@ import json
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -318,10 +319,11 @@ class EtcdClient:
 class Watch:
     """One watch stream (see `EtcdClient.watch`) on an ``http.client`` connection of its own (so that
     `cancel` can shut its socket down and wake the reading thread at once). A broken stream is
-    resumed from the last revision delivered + 1, on the next endpoint, up to ``RETRIES`` times in a
-    row; then ``on_error`` is called once and the watch stops."""
+    resumed from the last revision delivered + 1, on the next endpoint, for up to ``RETRY_S``
+    seconds of failures in a row (an etcd member restarting, a leader election); then ``on_error`` is
+    called once and the watch stops."""
 
-    RETRIES = 5
+    RETRY_S = 10.0
 
     def __init__(
         self,
@@ -343,6 +345,7 @@ class Watch:
         self._stop = threading.Event()
         self._conn: http.client.HTTPConnection | None = None
         self._thread = threading.Thread(target=self._run, name="gpupool-etcd-watch", daemon=True)
+        self._answered = False
         self.created = threading.Event()
         """Set once the server confirmed the watch (or it failed): changes after that are seen."""
 
@@ -373,6 +376,7 @@ class Watch:
         if "error" in doc:
             err = doc["error"]
             raise EtcdError(f"etcd watch: {err.get('message')}", code=int(err.get("code", GRPC_UNAVAILABLE)))
+        self._answered = True  # (a result: the stream works; an error answer is no progress)
         result = doc.get("result", {})
         if result.get("created"):
             self.created.set()
@@ -391,8 +395,10 @@ class Watch:
 
     def _run(self) -> None:
         failures = 0
+        first_failure = 0.0
         try:
             while not self._stop.is_set():
+                self._answered = False
                 try:
                     self._stream()
                 except _Fatal as f:
@@ -400,14 +406,17 @@ class Watch:
                 except (OSError, http.client.HTTPException, EtcdError, ValueError) as exc:
                     if self._stop.is_set():
                         return
+                    if self._answered:  # the stream had worked: a new streak of failures starts
+                        failures = 0
                     failures += 1
-                    if failures > self.RETRIES:
-                        raise EtcdError(f"etcd watch: gave up after {self.RETRIES} retries: {exc}") from exc
+                    now = time.monotonic()
+                    if failures == 1:
+                        first_failure = now
+                    elif now - first_failure > self.RETRY_S:
+                        raise EtcdError(f"etcd watch: no endpoint for {self.RETRY_S} s: {exc}") from exc
                     c = self._client
                     c._current = (c._current + 1) % len(c.urls)
-                    self._stop.wait(0.1 * failures)
-                else:
-                    failures = 0
+                    self._stop.wait(min(1.0, 0.1 * failures))
         except BaseException as exc:
             if not self._stop.is_set() and self._on_error is not None:
                 self._on_error(exc)
