@@ -238,6 +238,12 @@ class EtcdLeaseStore:
                 raise RevisionConflict(lid, exp, actual)
         raise NotLeader("the leader key changed (another replica leads now): the write was not applied")
 
+    def _remember(self, lease_id: str, revision: int, mod_revision: int) -> None:
+        """Note that etcd's ``mod_revision`` holds lease ``revision``, unless a later one is known
+        (a watch event or a read may arrive after this store's own newer commit). Lock held."""
+        if self._mods.get(lease_id, (0, 0))[1] < mod_revision:
+            self._mods[lease_id] = (revision, mod_revision)
+
     def _learn_unknown(self, expected: dict[str, int]) -> None:
         """Read (one Txn) the leases whose expected revision this store has not seen in etcd."""
         missing = [lid for lid, exp in expected.items() if self._mods.get(lid, (None, 0))[0] != exp]
@@ -264,7 +270,7 @@ class EtcdLeaseStore:
             x = self._decode_lease(kv)
             out.append(x)
             with self._lock:
-                self._mods[x.id] = (x.revision, kv.mod_revision)
+                self._remember(x.id, x.revision, kv.mod_revision)
         return sorted(out, key=lambda x: x.id), rev
 
     def active(self) -> list[Lease]:
@@ -386,14 +392,15 @@ class EtcdLeaseStore:
             if kind == "lease":
                 value = self._decode_lease(e.kv)
                 with self._lock:
-                    self._mods[ident] = (value.revision, e.kv.mod_revision)
+                    self._remember(ident, value.revision, e.kv.mod_revision)
             elif kind == "ticket":
                 value = self._decode_ticket(e.kv)
             else:
                 value = e.kv.value.decode(errors="replace")
         elif kind == "lease":
             with self._lock:
-                self._mods.pop(ident, None)
+                if self._mods.get(ident, (0, 0))[1] < e.kv.mod_revision:
+                    self._mods.pop(ident, None)
         return StoreChange(kind, ident, value, e.kv.mod_revision)
 
     def close(self) -> None:
