@@ -42,6 +42,10 @@ def find_etcd() -> str | None:
     return shutil.which("etcd")
 
 
+class _EarlyExit(RuntimeError):
+    """etcd exited while starting (e.g. a port taken meanwhile); the message has its log's tail."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,8 +117,21 @@ class LocalEtcd:
             conn.close()
 
     def start(self, *, timeout_s: float = 20.0) -> LocalEtcd:
-        self.client_port = self.client_port or free_port()
-        self.peer_port = self.peer_port or free_port()
+        """Start and wait until healthy. Ports chosen here (first start) are free when picked, but
+        another process may bind one before etcd does: then etcd exits and two more tries are made
+        on new ports. A restart (`kill` then `start`) keeps the ports."""
+        fresh = not self.client_port
+        for attempt in range(3 if fresh else 1):
+            if fresh:
+                self.client_port, self.peer_port = free_port(), free_port()
+            try:
+                return self._start_once(timeout_s)
+            except _EarlyExit:
+                if attempt == (2 if fresh else 0):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> LocalEtcd:
         scheme = "https" if self.cert_file else "http"
         c, p = f"{scheme}://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
         log = (self.data_dir / "etcd.log").open("ab")
@@ -151,7 +168,7 @@ class LocalEtcd:
         while True:
             if self.proc.poll() is not None:
                 tail = (self.data_dir / "etcd.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"etcd exited with {self.proc.returncode}: {tail}")
+                raise _EarlyExit(f"etcd exited with {self.proc.returncode}: {tail}")
             with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
                 if self._healthy():
                     return self
