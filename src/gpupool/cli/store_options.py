@@ -1,0 +1,74 @@
+"""The ``--store`` and ``--etcd-*`` options of `gpupool serve`: checked before anything is opened.
+
+Role: turn the options into the keyword arguments of `gpupool.adapters.store.open_store`, or stop
+with one line naming the option and its value (exit 2, `UserError`). Nothing is connected here: an
+unreachable etcd is found when the store opens (also exit 2, naming the URL).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpupool.cli.errors import UserError, check_range
+from gpupool.core.errors import InvalidInput
+
+DEFAULT_MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
+
+
+def store_settings(
+    url: str | None,
+    *,
+    cacert: Path | None = None,
+    cert: Path | None = None,
+    key: Path | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
+) -> dict[str, Any]:
+    """Check ``--store`` and the ``--etcd-*`` options before anything is opened; the keyword
+    arguments for `open_store`. Every error names the option and its value (exit 2)."""
+    etcd_flags = {
+        "--etcd-cacert": cacert,
+        "--etcd-cert": cert,
+        "--etcd-key": key,
+        "--etcd-user": user,
+        "--etcd-password": password,
+        "--etcd-max-txn-ops": None if max_txn_ops == DEFAULT_MAX_TXN_OPS else max_txn_ops,
+    }
+    given = [flag for flag, v in etcd_flags.items() if v is not None]
+    if url is None or not url.startswith(("etcd://", "etcds://")):
+        if url is not None and not url.startswith(("sqlite:", "memory:")):
+            raise UserError(
+                f"invalid --store={url!r}: expected sqlite:///PATH or etcd://HOST:PORT[,HOST:PORT...][/PREFIX/]"
+            )
+        if (
+            url is not None
+            and url.startswith("sqlite:")
+            and not url.removeprefix("sqlite:").removeprefix("//")
+        ):
+            raise UserError(f"invalid --store={url!r}: no path after sqlite:")
+        if given:
+            raise UserError(f"{given[0]} needs --store etcd://...")
+        return {}
+    from gpupool.adapters.store.etcd import parse_etcd_url
+
+    try:
+        parse_etcd_url(url)
+    except InvalidInput as exc:
+        raise UserError(f"invalid --store={url!r}: {exc.reason}") from None
+    for flag, path in (("--etcd-cacert", cacert), ("--etcd-cert", cert), ("--etcd-key", key)):
+        if path is not None and not path.is_file():
+            raise UserError(f"invalid {flag}={str(path)!r}: no such file")
+    if (cert is None) != (key is None):
+        raise UserError(
+            "--etcd-cert and --etcd-key go together"
+            + f" (got only {'--etcd-cert' if cert else '--etcd-key'})"
+        )
+    if (user is None) != (password is None):
+        raise UserError("--etcd-user and --etcd-password go together")
+    check_range("--etcd-max-txn-ops", max_txn_ops, lo=1)
+    out: dict[str, Any] = {"user": user, "password": password, "max_txn_ops": max_txn_ops}
+    for name, path in (("cacert", cacert), ("cert", cert), ("key", key)):
+        out[name] = None if path is None else str(path)
+    return out
