@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from gpupool.core.tidal.jobs import BatchJobSpec
 
 from gpupool.adapters.store import open_store
 from gpupool.adapters.store.etcd import (
@@ -43,6 +42,7 @@ from gpupool.adapters.store.etcd_server import LocalEtcd, find_etcd, free_port
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Grant, Lease, LeaseState, Request
 from gpupool.core.ports import StoreWrite, TicketRecord
+from gpupool.core.tidal.jobs import BatchJobSpec
 from gpupool.hardware.units import Resources
 
 pytestmark = pytest.mark.etcd

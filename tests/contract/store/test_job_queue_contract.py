@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpupool.core.tidal.jobs import BatchJobSpec, JobState
 
 from gpupool.core import DuplicateId, InvalidInput, UnknownId
+from gpupool.core.tidal.jobs import BatchJobSpec, JobState
 
 Opener = Callable[[], Any]
 
