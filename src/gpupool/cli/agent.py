@@ -58,6 +58,7 @@ def agent(
     mps_daemons: bool = typer.Option(
         False,
         "--mps-daemons",
+        envvar="GPUPOOL_MPS_DAEMONS",
         help="Start and supervise nvidia-cuda-mps-control -d per --mps GPU (restart on exit or fault XID); "
         "without --mps, one per GPU discovered as MPS at start, pipe dir <--mps-pipe-dir>/<index>.",
     ),
