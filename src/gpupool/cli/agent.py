@@ -126,6 +126,7 @@ def agent(
             domain=domain,
             pipe_root=mps_pipe_dir,
         )
+    kube_client = kube_api_from_options(kube_api, kubeconfig) if kube else None
     config = AgentConfig(
         node,
         period_s=period_ms / 1000.0,
@@ -145,6 +146,7 @@ def agent(
         mps=mps_specs,
         mps_log_root=mps_log_dir if mps_daemons else None,
         eviction=None if evict_grace_ms < 0 else EvictionPolicy(grace_s=evict_grace_ms / 1000),
+        evict_pod=kube_client.evict_pod if kube_client is not None else None,
     )
     if publish and (gateway or kube):
         runtime.publishers.append(
@@ -153,7 +155,7 @@ def agent(
                 runtime=runtime,
                 gateway=gateway,
                 token=token,
-                kube=kube_api_from_options(kube_api, kubeconfig) if kube else None,
+                kube=kube_client,
                 domain=domain,
                 cluster=cluster,
                 workloads=workloads,
