@@ -59,6 +59,7 @@ def test_the_node_service_account_may_read_and_annotate_nodes() -> None:
     role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpupool-node")
     grants = {(res, v) for r in role["rules"] for res in r["resources"] for v in r["verbs"]}
     assert {("nodes", "get"), ("nodes", "patch")} <= grants
+    assert ("pods/eviction", "create") in grants  # the agent evicts the pod of an ended lease
     binding = next(
         d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "gpupool-node"
     )
