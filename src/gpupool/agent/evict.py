@@ -6,7 +6,10 @@ Role: the agent's hand on a lease holder once the control plane took the lease a
   if it fails, or the memory is not back within ``grace_s``, the signal path follows;
 - ``signal-kill``: SIGTERM (plus SIGCONT, so a job the agent had stopped can act on it) to the
   process group or pids, then SIGKILL once ``grace_s`` has passed and the
-  job still holds memory.
+  job still holds memory;
+- a Kubernetes pod: when the workload's labels name its pod (``gpupool.io/pod: <namespace>/<name>``)
+  and an ``evict_pod`` hook is given (the Eviction API), the pod is evicted when the signal path
+  starts, so kubelet stops its containers and the pod does not restart in place.
 An eviction is *confirmed* when the device readings show the workload's processes holding at most
 ``residual_mib`` (0 for a killed job; a sleeping engine keeps its CUDA context) -- never on the word
 of a signal or an HTTP answer. The result (`Freed`) carries ``freed_mib`` and the time taken.
@@ -33,6 +36,8 @@ from gpupool.core.clock import Clock
 from gpupool.core.pausers import Pauser, PauseResult, Workload
 
 SIGNAL_KILL = "signal-kill"
+POD_LABEL = "gpupool.io/pod"
+"""Workload label naming its Kubernetes pod, ``<namespace>/<name>``."""
 INLINE_ONLY = frozenset({"signal", "cgroup"})
 """Pausers that free no VRAM: their workloads go straight to the signal path."""
 
@@ -82,6 +87,7 @@ class _Eviction:
     future: Future[PauseResult] | None = None
     pause_ok: bool | None = None
     notes: list[str] = field(default_factory=list)
+    pod_evicted: bool = False
 
 
 def pid_map(samples: Iterable[GpuSample]) -> dict[int, int]:
@@ -111,8 +117,11 @@ class Evictor:
         clock: Clock,
         submit: Callable[[Callable[[], PauseResult]], Future[PauseResult]],
         policy: EvictionPolicy | None = None,
+        evict_pod: Callable[[str, str], object] | None = None,
     ) -> None:
         self.pausers = pausers
+        self.evict_pod = evict_pod
+        """(namespace, name) -> evict that pod (raises on failure); None: pods are not evicted."""
         self.clock = clock
         self.submit = submit
         self.policy = policy or EvictionPolicy()
@@ -185,8 +194,25 @@ class Evictor:
         except PermissionError as exc:
             ev.notes.append(f"{sig.name}: {exc}")
 
+    def _evict_pod(self, ev: _Eviction) -> None:
+        pod = dict(ev.workload.labels).get(POD_LABEL, "")
+        if not pod or self.evict_pod is None or ev.pod_evicted:
+            return
+        ev.pod_evicted = True
+        ns, sep, name = pod.partition("/")
+        if not sep or not ns or not name:
+            ev.notes.append(f"label {POD_LABEL}={pod!r}: not <namespace>/<name>")
+            return
+        try:
+            self.evict_pod(ns, name)
+        except Exception as exc:  # NOTE: the signal path still runs; the failure is reported
+            ev.notes.append(f"pod {pod} eviction failed: {exc}")
+            return
+        ev.notes.append(f"pod {pod} evicted")
+
     def _term(self, ev: _Eviction, now: float) -> None:
         w = ev.workload
+        self._evict_pod(ev)
         if w.pgid is None and not w.pids:
             ev.notes.append("no pgid or pids to signal")
             ev.term_at_s = now

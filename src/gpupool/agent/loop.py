@@ -86,6 +86,7 @@ class NodeAgent:
         mps: MpsSync | None = None,
         inline_pausers: frozenset[str] = INLINE_PAUSERS,
         eviction: EvictionPolicy | None = None,
+        evict_pod: Callable[[str, str], object] | None = None,
     ) -> None:
         self.config = config
         self.source = source
@@ -114,7 +115,9 @@ class NodeAgent:
         self.evictor: Evictor | None = (
             None
             if eviction is None
-            else Evictor(self.pausers, clock=clock, submit=self._submit_free, policy=eviction)
+            else Evictor(
+                self.pausers, clock=clock, submit=self._submit_free, policy=eviction, evict_pod=evict_pod
+            )
         )
         self._to_evict: list[str] = []
         self._ledger_seen: set[str] = set()

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from gpupool.adapters.mps import BinaryTransport, MpsControl, MpsError, MpsLimits, SocketTransport, client_env
 from gpupool.core.errors import InvalidInput
+from gpupool.hardware.slices import Slice, SliceKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,21 @@ class MpsGpu:
     """The device as the daemon's clients see it: ordinal or UUID."""
     socket: str = ""
     """Talk to a daemon speaking the line protocol on this unix socket instead of the control binary."""
+
+
+def mps_gpus_of(slices: Sequence[Slice], pipe_root: str) -> list[MpsGpu]:
+    """One daemon per GPU that has an MPS slice in the node's discovered slices: pipe directory
+    ``<pipe_root>/<index>`` (one daemon, so one pipe directory, per GPU), device the GPU's UUID (the
+    daemon then sees only that GPU) or, without one, its ordinal. ``--mps-daemons`` without
+    ``--mps`` uses this, so a node needs no per-GPU flags."""
+    if not pipe_root.startswith("/"):
+        raise InvalidInput("mps_pipe_dir", pipe_root, "must be an absolute directory")
+    root = pipe_root.rstrip("/")
+    by_gpu: dict[str, MpsGpu] = {}
+    for s in sorted(slices, key=lambda s: (s.gpu_index, s.id)):
+        if s.kind is SliceKind.MPS and s.gpu_id not in by_gpu:
+            by_gpu[s.gpu_id] = MpsGpu(s.gpu_id, f"{root}/{s.gpu_index}", s.uuid or str(s.gpu_index))
+    return list(by_gpu.values())
 
 
 def parse_mps_spec(spec: str) -> MpsGpu:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,6 +184,7 @@ def build_runtime(
     mps: Sequence[MpsGpu] = (),
     eviction: EvictionPolicy | None = DEFAULT_EVICTION,
     mps_log_root: str | None = None,
+    evict_pod: Callable[[str, str], object] | None = None,
 ) -> AgentRuntime:
     clock = FunctionClock(time.monotonic)
     src = source if source is not None else open_source(devices, node=node, gpus=gpus)
@@ -201,6 +202,7 @@ def build_runtime(
         if mps
         else None,
         eviction=eviction,
+        evict_pod=evict_pod,
     )
     for w in workloads:
         agent.register(w)

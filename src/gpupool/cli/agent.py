@@ -58,7 +58,9 @@ def agent(
     mps_daemons: bool = typer.Option(
         False,
         "--mps-daemons",
-        help="Start and supervise nvidia-cuda-mps-control -d per --mps GPU (restart on exit or fault XID).",
+        envvar="GPUPOOL_MPS_DAEMONS",
+        help="Start and supervise nvidia-cuda-mps-control -d per --mps GPU (restart on exit or fault XID); "
+        "without --mps, one per GPU discovered as MPS at start, pipe dir <--mps-pipe-dir>/<index>.",
     ),
     mps_log_dir: str = typer.Option(
         "/var/log/nvidia-mps",
@@ -113,6 +115,18 @@ def agent(
     check_range("--resync-s", resync_s, lo=0, lo_open=True)
     check_range("--evict-grace-ms", evict_grace_ms, lo=-1, hi=10_000)
     mps_specs = [parse_mps_spec(m) for m in mps]
+    source = None
+    if mps_daemons and not mps_specs:  # one daemon per GPU discovery serves by MPS
+        source, mps_specs = _discovered_mps(
+            node,
+            devices,
+            gpus=gpus,
+            cluster=cluster,
+            workloads=workloads,
+            domain=domain,
+            pipe_root=mps_pipe_dir,
+        )
+    kube_client = kube_api_from_options(kube_api, kubeconfig) if kube else None
     config = AgentConfig(
         node,
         period_s=period_ms / 1000.0,
@@ -128,9 +142,11 @@ def agent(
         config=config,
         engines=[parse_engine_spec(e) for e in engine],
         workloads=[parse_workload_spec(w) for w in workload],
+        source=source,
         mps=mps_specs,
         mps_log_root=mps_log_dir if mps_daemons else None,
         eviction=None if evict_grace_ms < 0 else EvictionPolicy(grace_s=evict_grace_ms / 1000),
+        evict_pod=kube_client.evict_pod if kube_client is not None else None,
     )
     if publish and (gateway or kube):
         runtime.publishers.append(
@@ -139,7 +155,7 @@ def agent(
                 runtime=runtime,
                 gateway=gateway,
                 token=token,
-                kube=kube_api_from_options(kube_api, kubeconfig) if kube else None,
+                kube=kube_client,
                 domain=domain,
                 cluster=cluster,
                 workloads=workloads,
@@ -169,6 +185,39 @@ def agent(
         pass
     finally:
         runtime.stop()
+
+
+def _discovered_mps(
+    node: str,
+    devices: str,
+    *,
+    gpus: int,
+    cluster: Path | None,
+    workloads: Path | None,
+    domain: str,
+    pipe_root: str,
+) -> tuple[Any, list[Any]]:
+    """Read the GPUs once and give every GPU discovery serves by MPS its own daemon (``--mps-daemons``
+    without ``--mps``): pipe directory ``<--mps-pipe-dir>/<index>``, device its UUID."""
+    from gpupool.agent.devices import open_source
+    from gpupool.agent.inventory import discover
+    from gpupool.agent.mps import mps_gpus_of
+    from gpupool.cli.extender import build_slices
+    from gpupool.hardware.slices import Slice
+
+    source = open_source(devices, node=node, gpus=gpus)
+    try:
+        source.read()
+    except Exception as exc:
+        raise UserError(f"device source {devices!r} is not usable here: {exc}") from exc
+    snapshot = getattr(source, "last", None)
+    if snapshot is None:  # a source without a hardware view: nothing to discover
+        return source, []
+    planned: list[Slice] = []
+    if cluster is not None:
+        got, _ = build_slices(cluster, workloads, api=None, domain=domain)
+        planned = [s for s in got if isinstance(s, Slice) and s.node == node]
+    return source, mps_gpus_of(discover(snapshot, planned=planned).slices, pipe_root)
 
 
 def _publisher(

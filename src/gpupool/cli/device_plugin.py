@@ -19,7 +19,16 @@ from types import FrameType
 
 import typer
 
+from gpupool.adapters.mps import ContainerMps, MpsLimits, container_mps
 from gpupool.cli.errors import UserError, check_range, user_errors
+
+
+def mps_client_side(
+    pipe_directory: str, device: int | str, *, vram_mib: int, compute_milli: int, shm_directory: str = ""
+) -> ContainerMps:
+    """One MPS grant's container side, as NVIDIA's k8s-device-plugin gives it (`container_mps`)."""
+    limits = MpsLimits.from_grant(vram_mib=vram_mib, compute_milli=compute_milli)
+    return container_mps(pipe_directory, device, limits, shm_directory=shm_directory)
 
 
 @user_errors
@@ -39,6 +48,12 @@ def device_plugin(
     ),
     domain: str = typer.Option("gpupool.io", "--domain", help="Extended resource domain."),
     mps_pipe_dir: str = typer.Option("/tmp/nvidia-mps", "--mps-pipe-dir", help="CUDA MPS pipe directory."),  # noqa: S108
+    mps_shm_dir: str = typer.Option(
+        "",
+        "--mps-shm-dir",
+        help="Host directory the node's MPS daemons use as /dev/shm, mounted there in MPS containers "
+        "(empty: the daemons share the host IPC namespace and MPS pods need hostIPC: true).",
+    ),
     pod_resources_socket: str = typer.Option(
         "/var/lib/kubelet/pod-resources/kubelet.sock",
         "--pod-resources-socket",
@@ -70,6 +85,8 @@ def device_plugin(
         raise UserError(f"--replicas {replicas}: must be in [1, 1024]")
     check_range("--verify-s", verify_s, lo=0, lo_open=True)
     check_range("--node-poll-s", node_poll_s, lo=0, lo_open=True)
+    if mps_shm_dir and not mps_shm_dir.startswith("/"):
+        raise UserError(f"--mps-shm-dir {mps_shm_dir}: must be an absolute directory")
     if not Path(plugin_dir).is_dir():
         raise UserError(f"--plugin-dir {plugin_dir}: no such directory")
     api: KubeApi | None = None
@@ -99,9 +116,10 @@ def device_plugin(
         endpoint=endpoint,
         replicas=replicas,
         mps_pipe_dir=mps_pipe_dir,
+        mps_shm_dir=mps_shm_dir,
         pod_resources_socket=pod_resources_socket,
     )
-    plugin = DevicePlugin(cfg, cards).start()
+    plugin = DevicePlugin(cfg, cards, mps=mps_client_side).start()
     if api is not None and cluster is None:
         threading.Thread(
             target=plugin.run_node_feed,

@@ -132,7 +132,10 @@ def test_register_list_allocate_verify_and_reregister(short_dir: Path, fake_api:
         assert [(m.container_path, m.host_path) for m in resp.container_responses[0].mounts] == [
             ("/tmp/nvidia-mps", "/tmp/nvidia-mps")
         ]
-        assert dict(resp.container_responses[0].annotations) == {"gpupool.io/lease": placed_one.lease_id}
+        assert dict(resp.container_responses[0].annotations) == {
+            "gpupool.io/lease": placed_one.lease_id,
+            "gpupool.io/mps-host-ipc": "required",  # no --mps-shm-dir: the daemon uses the host's IPC
+        }
 
         # kubelet ignored the preference: the device is on pod one's card, the lease waiting is pod two's
         wrong = next(i for i in ids if plugin._ids[i] == card_one and i != chosen[0])

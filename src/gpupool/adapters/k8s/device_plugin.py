@@ -13,9 +13,15 @@ environment of the lease the extender bound for its pod.
   indices for whole cards without a UUID), and for MPS or shared-card grants
   ``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``<ordinal>=<MiB>M`` per card),
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (when compute was reserved) and the pipe directory mount (the
-  one the node agent published for that MPS slice, else ``--mps-pipe-dir``),
-  plus ``GPUPOOL_LEASE_ID`` / ``GPUPOOL_POD``. A MIG grant without a device UUID, or no waiting
-  lease, fails the whole Allocate (kubelet retries the container).
+  one the node agent published for that MPS slice, else ``--mps-pipe-dir``), and the MPS daemon's shm
+  directory mounted as ``/dev/shm`` (``--mps-shm-dir``; without one the daemon uses the host's IPC
+  namespace, which Allocate cannot grant: the response then carries ``<domain>/mps-host-ipc: required``
+  and the pod must set ``hostIPC: true``), plus ``GPUPOOL_LEASE_ID`` / ``GPUPOOL_POD``. The MPS part is
+  built per MPS grant by an injected `MpsSide` (the CLI passes ``gpupool.adapters.mps.container_mps``,
+  NVIDIA k8s-device-plugin's MPS container side; the built-in `plain_mps_side` gives the same shape).
+  A MIG grant without a device UUID, MPS grants of one container on daemons with different pipe
+  directories (a client talks to one daemon), or no waiting lease, fail the whole Allocate (kubelet
+  retries the container).
 - Registration: serve ``<plugin_dir>/<endpoint>``, then ``Register`` on ``<plugin_dir>/kubelet.sock``.
   A watcher re-creates the socket and registers again whenever kubelet.sock is re-created (kubelet
   restart) or our socket disappears.
@@ -28,11 +34,11 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gpupool.adapters.k8s.annotations import Placement, decode_pipe_dirs, decode_slices
 from gpupool.adapters.k8s.kubeapi import KubeApi, KubeApiError, WatchExpiredError
@@ -87,6 +93,8 @@ class PluginConfig:
     endpoint: str = "gpupool.sock"
     replicas: int = 16
     mps_pipe_dir: str = "/tmp/nvidia-mps"  # noqa: S108 - the MPS default pipe directory, shared on purpose
+    mps_shm_dir: str = ""
+    """Host directory the MPS daemons use as ``/dev/shm``; empty: they share the host's IPC namespace."""
     pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
     poll_s: float = 1.0
 
@@ -103,11 +111,66 @@ class PluginConfig:
 class ContainerEnv:
     envs: dict[str, str]
     mounts: tuple[tuple[str, str, bool], ...]
+    """(container path, host path, read only)."""
     annotations: dict[str, str]
+    host_ipc: bool = False
+    """The MPS daemon shares the host's IPC namespace: the pod must set ``hostIPC: true``."""
 
 
-def container_env(p: Placement, *, mps_pipe_dir: str, domain: str = DEFAULT_NAMES.domain) -> ContainerEnv:
-    """The container side of a lease. Raises `InvalidInput` when a MIG grant has no device UUID."""
+class MpsClientSide(Protocol):
+    """What a container needs to be a client of one MPS daemon (`gpupool.adapters.mps.ContainerMps`)."""
+
+    @property
+    def env(self) -> dict[str, str]: ...
+
+    @property
+    def mounts(self) -> tuple[tuple[str, str], ...]:
+        """(host path, container path), read-write."""
+        ...
+
+    @property
+    def host_ipc(self) -> bool: ...
+
+
+MpsSide = Callable[..., MpsClientSide]
+"""``(pipe_directory, device, *, vram_mib, compute_milli, shm_directory) -> MpsClientSide``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _PlainMps:
+    env: dict[str, str]
+    mounts: tuple[tuple[str, str], ...]
+    host_ipc: bool
+
+
+def plain_mps_side(
+    pipe_directory: str, device: int | str, *, vram_mib: int, compute_milli: int, shm_directory: str = ""
+) -> MpsClientSide:
+    """The container side of one MPS grant without the MPS adapter (same shape as ``container_mps``)."""
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": pipe_directory,
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{device}={vram_mib}M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(min(100, max(1, -(-compute_milli // 10)))),
+    }
+    mounts = [(pipe_directory, pipe_directory)]
+    if shm_directory:
+        mounts.append((shm_directory, "/dev/shm"))  # noqa: S108 - the container's shm mount point
+    return _PlainMps(env, tuple(mounts), not shm_directory)
+
+
+def container_env(
+    p: Placement,
+    *,
+    mps_pipe_dir: str,
+    domain: str = DEFAULT_NAMES.domain,
+    pipe_dirs: Mapping[str, str] | None = None,
+    shm_dir: str = "",
+    mps: MpsSide = plain_mps_side,
+) -> ContainerEnv:
+    """The container side of a lease. MPS (and shared whole-card) grants get ``mps``'s client side,
+    each on its own container ordinal with its slice's pipe directory (``pipe_dirs``, else
+    ``mps_pipe_dir``). Raises `InvalidInput` when a MIG grant has no device UUID or the MPS grants
+    name different pipe directories."""
     visible = []
     for g in p.grants:
         if g.uuid:
@@ -123,17 +186,38 @@ def container_env(p: Placement, *, mps_pipe_dir: str, domain: str = DEFAULT_NAME
         "GPUPOOL_VRAM_MIB": str(p.vram_mib),
         "GPUPOOL_COMPUTE_MILLI": str(p.compute_milli),
     }
-    mounts: tuple[tuple[str, str, bool], ...] = ()
-    if any(g.kind is SliceKind.MPS or (g.shared and g.kind is not SliceKind.MIG) for g in p.grants):
-        envs["CUDA_MPS_PIPE_DIRECTORY"] = mps_pipe_dir
-        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
-            f"{i}={g.vram_mib}M" for i, g in enumerate(p.grants)
+    annotations = {f"{domain}/lease": p.lease_id}
+    sides = [
+        (ordinal, g, (pipe_dirs or {}).get(g.slice_id, mps_pipe_dir))
+        for ordinal, g in enumerate(p.grants)
+        if g.kind is SliceKind.MPS or (g.shared and g.kind is not SliceKind.MIG)
+    ]
+    if not sides:
+        return ContainerEnv(envs, (), annotations)
+    pipes = sorted({pipe for _, _, pipe in sides})
+    if len(pipes) > 1:
+        raise InvalidInput(
+            "placement.grants",
+            [g.slice_id for _, g, _ in sides],
+            f"MPS grants on daemons {pipes}: one per container",
         )
-        milli = max(g.compute_milli for g in p.grants)
-        if milli > 0:
-            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, -(-milli // 10)))
-        mounts = ((mps_pipe_dir, mps_pipe_dir, False),)
-    return ContainerEnv(envs, mounts, {f"{domain}/lease": p.lease_id})
+    limits, percents, host_ipc = [], [], False
+    mounts: dict[str, tuple[str, str, bool]] = {}
+    for ordinal, g, pipe in sides:
+        side = mps(pipe, ordinal, vram_mib=g.vram_mib, compute_milli=g.compute_milli, shm_directory=shm_dir)
+        limits.append(side.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
+        if g.compute_milli > 0:
+            percents.append(int(side.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]))
+        envs["CUDA_MPS_PIPE_DIRECTORY"] = side.env["CUDA_MPS_PIPE_DIRECTORY"]
+        for host, ctr in side.mounts:
+            mounts[ctr] = (ctr, host, False)
+        host_ipc = host_ipc or side.host_ipc
+    envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(limits)
+    if percents:
+        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(percents))
+    if host_ipc:
+        annotations[f"{domain}/mps-host-ipc"] = "required"
+    return ContainerEnv(envs, tuple(mounts.values()), annotations, host_ipc)
 
 
 def _pb() -> tuple[Any, Any]:
@@ -154,9 +238,15 @@ class DevicePlugin:
     """The gRPC servicer plus its lifecycle (serve, register, re-register, health, verify)."""
 
     def __init__(
-        self, config: PluginConfig, cards: Iterable[Card], *, queue: PendingQueue | None = None
+        self,
+        config: PluginConfig,
+        cards: Iterable[Card],
+        *,
+        queue: PendingQueue | None = None,
+        mps: MpsSide = plain_mps_side,
     ) -> None:
         self.config = config
+        self.mps = mps
         self.queue = queue or PendingQueue()
         self._cond = threading.Condition()
         self._version = 0
@@ -305,7 +395,20 @@ class DevicePlugin:
                         f"no bound gpupool lease waits on {self.config.node} for {len(ids)} card(s)",
                     )
                 taken.append(p)
-                env = container_env(p, mps_pipe_dir=self.pipe_dir_of(p), domain=self.config.names.domain)
+                env = container_env(
+                    p,
+                    mps_pipe_dir=self.config.mps_pipe_dir,
+                    domain=self.config.names.domain,
+                    pipe_dirs=self.pipe_dirs,
+                    shm_dir=self.config.mps_shm_dir,
+                    mps=self.mps,
+                )
+                if env.host_ipc:
+                    log.info(
+                        "pod %s/%s: its MPS daemon uses the host IPC namespace (hostIPC: true)",
+                        p.namespace,
+                        p.name,
+                    )
                 responses.append(
                     pb.ContainerAllocateResponse(
                         envs=env.envs,
