@@ -79,6 +79,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "core/controller.py": [
         "tests/unit/core/test_controller_edges.py",
+        "tests/unit/core/test_kvlane.py",
         "tests/unit/core/test_controller.py",
         "tests/unit/core/test_kv_request_leases.py",
         "tests/unit/core/test_admission_rule.py",
@@ -94,6 +95,11 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/unit/core/test_controller.py",
         "tests/unit/core/test_admission_rule.py",
         "tests/unit/core/test_admission_properties.py",
+    ],
+    "core/kvlane.py": [
+        "tests/unit/core/test_kvlane.py",
+        "tests/unit/core/test_kv_request_leases.py",
+        "tests/unit/core/test_controller_edges.py",
     ],
     "adapters/store/sqlite.py": [
         "tests/adapters/store/test_sqlite_edges.py",

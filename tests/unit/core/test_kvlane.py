@@ -198,3 +198,35 @@ class LaneMachine(RuleBasedStateMachine):
 
 TestLaneMachine = LaneMachine.TestCase
 TestLaneMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_a_request_lease_past_its_ttl_frees_its_room_for_the_next_acquire_without_a_tick() -> None:
+    c, clock = _controller(100)
+    old = c.acquire(_req(100, ttl_s=5.0)).lease
+    assert old is not None
+    clock.advance(6.0)
+    new = c.acquire(_req(100))  # no tick in between: the due lease expires before this placement
+    assert new.code is OutcomeCode.GRANTED
+    assert c.get(old.id).state is LeaseState.EXPIRED
+    c.check_invariants()
+
+
+def test_listing_counts_and_reasons_cover_both_kinds_of_request_lease() -> None:
+    c, clock = _controller(1000)
+    lane = c.acquire(_req(10)).lease
+    p2 = c.acquire(_req(10, priority=-1)).lease  # preemptible: the KV allocator's own lease
+    assert lane is not None and p2 is not None
+    assert {x.id for x in c.leases()} >= {lane.id, p2.id}
+    assert {x.id for x in c.request_leases()} == {lane.id, p2.id}
+    assert c.request_lease_count() == 2
+    assert c.release(lane.id).lease.reason == "released by holder"  # type: ignore[union-attr]
+    assert c.revoke(p2.id, reason="drained").code is OutcomeCode.RELEASED
+    assert c.request_lease_count() == 0
+    again = c.acquire(_req(10, ttl_s=7.0)).lease
+    assert again is not None
+    clock.advance(3.0)
+    renewed = c.renew(again.id).lease  # no ttl given: the request's own
+    assert renewed is not None and renewed.expires_at == clock.now() + 7.0
+    c.release(again.id, reason="done")
+    assert c.renew(again.id).code is OutcomeCode.ALREADY_ENDED
+    assert c.get(again.id).reason == "done"
