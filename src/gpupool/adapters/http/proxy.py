@@ -16,6 +16,9 @@ else P1; the tenant from the bearer token. vLLM's ``priority`` (lower = more urg
 (`configure_backend`): vLLM rejects non-zero priorities otherwise. Per-model facts (task generate |
 embed, ``max_model_len``) come from `configure_model` or the hardware catalogue.
 
+Sessions: a request with a session id (``x-gpupool-session``, else ``user`` / ``prompt_cache_key``)
+prefers the KV slice holding most of that session's prefix, below its red line (`core.sessions`).
+
 Errors, all in OpenAI's shape ``{"error": {message, type, param, code}}`` so the SDK raises the right
 class: 401 missing/invalid token, 400 bad body / field / task / context, 404 unknown model, 429 +
 Retry-After when admission holds the request back (queue deadline, band full, watermarks), 503 when no
@@ -55,6 +58,7 @@ from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.model import Request as CoreRequest
 from gpupool.core.outcome import OutcomeCode
 from gpupool.core.priority import to_vllm_priority
+from gpupool.core.sessions import DEFAULT_RED_LINE_PCT, SessionTable, session_of
 from gpupool.hardware.units import Resources
 
 if TYPE_CHECKING:
@@ -199,10 +203,19 @@ def _tokenize_body(model: str, body: dict[str, Any], kind: str) -> bytes | None:
 
 
 def add_proxy_routes(
-    app: FastAPI, gw: Gateway, *, timeout_s: float = 300.0, inject_priority: bool = True
+    app: FastAPI,
+    gw: Gateway,
+    *,
+    timeout_s: float = 300.0,
+    inject_priority: bool = True,
+    red_line_pct: int = DEFAULT_RED_LINE_PCT,
 ) -> None:
-    """``inject_priority=False`` never writes ``priority`` into bodies, whatever the backend options."""
+    """``inject_priority=False`` never writes ``priority`` into bodies, whatever the backend options.
+    ``red_line_pct``: a session's turn goes to the instance holding its prefix unless that would take
+    the instance's predicted KV use over this share of its budget (`gpupool.core.sessions`)."""
     c = gw.controller
+    sessions = SessionTable(now=c.clock.now, red_line_pct=red_line_pct)
+    app.state.sessions = sessions
     from gpupool.adapters.http.upstream import UpstreamPool
 
     pool = UpstreamPool(timeout_s=timeout_s)
@@ -365,8 +378,10 @@ def add_proxy_routes(
             model=model,
         )
         t0 = time.perf_counter()
+        sid = session_of(request.headers, body)
+        prefer = sessions.prefer(sid, mib, c.lane.load) if sid else ""
         try:
-            out = c.acquire(req)
+            out = c.acquire(req, prefer=prefer) if prefer else c.acquire(req)
         except InvalidInput as exc:
             return err(400, str(exc), "invalid_request_error")
         lease = out.lease
@@ -388,8 +403,13 @@ def add_proxy_routes(
         assert lease is not None
         backend = c.backend_of(lease)
         lease_id = lease.id
+        kv_slice = lease.grants[0].slice_id if sid and lease.grants else ""
+        if kv_slice:
+            sessions.begin(sid, kv_slice, budget_mib=c.lane.load(kv_slice)[1] or mib)
 
         def release() -> None:
+            if kv_slice:
+                sessions.end(sid, kv_slice, mib)
             with contextlib.suppress(UnknownId):
                 c.release(lease_id, reason="request finished")
 
