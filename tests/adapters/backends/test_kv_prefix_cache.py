@@ -185,3 +185,16 @@ def test_text_with_a_shared_prefix_hits_over_http() -> None:
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "kv_hash_ids"
         assert '["a"]' in bad.json()["error"]["message"]
     assert eng.prefix_hits_tokens == 1024
+
+
+def test_a_request_the_pool_can_never_hold_is_400_not_a_hang() -> None:
+    eng = EmulatedEngine(_roof(), kv_budget_mib=1, speed=1000.0)  # 64 blocks of 16: 1008 tokens
+    assert eng.capacity_tokens == 63 * 16
+    app = create_backend_app(eng, model="m")
+    with running(app) as url, httpx.Client(base_url=url, timeout=20) as cl:
+        r = cl.post("/v1/completions", json={"model": "m", "prompt": [5] * 1000, "max_tokens": 9})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        assert "1009" in r.json()["error"]["message"] and r.json()["error"]["param"] == "prompt"
+        ok = cl.post("/v1/completions", json={"model": "m", "prompt": [5] * 1000, "max_tokens": 8})
+        assert ok.status_code == 200
+    assert eng.requests_total == 1

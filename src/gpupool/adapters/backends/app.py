@@ -21,7 +21,8 @@ whose chunks agree hits the same cached blocks; an explicit ``kv_hash_ids`` list
 ``vllm:external_prefix_cache_queries_total`` / ``..._hits_total`` (the host tier, tokens) and
 ``vllm:prompt_tokens_by_source_total``, plus ``gpupool:kv_host_tier_usage_perc`` and host-tier
 traffic (``gpupool:kv_host_tier_loaded_bytes_total``, ``..._stored_bytes_total``).
-Rejected with 400 in OpenAI's error shape: a prompt + ``max_tokens`` over ``max_model_len``, a chat or
+Rejected with 400 in OpenAI's error shape: a prompt + ``max_tokens`` over ``max_model_len`` or over
+what the KV block pool can ever hold (it would wait forever), a chat or
 completion call to an embedding model (``task="embed"``) and the reverse, a non-zero ``priority`` unless
 ``scheduling_policy="priority"`` (vLLM's ``--scheduling-policy``; lower = more urgent), missing
 ``messages``/``prompt``/``input``. Token counts come from `EmulatedTokenizer` (not characters / 4).
@@ -180,6 +181,15 @@ def create_backend_app(
                 "context_length_exceeded",
             )
 
+    def check_capacity(prompt: int, out: int, what: str) -> None:
+        if prompt + out > engine.capacity_tokens:
+            raise BadRequest(
+                f"This request needs {prompt + out} tokens of KV cache ({prompt} in the {what}, {out} in "
+                f"the completion) but the instance's KV cache holds at most {engine.capacity_tokens}.",
+                what,
+                "context_length_exceeded",
+            )
+
     def count_prompt(item: Any) -> int:
         return len(item) if isinstance(item, list) else tok.count(item)
 
@@ -224,6 +234,7 @@ def create_backend_app(
         include_usage = bool(so and so.get("include_usage"))
         for c in counts:
             check_context(c, mt, "messages" if chat else "prompt")
+            check_capacity(c, mt, "messages" if chat else "prompt")
         seqs = [engine.submit(c, mt, p, keys=k) for c, k in zip(counts, keys, strict=True) for _ in range(n)]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         obj = "chat.completion" if chat else "text_completion"

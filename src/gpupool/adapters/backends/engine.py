@@ -157,6 +157,11 @@ class EmulatedEngine:
         return self.used_blocks / self.num_blocks
 
     @property
+    def capacity_tokens(self) -> int:
+        """The longest sequence (prompt + output) the block pool can ever hold (one block spare)."""
+        return (self.num_blocks - 1) * self.block_size
+
+    @property
     def host_tier_usage(self) -> float:
         return len(self.cache.host) / self.host_tier_chunks if self.host_tier_chunks else 0.0
 
