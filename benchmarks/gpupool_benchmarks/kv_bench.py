@@ -9,9 +9,10 @@ Method:
    times faster too, so every TTFT is reported in trace time (wall x K; the gateways' own latency is
    scaled with it, a pessimistic bias for the two proxies).
 2. Each request is rendered as text whose emulated tokens follow its hash ids (512 tokens per id, a
-   deterministic word per (id, position); the last block cut to ``input_length``), so any router that
-   matches text prefixes (vllm-router's radix tree) and the engines' 512-token block hashes see the
-   same prefixes. Sent as a streaming ``/v1/completions`` with ``max_tokens = output_length``.
+   deterministic three-letter word per (id, position); the last block cut to ``input_length``), so
+   any router that matches text prefixes (vllm-router's radix tree) and the engines' 512-token
+   block hashes see the same prefixes. Sent as a streaming ``/v1/completions`` with
+   ``max_tokens = output_length``.
 3. Sessions: the trace has none, so the client derives them as an agent platform knows them: a
    request continues the session of the earlier request it shares the longest prefix with (at least
    two blocks: a shared system prompt alone is not a conversation). gpupool gets it as
@@ -114,9 +115,11 @@ def derive_sessions(trace: list[dict[str, Any]]) -> list[str]:
 
 
 def _word(h: int, i: int) -> str:
-    n = (h * 1_000_003 + i * 7919) % (26**5)
+    """Three letters: with its leading space one emulated token of four characters, as English text
+    averages about four characters a token (the gateway's characters / 4 estimate holds)."""
+    n = (h * 1_000_003 + i * 7919) % (26**3)
     chars = []
-    for _ in range(5):
+    for _ in range(3):
         n, rem = divmod(n, 26)
         chars.append(chr(97 + rem))
     return "".join(chars)

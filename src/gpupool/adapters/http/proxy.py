@@ -18,6 +18,8 @@ embed, ``max_model_len``) come from `configure_model` or the hardware catalogue.
 
 Sessions: a request with a session id (``x-gpupool-session``, else ``user`` / ``prompt_cache_key``)
 prefers the KV slice holding most of that session's prefix, below its red line (`core.sessions`).
+Truncation (opt-in, chat only): ``x-gpupool-truncate: oldest-turns`` drops the oldest turns of a
+request over the context instead of the 400 (`truncate`), saying so in ``x-gpupool-truncated``.
 
 Errors, all in OpenAI's shape ``{"error": {message, type, param, code}}`` so the SDK raises the right
 class: 401 missing/invalid token, 400 bad body / field / task / context, 404 unknown model, 429 +
@@ -54,6 +56,7 @@ from gpupool.adapters.http.openai_request import (
     priority_of,
     usage_prompt_tokens,
 )
+from gpupool.adapters.http.truncate import TRUNCATE_HEADER, TRUNCATED_HEADER, drop_oldest_turns, truncate_mode
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.model import Request as CoreRequest
 from gpupool.core.outcome import OutcomeCode
@@ -346,6 +349,27 @@ def add_proxy_routes(
             prompt = surf.correction.predict(model, est)
             ctx = card.max_model_len
             mt = shape.max_tokens or 0
+            truncated = ""
+            try:
+                mode = truncate_mode(request.headers.get(TRUNCATE_HEADER))
+            except ValueError as exc:
+                raise OpenAIError(400, str(exc), param=TRUNCATE_HEADER, code="invalid_value") from None
+            if mode and kind == CHAT and ctx is not None and prompt + mt > ctx and mt < ctx:
+                limit, base = ctx, dict(body)
+
+                def fits(msgs: list[Any]) -> bool:
+                    guess = inspect({**base, "messages": msgs}, kind).prompt_estimate
+                    return surf.correction.predict(model, guess) + mt <= limit
+
+                cut = drop_oldest_turns(body["messages"], fits)
+                if cut is None:
+                    raise _too_long(ctx, mt, prompt, kind)
+                body["messages"] = cut[0]
+                raw = json.dumps(body, separators=(",", ":")).encode()
+                shape = inspect(body, kind)
+                before, est = prompt, shape.prompt_estimate
+                prompt = surf.correction.predict(model, est)
+                truncated = f"turns={cut[1]}; tokens={before - prompt}"
             if ctx is not None:
                 if mt >= ctx:
                     raise _too_long(ctx, mt, None, kind)
@@ -453,6 +477,8 @@ def add_proxy_routes(
                 (b"content-length", str(len(content)).encode("latin-1")),
                 (b"content-type", _media(upstream.headers.get("content-type", "application/json"))),
             ]
+            if truncated:
+                raw_headers.append((TRUNCATED_HEADER.encode(), truncated.encode()))
             return RawResponse(content, upstream.status_code, raw_headers)
 
         async def relay() -> AsyncIterator[bytes]:
@@ -474,7 +500,8 @@ def add_proxy_routes(
             relay(),
             status_code=upstream.status_code,
             media_type=upstream.headers.get("content-type", "text/event-stream"),
-            headers={"x-gpupool-lease": lease_id, "x-gpupool-backend": backend.id},
+            headers={"x-gpupool-lease": lease_id, "x-gpupool-backend": backend.id}
+            | ({TRUNCATED_HEADER: truncated} if truncated else {}),
         )
 
     @app.post("/v1/chat/completions")
