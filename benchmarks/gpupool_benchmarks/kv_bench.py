@@ -51,8 +51,9 @@ from gpupool_benchmarks.proxy_peers_bench import ensure_peers
 
 MODEL = "qwen2.5-14b"
 GPU = "A100-SXM4-80GB"
-SLICE_VRAM_MIB = 40960  # a 3g.40gb MIG slice
-COMPUTE_FRACTION = 3 / 7
+SLICE = "whole A100-SXM4-80GB"
+SLICE_VRAM_MIB = 81920
+COMPUTE_FRACTION = 1.0
 BLOCK_TOKENS = 512
 TOKEN = "bench-kv-token-0001"
 ROUTERS = ("round-robin", "vllm-router-cache-aware", "gpupool")
@@ -310,6 +311,8 @@ def run(
     reasons: dict[str, str | None] = {}
     if "vllm-router-cache-aware" in routers:
         reasons["vllm-router-cache-aware"] = ensure_peers(peers_venv, install=install_peers)["vllm-router"]
+    from gpupool.cli.serve import KvSizer
+
     exit_on_sigterm()
     load0 = os.getloadavg()
     wall0 = time.monotonic()
@@ -419,7 +422,8 @@ def run(
         "arrival": arrival,
         "time_scale": time_scale,
         "instances": instances,
-        "instance": f"{MODEL} on {GPU} 3g.40gb (compute 3/7), host tier {host_tier_mib} MiB",
+        "instance": f"{MODEL} on a {SLICE}, KV budget {KvSizer().kv_budget_mib(MODEL, SLICE_VRAM_MIB)} MiB, "
+        f"host tier {host_tier_mib} MiB",
         "wall_s": round(time.monotonic() - wall0, 1),
         "loadavg_before": [round(x, 2) for x in load0],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
