@@ -5,7 +5,8 @@ Method:
 1. The trace: JSONL, one request a line: ``timestamp`` (ms), ``input_length``, ``output_length``,
    ``hash_ids`` (one id per 512-token prompt block). ``--limit`` keeps the first N requests;
    ``--arrival burst:S`` derives a burstier trace (every request of each S-second window arrives at
-   the window's start); ``--time-scale K`` replays K times faster than recorded, with the engines K
+   the window's start), ``--arrival stretch:F`` multiplies every arrival time by F (the same
+   requests at 1/F the rate); ``--time-scale K`` replays K times faster than recorded, with the engines K
    times faster too, so every TTFT is reported in trace time (wall x K; the gateways' own latency is
    scaled with it, a pessimistic bias for the two proxies).
 2. Each request is rendered as text whose emulated tokens follow its hash ids (512 tokens per id, a
@@ -87,9 +88,14 @@ def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") 
             if not ok:
                 raise ValueError(f"{path}:{n}: expected timestamp, input_length, output_length, hash_ids")
             out.append(r)
+    if arrival.startswith("stretch:"):
+        f = float(arrival.split(":", 1)[1])
+        if not f > 0:
+            raise ValueError(f"arrival {arrival!r}: the factor must be > 0")
+        return [{**r, "timestamp": int(r["timestamp"] * f)} for r in out]
     if arrival != "as-is":
         if not arrival.startswith("burst:"):
-            raise ValueError(f"arrival {arrival!r}: expected as-is or burst:SECONDS")
+            raise ValueError(f"arrival {arrival!r}: expected as-is, burst:SECONDS or stretch:FACTOR")
         window_ms = int(float(arrival.split(":", 1)[1]) * 1000)
         if window_ms < 1:
             raise ValueError(f"arrival {arrival!r}: the window must be >= 0.001 s")

@@ -185,7 +185,7 @@ def kv(  # noqa: PLR0917 (typer options)
         10.0, "--time-scale", help="Replay (and engines) this many times faster."
     ),
     arrival: str = typer.Option(
-        "as-is", "--arrival", help="as-is, or burst:S (each S-second window at once)."
+        "as-is", "--arrival", help="as-is, burst:S (each S-second window at once) or stretch:F (F x slower)."
     ),
     host_tier_mib: int = typer.Option(32768, "--host-tier-mib", help="Host-tier KV per instance (MiB)."),
     routers: str = typer.Option(
@@ -213,8 +213,8 @@ def kv(  # noqa: PLR0917 (typer options)
         raise InvalidInput("--instances", instances, "must be >= 1")
     if not time_scale > 0:
         raise InvalidInput("--time-scale", time_scale, "must be > 0")
-    if arrival != "as-is" and not arrival.startswith("burst:"):
-        raise InvalidInput("--arrival", arrival, "expected as-is or burst:SECONDS")
+    if arrival != "as-is" and not arrival.startswith(("burst:", "stretch:")):
+        raise InvalidInput("--arrival", arrival, "expected as-is, burst:SECONDS or stretch:FACTOR")
     try:
         result = kv_bench.run(
             trace_path=trace,
