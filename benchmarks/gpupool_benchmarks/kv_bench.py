@@ -89,10 +89,10 @@ def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") 
                 raise ValueError(f"{path}:{n}: expected timestamp, input_length, output_length, hash_ids")
             out.append(r)
     if arrival.startswith("stretch:"):
-        f = float(arrival.split(":", 1)[1])
-        if not f > 0:
+        factor = float(arrival.split(":", 1)[1])
+        if not factor > 0:
             raise ValueError(f"arrival {arrival!r}: the factor must be > 0")
-        return [{**r, "timestamp": int(r["timestamp"] * f)} for r in out]
+        return [{**r, "timestamp": int(r["timestamp"] * factor)} for r in out]
     if arrival != "as-is":
         if not arrival.startswith("burst:"):
             raise ValueError(f"arrival {arrival!r}: expected as-is, burst:SECONDS or stretch:FACTOR")

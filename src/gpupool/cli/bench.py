@@ -213,8 +213,14 @@ def kv(  # noqa: PLR0917 (typer options)
         raise InvalidInput("--instances", instances, "must be >= 1")
     if not time_scale > 0:
         raise InvalidInput("--time-scale", time_scale, "must be > 0")
-    if arrival != "as-is" and not arrival.startswith(("burst:", "stretch:")):
-        raise InvalidInput("--arrival", arrival, "expected as-is, burst:SECONDS or stretch:FACTOR")
+    if arrival != "as-is":
+        kind, _, num = arrival.partition(":")
+        try:
+            ok = kind in ("burst", "stretch") and float(num) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise InvalidInput("--arrival", arrival, "expected as-is, burst:SECONDS or stretch:FACTOR (> 0)")
     try:
         result = kv_bench.run(
             trace_path=trace,

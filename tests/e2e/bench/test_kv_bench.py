@@ -65,7 +65,12 @@ def test_bench_kv_reports_every_router(tmp_path: Path) -> None:
 def test_bench_kv_bad_options_exit_2(tmp_path: Path) -> None:
     trace = _trace(tmp_path / "t.jsonl")
     base = [sys.executable, "-m", "gpupool.cli.main", "bench", "kv", "--trace"]
-    for extra in (["--routers", "nope"], ["--time-scale", "0"], ["--arrival", "soon"]):
+    for extra in (
+        ["--routers", "nope"],
+        ["--time-scale", "0"],
+        ["--arrival", "soon"],
+        ["--arrival", "burst:x"],
+    ):
         r = subprocess.run(
             [*base, str(trace), *extra], capture_output=True, text=True, timeout=60, check=False
         )
