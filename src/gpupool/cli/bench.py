@@ -207,3 +207,79 @@ def preempt(  # noqa: PLR0917 (typer options)
         return
     for name, t in result["paths"].items():
         typer.echo(f"{name:<12} p50 {t['p50_ms']} ms  p99 {t['p99_ms']} ms  ({result['runs']} runs)")
+
+
+@app.command("kv")
+@user_errors
+def kv(  # noqa: PLR0917 (typer options)
+    trace: Path = typer.Option(
+        ..., "--trace", help="Mooncake-format JSONL trace (timestamp, lengths, hash_ids)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    limit: int = typer.Option(0, "--limit", help="Replay only the first N requests (0 = all)."),
+    instances: int = typer.Option(4, "--instances", help="Emulated model instances."),
+    time_scale: float = typer.Option(
+        10.0, "--time-scale", help="Replay (and engines) this many times faster."
+    ),
+    arrival: str = typer.Option(
+        "as-is", "--arrival", help="as-is, burst:S (each S-second window at once) or stretch:F (F x slower)."
+    ),
+    host_tier_mib: int = typer.Option(32768, "--host-tier-mib", help="Host-tier KV per instance (MiB)."),
+    routers: str = typer.Option(
+        "round-robin,vllm-router-cache-aware,gpupool", help="Comma-separated subset of the routers."
+    ),
+    peers_venv: Path = typer.Option(
+        Path(".gpupool/peers-venv"), help="Venv for vllm-router (installed there on demand)."
+    ),
+    install_peers: bool = typer.Option(True, help="pip-install a missing vllm-router into --peers-venv."),
+) -> None:
+    """Replay a Mooncake trace through round robin, vllm-router cache_aware and gpupool against emulated
+    instances with a prefix cache and host tier: prefix-hit rate, recomputed tokens, TTFT, preemptions."""
+    from gpupool.bench import kv_bench
+    from gpupool.core.errors import InvalidInput
+
+    if not trace.is_file():
+        raise InvalidInput("--trace", str(trace), "no such file")
+    names = tuple(r.strip() for r in routers.split(",") if r.strip())
+    if not names or any(r not in kv_bench.ROUTERS for r in names):
+        raise InvalidInput("--routers", routers, f"expected a subset of {','.join(kv_bench.ROUTERS)}")
+    for name, value in (("--limit", limit), ("--host-tier-mib", host_tier_mib)):
+        if value < 0:
+            raise InvalidInput(name, value, "must be >= 0")
+    if instances < 1:
+        raise InvalidInput("--instances", instances, "must be >= 1")
+    if not time_scale > 0:
+        raise InvalidInput("--time-scale", time_scale, "must be > 0")
+    if arrival != "as-is":
+        kind, _, num = arrival.partition(":")
+        try:
+            ok = kind in ("burst", "stretch") and float(num) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise InvalidInput("--arrival", arrival, "expected as-is, burst:SECONDS or stretch:FACTOR (> 0)")
+    try:
+        result = kv_bench.run(
+            trace_path=trace,
+            limit=limit or None,
+            instances=instances,
+            time_scale=time_scale,
+            arrival=arrival,
+            host_tier_mib=host_tier_mib,
+            routers=names,
+            peers_venv=peers_venv,
+            install_peers=install_peers,
+        )
+    except ValueError as exc:
+        raise InvalidInput("--trace", str(trace), str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for name, r in result["routers"].items():
+        if not r["available"]:
+            typer.echo(f"{name:<24} unavailable: {r['reason']}")
+            continue
+        typer.echo(
+            f"{name:<24} hit {r['prefix_hit_rate']:.3f}  recomputed {r['recomputed_prompt_tokens']}  "
+            f"TTFT p50 {r['ttft_p50_ms']} ms p99 {r['ttft_p99_ms']} ms  preemptions {r['engine_preemptions']}"
+        )

@@ -151,15 +151,18 @@ class LeaseController(GpuAdmin):
         """Leases ended so far (a pump pass that ends some runs again)."""
 
     # ================================================================== leases
-    def acquire(self, request: Request, *, wait_s: float | None = None, gpu_id: str = "") -> Outcome:
-        """Admit ``request`` now, queue it, or say why not (see the module docstring)."""
+    def acquire(
+        self, request: Request, *, wait_s: float | None = None, gpu_id: str = "", prefer: str = ""
+    ) -> Outcome:
+        """Admit ``request`` now, queue it, or say why not (see the module docstring). ``prefer``: a
+        KV slice for a model request, taken when it has room (`KvLane.grant`)."""
         validate_request(request)
         if gpu_id and gpu_id not in self._gpus:
             raise InvalidInput("gpu_id", gpu_id, "no such GPU in the pool")
         if gpu_id and request.gpu_count > 1:
             raise InvalidInput("gpu_id", gpu_id, "a multi-GPU request cannot name one GPU")
         if request.model and request.model in self.models():
-            return self._finish(self._admit(request, wait_s=wait_s, gpu_id="", kv=True))
+            return self._finish(self._admit(request, wait_s=wait_s, gpu_id="", kv=True, prefer=prefer))
         return self._finish(self._admit(request, wait_s=wait_s, gpu_id=gpu_id, kv=False))
 
     def place(self, request: Request, slice_ids: tuple[str, ...]) -> Outcome:
@@ -375,7 +378,9 @@ class LeaseController(GpuAdmin):
         self.lane.check()
 
     # ================================================================== internals
-    def _admit(self, request: Request, *, wait_s: float | None, gpu_id: str, kv: bool) -> Outcome:
+    def _admit(
+        self, request: Request, *, wait_s: float | None, gpu_id: str, kv: bool, prefer: str = ""
+    ) -> Outcome:
         cfg = self.config.admission
         if wait_s is not None and not 0 < wait_s <= cfg.max_wait_s:
             raise InvalidInput("queue_timeout_s", wait_s, f"must be in (0, {cfg.max_wait_s}]")
@@ -384,7 +389,7 @@ class LeaseController(GpuAdmin):
             self._lane_expire()
         if kv and KvLane.eligible(request):
             held = self.queue.avoid(request.priority) if len(self.queue) else NOTHING
-            lease = self.lane.grant(request, held)
+            lease = self.lane.grant(request, held, prefer)
             if lease is not None:
                 self.queue.record_grant(request.priority)
                 return self._count(request, Outcome(OutcomeCode.GRANTED, lease=lease))

@@ -93,13 +93,24 @@ class KvLane:
             and not request.is_preemptible
         )
 
-    def grant(self, request: Request, avoid: frozenset[str]) -> Lease | None:
-        """A lane lease for ``request`` (validated, `eligible`), or None when no share can hold it now."""
+    def grant(self, request: Request, avoid: frozenset[str], prefer: str = "") -> Lease | None:
+        """A lane lease for ``request`` (validated, `eligible`), or None when no share can hold it now.
+        ``prefer``: a KV slice of the model to use when it has room (a session's prefix lives there);
+        otherwise, and by default, the most free slice."""
         need = request.demand.vram_mib
         ledger = self.kv.ledger
         best: _Book | None = None
         best_free = -1
-        for b in self._by_model.get(request.model, ()):
+        pb = self._books.get(prefer) if prefer else None
+        if (
+            pb is not None
+            and pb.model == request.model
+            and pb.slice_id not in avoid
+            and ledger.is_healthy(pb.slice_id)
+            and pb.share_mib - pb.used_mib + ledger.free(pb.slice_id).vram_mib >= need
+        ):
+            best, best_free = pb, need
+        for b in () if best is not None else self._by_model.get(request.model, ()):
             if b.slice_id in avoid or not ledger.is_healthy(b.slice_id):
                 continue
             free = b.share_mib - b.used_mib + ledger.free(b.slice_id).vram_mib
@@ -250,6 +261,11 @@ class KvLane:
 
     def __len__(self) -> int:
         return len(self._where)
+
+    def load(self, slice_id: str) -> tuple[int, int]:
+        """(MiB used by lane leases, KV budget MiB) of one KV slice; (0, 0) if unknown."""
+        book = self._books.get(slice_id)
+        return (0, 0) if book is None else (book.used_mib, book.budget_mib)
 
     def usage(self, slice_id: str) -> tuple[int, int, int]:
         """(share MiB, MiB used by lane leases, lane leases) of one KV slice."""

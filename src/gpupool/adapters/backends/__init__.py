@@ -5,6 +5,6 @@ into the gateway the same way (its URL registered as a backend)."""
 from __future__ import annotations
 
 from gpupool.adapters.backends.engine import EmulatedEngine
-from gpupool.adapters.backends.roofline import Roofline, gpu_peaks
+from gpupool.adapters.backends.roofline import Roofline, gpu_peaks, pcie_bytes_s
 
-__all__ = ["EmulatedEngine", "Roofline", "gpu_peaks"]
+__all__ = ["EmulatedEngine", "Roofline", "gpu_peaks", "pcie_bytes_s"]

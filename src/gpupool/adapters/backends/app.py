@@ -14,7 +14,15 @@ before the stop string, ``finish_reason: stop``), ``finish_reason: length`` at `
 16), streaming with ``delta.role`` on the first chunk, ``finish_reason`` on each choice's last content
 chunk and, with ``stream_options.include_usage``, a final ``choices: []`` usage chunk; embeddings as
 floats or ``encoding_format: base64`` (little-endian float32), ``dimensions`` <= the model's width.
-Rejected with 400 in OpenAI's error shape: a prompt + ``max_tokens`` over ``max_model_len``, a chat or
+Prefix caching: a prompt's token ids are hashed per 512-token chunk (`kvcache.chunk_keys`), so text
+whose chunks agree hits the same cached blocks; an explicit ``kv_hash_ids`` list of integers (one per
+512-token chunk, a Mooncake trace's ``hash_ids``) replaces the hashing. Metrics add vLLM's
+``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (GPU, tokens),
+``vllm:external_prefix_cache_queries_total`` / ``..._hits_total`` (the host tier, tokens) and
+``vllm:prompt_tokens_by_source_total``, plus ``gpupool:kv_host_tier_usage_perc`` and host-tier
+traffic (``gpupool:kv_host_tier_loaded_bytes_total``, ``..._stored_bytes_total``).
+Rejected with 400 in OpenAI's error shape: a prompt + ``max_tokens`` over ``max_model_len`` or over
+what the KV block pool can ever hold (it would wait forever), a chat or
 completion call to an embedding model (``task="embed"``) and the reverse, a non-zero ``priority`` unless
 ``scheduling_policy="priority"`` (vLLM's ``--scheduling-policy``; lower = more urgent), missing
 ``messages``/``prompt``/``input``. Token counts come from `EmulatedTokenizer` (not characters / 4).
@@ -37,6 +45,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from gpupool.adapters.backends.engine import TTFT_BUCKETS, EmulatedEngine
+from gpupool.adapters.backends.kvcache import chunk_keys, chunk_keys_of_ids
 from gpupool.adapters.backends.tokenizer import EmulatedTokenizer
 
 TASKS = ("generate", "embed")
@@ -172,8 +181,30 @@ def create_backend_app(
                 "context_length_exceeded",
             )
 
+    def check_capacity(prompt: int, out: int, what: str) -> None:
+        if prompt + out > engine.capacity_tokens:
+            raise BadRequest(
+                f"This request needs {prompt + out} tokens of KV cache ({prompt} in the {what}, {out} in "
+                f"the completion) but the instance's KV cache holds at most {engine.capacity_tokens}.",
+                what,
+                "context_length_exceeded",
+            )
+
     def count_prompt(item: Any) -> int:
         return len(item) if isinstance(item, list) else tok.count(item)
+
+    def prompt_ids(item: Any) -> list[int]:
+        return list(item) if isinstance(item, list) else tok.encode(item)
+
+    def explicit_keys(body: dict[str, Any], tokens: int) -> tuple[int, ...] | None:
+        ids = body.get("kv_hash_ids")
+        if ids is None:
+            return None
+        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            raise BadRequest(
+                f"kv_hash_ids must be a list of integers, got {json.dumps(ids)[:40]}", "kv_hash_ids"
+            )
+        return chunk_keys_of_ids(ids, tokens // engine.prefix_block_tokens)
 
     async def generate(body: dict[str, Any], *, chat: bool) -> Response:
         if chat:
@@ -184,9 +215,12 @@ def create_backend_app(
                 )
             if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
                 raise BadRequest("messages must be a non-empty list of objects", "messages")
-            counts = [len(tok.encode_chat(msgs))]
+            idss = [tok.encode_chat(msgs)]
         else:
-            counts = [count_prompt(p) for p in _prompts(body.get("prompt"), "prompt")]
+            idss = [prompt_ids(p) for p in _prompts(body.get("prompt"), "prompt")]
+        counts = [len(ids) for ids in idss]
+        grain = engine.prefix_block_tokens
+        keys = [explicit_keys(body, c) or chunk_keys(ids, grain) for c, ids in zip(counts, idss, strict=True)]
         n = _int(body, "n", 1, 1, 128)
         mt = _int(body, "max_tokens", -1, 1, 1 << 24)
         if mt < 0:
@@ -200,7 +234,8 @@ def create_backend_app(
         include_usage = bool(so and so.get("include_usage"))
         for c in counts:
             check_context(c, mt, "messages" if chat else "prompt")
-        seqs = [engine.submit(c, mt, p) for c in counts for _ in range(n)]
+            check_capacity(c, mt, "messages" if chat else "prompt")
+        seqs = [engine.submit(c, mt, p, keys=k) for c, k in zip(counts, keys, strict=True) for _ in range(n)]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         obj = "chat.completion" if chat else "text_completion"
         prompt_total = sum(counts)
@@ -447,6 +482,7 @@ def _choice(chat: bool, i: int, piece: str, reason: str | None) -> dict[str, Any
 
 def render_metrics(engine: EmulatedEngine, model: str) -> str:
     lab = f'model_name="{model}"'
+    by_source = "vllm:prompt_tokens_by_source_total"
     lines = [
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
         "# TYPE vllm:num_requests_running gauge",
@@ -464,6 +500,30 @@ def render_metrics(engine: EmulatedEngine, model: str) -> str:
         f"vllm:prompt_tokens_total{{{lab}}} {engine.prompt_tokens_total}",
         "# TYPE vllm:generation_tokens_total counter",
         f"vllm:generation_tokens_total{{{lab}}} {engine.generation_tokens_total}",
+        "# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.",
+        "# TYPE vllm:prefix_cache_queries counter",
+        f"vllm:prefix_cache_queries_total{{{lab}}} {engine.prefix_queries_tokens}",
+        "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.",
+        "# TYPE vllm:prefix_cache_hits counter",
+        f"vllm:prefix_cache_hits_total{{{lab}}} {engine.prefix_hits_tokens}",
+        "# HELP vllm:external_prefix_cache_queries External (host-tier) prefix cache queries, in tokens.",
+        "# TYPE vllm:external_prefix_cache_queries counter",
+        f"vllm:external_prefix_cache_queries_total{{{lab}}} {engine.host_queries_tokens}",
+        "# HELP vllm:external_prefix_cache_hits External (host-tier) prefix cache hits, in tokens.",
+        "# TYPE vllm:external_prefix_cache_hits counter",
+        f"vllm:external_prefix_cache_hits_total{{{lab}}} {engine.host_hits_tokens}",
+        "# HELP vllm:prompt_tokens_by_source Prompt tokens by where their KV came from.",
+        "# TYPE vllm:prompt_tokens_by_source counter",
+        f'{by_source}{{{lab},source="local_compute"}} {engine.recomputed_tokens}',
+        f'{by_source}{{{lab},source="local_cache_hit"}} {engine.prefix_hits_tokens}',
+        f'{by_source}{{{lab},source="external_kv_transfer"}} {engine.host_hits_tokens}',
+        "# HELP gpupool:kv_host_tier_usage_perc Host-tier KV usage. 1 means 100 percent usage.",
+        "# TYPE gpupool:kv_host_tier_usage_perc gauge",
+        f"gpupool:kv_host_tier_usage_perc{{{lab}}} {engine.host_tier_usage:.6f}",
+        "# TYPE gpupool:kv_host_tier_loaded_bytes counter",
+        f"gpupool:kv_host_tier_loaded_bytes_total{{{lab}}} {engine.host_loaded_bytes}",
+        "# TYPE gpupool:kv_host_tier_stored_bytes counter",
+        f"gpupool:kv_host_tier_stored_bytes_total{{{lab}}} {engine.host_stored_bytes}",
         "# TYPE vllm:cache_config_info gauge",
         f'vllm:cache_config_info{{block_size="{engine.block_size}",num_gpu_blocks="{engine.num_blocks}"}} 1',
         "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",

@@ -10,6 +10,7 @@ GPU with memory bandwidth ``BW`` (bytes/s) and dense bf16 peak ``F`` (FLOP/s):
 with ``kv`` the KV bytes per token, ``mfu`` = 0.5 and ``mbu`` = 0.7 (typical achieved fractions).
 Every sequence in the batch gets one token per decode step, so single-stream speed is ``1 / t``.
 Numbers are planning-grade (datasheet peaks), not measurements; ``speed`` scales time for tests.
+Host-tier KV transfers move ``bytes / pcie_bytes_s(gpu)`` (one direction of the GPU's host link, x16).
 """
 
 from __future__ import annotations
@@ -31,6 +32,21 @@ GPU_PEAKS: dict[str, tuple[float, float]] = {
     "L40S": (864.0, 362.0),
     "RTX-4090": (1008.0, 165.0),
 }
+PCIE_GB_S: dict[str, float] = {
+    # host link, one direction, x16: PCIe 4.0 = 32 GB/s, PCIe 5.0 = 64 GB/s (datasheets)
+    "A100-SXM4-80GB": 32.0,
+    "A100-SXM4-40GB": 32.0,
+    "A100-PCIE-80GB": 32.0,
+    "A30": 32.0,
+    "H100-SXM5-80GB": 64.0,
+    "H100-PCIE-80GB": 64.0,
+    "H800": 64.0,
+    "H200": 64.0,
+    "H200-SXM-141GB": 64.0,
+    "L40S-48GB": 32.0,
+    "L40S": 32.0,
+    "RTX-4090": 32.0,
+}
 DEFAULT_GPU = "A100-SXM4-80GB"
 MFU = 0.5
 MBU = 0.7
@@ -44,6 +60,15 @@ def gpu_peaks(name: str) -> tuple[float, float]:
             return v[0] * 1e9, v[1] * 1e12
     bw, fl = GPU_PEAKS[DEFAULT_GPU]
     return bw * 1e9, fl * 1e12
+
+
+def pcie_bytes_s(name: str) -> float:
+    """Host-link bandwidth (bytes/s, one direction) of a GPU model; unknown names: PCIe 4.0 x16."""
+    key = name.strip().lower()
+    for k, v in PCIE_GB_S.items():
+        if k.lower() == key:
+            return v * 1e9
+    return PCIE_GB_S[DEFAULT_GPU] * 1e9
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,11 @@ else P1; the tenant from the bearer token. vLLM's ``priority`` (lower = more urg
 (`configure_backend`): vLLM rejects non-zero priorities otherwise. Per-model facts (task generate |
 embed, ``max_model_len``) come from `configure_model` or the hardware catalogue.
 
+Sessions: a request with a session id (``x-gpupool-session``, else ``user`` / ``prompt_cache_key``)
+prefers the KV slice holding most of that session's prefix, below its red line (`core.sessions`).
+Truncation (opt-in, chat only): ``x-gpupool-truncate: oldest-turns`` drops the oldest turns of a
+request over the context instead of the 400 (`truncate`), saying so in ``x-gpupool-truncated``.
+
 Errors, all in OpenAI's shape ``{"error": {message, type, param, code}}`` so the SDK raises the right
 class: 401 missing/invalid token, 400 bad body / field / task / context, 404 unknown model, 429 +
 Retry-After when admission holds the request back (queue deadline, band full, watermarks), 503 when no
@@ -51,10 +56,12 @@ from gpupool.adapters.http.openai_request import (
     priority_of,
     usage_prompt_tokens,
 )
+from gpupool.adapters.http.truncate import TRUNCATE_HEADER, TRUNCATED_HEADER, drop_oldest_turns, truncate_mode
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.model import Request as CoreRequest
 from gpupool.core.outcome import OutcomeCode
 from gpupool.core.priority import to_vllm_priority
+from gpupool.core.sessions import DEFAULT_RED_LINE_PCT, SessionTable, session_of
 from gpupool.hardware.units import Resources
 
 if TYPE_CHECKING:
@@ -199,10 +206,19 @@ def _tokenize_body(model: str, body: dict[str, Any], kind: str) -> bytes | None:
 
 
 def add_proxy_routes(
-    app: FastAPI, gw: Gateway, *, timeout_s: float = 300.0, inject_priority: bool = True
+    app: FastAPI,
+    gw: Gateway,
+    *,
+    timeout_s: float = 300.0,
+    inject_priority: bool = True,
+    red_line_pct: int = DEFAULT_RED_LINE_PCT,
 ) -> None:
-    """``inject_priority=False`` never writes ``priority`` into bodies, whatever the backend options."""
+    """``inject_priority=False`` never writes ``priority`` into bodies, whatever the backend options.
+    ``red_line_pct``: a session's turn goes to the instance holding its prefix unless that would take
+    the instance's predicted KV use over this share of its budget (`gpupool.core.sessions`)."""
     c = gw.controller
+    sessions = SessionTable(now=c.clock.now, red_line_pct=red_line_pct)
+    app.state.sessions = sessions
     from gpupool.adapters.http.upstream import UpstreamPool
 
     pool = UpstreamPool(timeout_s=timeout_s)
@@ -345,6 +361,27 @@ def add_proxy_routes(
             prompt = surf.correction.predict(model, est)
             ctx = card.max_model_len
             mt = shape.max_tokens or 0
+            truncated = ""
+            try:
+                mode = truncate_mode(request.headers.get(TRUNCATE_HEADER))
+            except ValueError as exc:
+                raise OpenAIError(400, str(exc), param=TRUNCATE_HEADER, code="invalid_value") from None
+            if mode and kind == CHAT and ctx is not None and prompt + mt > ctx and mt < ctx:
+                limit, base = ctx, dict(body)
+
+                def fits(msgs: list[Any]) -> bool:
+                    guess = inspect({**base, "messages": msgs}, kind).prompt_estimate
+                    return surf.correction.predict(model, guess) + mt <= limit
+
+                cut = drop_oldest_turns(body["messages"], fits)
+                if cut is None:
+                    raise _too_long(ctx, mt, prompt, kind)
+                body["messages"] = cut[0]
+                raw = json.dumps(body, separators=(",", ":")).encode()
+                shape = inspect(body, kind)
+                before, est = prompt, shape.prompt_estimate
+                prompt = surf.correction.predict(model, est)
+                truncated = f"turns={cut[1]}; tokens={before - prompt}"
             if ctx is not None:
                 if mt >= ctx:
                     raise _too_long(ctx, mt, None, kind)
@@ -377,8 +414,10 @@ def add_proxy_routes(
             model=model,
         )
         t0 = time.perf_counter()
+        sid = session_of(request.headers, body)
+        prefer = sessions.prefer(sid, mib, c.lane.load) if sid else ""
         try:
-            out = c.acquire(req)
+            out = c.acquire(req, prefer=prefer) if prefer else c.acquire(req)
         except InvalidInput as exc:
             return err(400, str(exc), "invalid_request_error")
         lease = out.lease
@@ -400,8 +439,13 @@ def add_proxy_routes(
         assert lease is not None
         backend = c.backend_of(lease)
         lease_id = lease.id
+        kv_slice = lease.grants[0].slice_id if sid and lease.grants else ""
+        if kv_slice:
+            sessions.begin(sid, kv_slice, budget_mib=c.lane.load(kv_slice)[1] or mib)
 
         def release() -> None:
+            if kv_slice:
+                sessions.end(sid, kv_slice, mib)
             with contextlib.suppress(UnknownId):
                 c.release(lease_id, reason="request finished")
 
@@ -449,6 +493,8 @@ def add_proxy_routes(
                 (b"content-length", str(len(content)).encode("latin-1")),
                 (b"content-type", media(upstream.headers.get("content-type", "application/json"))),
             ]
+            if truncated:
+                raw_headers.append((TRUNCATED_HEADER.encode(), truncated.encode()))
             return RawResponse(content, upstream.status_code, raw_headers)
 
         async def relay() -> AsyncIterator[bytes]:
@@ -470,7 +516,8 @@ def add_proxy_routes(
             relay(),
             status_code=upstream.status_code,
             media_type=upstream.headers.get("content-type", "text/event-stream"),
-            headers={"x-gpupool-lease": lease_id, "x-gpupool-backend": backend.id},
+            headers={"x-gpupool-lease": lease_id, "x-gpupool-backend": backend.id}
+            | ({TRUNCATED_HEADER: truncated} if truncated else {}),
         )
 
     @app.post("/v1/chat/completions")

@@ -1,0 +1,82 @@
+"""`gpupool bench kv` on a tiny Mooncake-format trace: the documented keys for every router, a peer
+that is not installed reported unavailable (never estimated), and the pieces the comparison rests on:
+rendered text whose 512-token blocks follow the hash ids, sessions derived from shared prefixes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpupool.adapters.backends.kvcache import chunk_keys
+from gpupool.adapters.backends.tokenizer import EmulatedTokenizer
+from gpupool.bench.kv_bench import derive_sessions, load_trace, render
+
+KEYS = {"prefix_hit_rate", "recomputed_prompt_tokens", "ttft_p50_ms", "ttft_p99_ms", "engine_preemptions"}
+
+
+def _trace(path: Path) -> Path:
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 3, "hash_ids": [0, 1, 2]},
+        {"timestamp": 100, "input_length": 1100, "output_length": 3, "hash_ids": [0, 7, 8]},
+        {"timestamp": 900, "input_length": 1600, "output_length": 2, "hash_ids": [0, 1, 2, 3]},
+        {"timestamp": 1500, "input_length": 1700, "output_length": 2, "hash_ids": [0, 7, 8, 9]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_rendered_blocks_follow_the_hash_ids_and_sessions_follow_prefixes(tmp_path: Path) -> None:
+    trace = load_trace(_trace(tmp_path / "t.jsonl"))
+    tok = EmulatedTokenizer()
+    keys = [chunk_keys(tok.encode(render(r["hash_ids"], r["input_length"])), 512) for r in trace]
+    assert len(tok.encode(render([0, 1, 2], 1100))) == 1 + 1100
+    assert keys[0][:2] == keys[2][:2] and keys[0][1] != keys[1][1] and keys[0][0] == keys[1][0]
+    assert derive_sessions(trace) == ["s0", "s1", "s0", "s1"]  # block 0 alone (a system prompt) is no session
+    assert [r["timestamp"] for r in load_trace(tmp_path / "t.jsonl", arrival="burst:1")] == [0, 0, 0, 1000]
+    with pytest.raises(ValueError, match="arrival"):
+        load_trace(tmp_path / "t.jsonl", arrival="later")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_kv_reports_every_router(tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl")
+    cmd = [sys.executable, "-m", "gpupool.cli.main", "bench", "kv", "--trace", str(trace), "--json"]
+    cmd += ["--instances", "2", "--time-scale", "50", "--limit", "4", "--host-tier-mib", "1024"]
+    cmd += ["--peers-venv", str(tmp_path / "no-peers"), "--no-install-peers"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=280, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert set(out["routers"]) == {"round-robin", "vllm-router-cache-aware", "gpupool"}
+    peer = out["routers"]["vllm-router-cache-aware"]
+    assert peer["available"] is False and "not installed" in peer["reason"]
+    for name in ("round-robin", "gpupool"):
+        row = out["routers"][name]
+        assert row["available"] is True and set(row) >= KEYS, (name, row)
+        assert row["ok"] + row["non_200"] == 4
+    assert out["routers"]["gpupool"]["ok"] == 4
+    assert out["requests"] == 4 and out["sessions"] == 2
+
+
+def test_bench_kv_bad_options_exit_2(tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl")
+    base = [sys.executable, "-m", "gpupool.cli.main", "bench", "kv", "--trace"]
+    for extra in (
+        ["--routers", "nope"],
+        ["--time-scale", "0"],
+        ["--arrival", "soon"],
+        ["--arrival", "burst:x"],
+    ):
+        r = subprocess.run(
+            [*base, str(trace), *extra], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert r.returncode == 2, (extra, r.stderr)
+        assert extra[0] in r.stdout + r.stderr
+    r = subprocess.run(
+        [*base, str(tmp_path / "missing.jsonl")], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert r.returncode == 2 and "--trace" in r.stdout + r.stderr
