@@ -10,7 +10,6 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
-COPY benchmarks ./benchmarks
 RUN pip wheel --wheel-dir /wheels ".[gateway,nvml,k8s]"
 
 # ---- runtime: slim Python, the wheels installed offline, a non-root user
