@@ -96,6 +96,11 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/unit/core/test_admission_rule.py",
         "tests/unit/core/test_admission_properties.py",
     ],
+    "core/kvbackends.py": [
+        "tests/unit/core/test_kvlane.py",
+        "tests/unit/core/test_kv_request_leases.py",
+        "tests/unit/core/test_controller_edges.py",
+    ],
     "core/kvlane.py": [
         "tests/unit/core/test_kvlane.py",
         "tests/unit/core/test_kv_request_leases.py",

@@ -53,6 +53,7 @@ from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.gpu_admin import GpuAdmin
 from gpupool.core.ids import LeaseIdFactory, random_lease_id
+from gpupool.core.kvbackends import KV_PREFIX, KvBackends
 from gpupool.core.kvlane import KvLane
 from gpupool.core.model import Lease, LeaseState, Request, validate_request
 from gpupool.core.outcome import Outcome, OutcomeCode
@@ -70,10 +71,7 @@ from gpupool.core.ports import (
 from gpupool.core.priority import P0, band
 from gpupool.core.tickets import MissMemo, TicketStatus, from_record, to_record
 from gpupool.core.watermarks import Reading, WatermarkBank, WatermarkConfig
-from gpupool.hardware.slices import Slice, SliceKind
-from gpupool.hardware.units import Resources
-
-KV_PREFIX = "kv/"
+from gpupool.hardware.slices import Slice
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +89,7 @@ MAX_PUMP_PASSES = 4
 """Passes of one pump while a pass itself frees capacity (preemption, expiry); bounded on purpose."""
 
 
-class LeaseController(GpuAdmin):
+class LeaseController(GpuAdmin, KvBackends):
     def __init__(
         self,
         slices: Iterable[Slice],
@@ -215,16 +213,6 @@ class LeaseController(GpuAdmin):
         out += [x for x in self.request_leases() if tenant is None or x.request.tenant == tenant]
         return sorted(out, key=lambda x: x.id)
 
-    def request_leases(self) -> Iterable[Lease]:
-        """Active request leases (KV budgets): the lane's and the KV allocator's, without shares."""
-        yield from self.lane.active()
-        for x in self.kv.leases:
-            if not self.lane.is_share(x.id):
-                yield x
-
-    def request_lease_count(self) -> int:
-        return len(self.lane) + len(self.kv.leases) - self.lane.shares()
-
     def ticket(self, ticket: str, *, tenant: str | None = None) -> TicketStatus:
         st = self._tickets.get(ticket)
         if st is None:
@@ -256,37 +244,6 @@ class LeaseController(GpuAdmin):
             self.outcomes[(band(item.priority), "shed")] += 1
         self._freed = True
         self._finish(None)
-
-    # ================================================================== backends (request leases)
-    def register_backend(self, b: Backend) -> None:
-        if b.id in self.backends:
-            raise InvalidInput("backend.id", b.id, "already registered")
-        if b.kv_budget_mib < 1:
-            raise InvalidInput("backend.kv_budget_mib", b.kv_budget_mib, "must be >= 1")
-        self.kv.add_slice(
-            Slice(
-                id=KV_PREFIX + b.id,
-                node=b.node,
-                gpu_id=b.gpu_id,
-                kind=SliceKind.MPS,
-                capacity=Resources(b.kv_budget_mib, 1000),
-                profile=f"kv:{b.model}",
-            )
-        )
-        self.backends[b.id] = b
-        self._kv_models[KV_PREFIX + b.id] = b.model
-        self.lane.add_slice(KV_PREFIX + b.id, model=b.model, budget_mib=b.kv_budget_mib)
-        self._freed = True
-        self._models = {}
-        for x in sorted(self.backends.values(), key=lambda x: x.id):
-            self._models.setdefault(x.model, []).append(x)
-
-    def models(self) -> dict[str, list[Backend]]:  # read-only view, rebuilt on registration
-        return self._models
-
-    def backend_of(self, lease: Lease) -> Backend | None:
-        sid = lease.slice_ids[0] if lease.grants else ""
-        return self.backends.get(sid[len(KV_PREFIX) :]) if sid.startswith(KV_PREFIX) else None
 
     # ================================================================== durability
     def take_batch(self) -> Batch:
@@ -597,37 +554,6 @@ class LeaseController(GpuAdmin):
             )
         )
 
-    def _on_kv(self, ev: LeaseEvent) -> None:
-        if ev.lease.state.ended:
-            self._freed = True
-            if self.lane.is_share(ev.lease.id):
-                self.lane.on_share_ended(ev.lease.id, ev.lease.reason)
-            else:
-                self._ends += 1
-
-    def _lane_expire(self) -> None:
-        n = self.lane.expire_due()
-        if n:
-            self._ends += n
-            self._freed = True
-            if len(self.queue):
-                self.lane.yield_all()  # what they held goes to the queue, not back into a share
-
-    def _lane_lease(self, lease_id: str, tenant: str | None) -> Lease | None:
-        """The lane's lease (active or recently ended) of this id; another tenant's is unknown."""
-        lease = self.lane.get(lease_id)
-        if lease is not None and tenant is not None and lease.request.tenant != tenant:
-            raise UnknownId("lease", lease_id)
-        return lease
-
-    def _end_lane(self, lease: Lease, state: LeaseState, reason: str) -> Outcome:
-        if lease.state.ended:
-            return Outcome(OutcomeCode.ALREADY_ENDED, lease=lease, reason=f"lease already {lease.state}")
-        ended = self.lane.end(lease.id, state, reason, give_back=bool(len(self.queue)))
-        self._freed = True
-        self._ends += 1
-        return self._finish(Outcome(OutcomeCode.RELEASED, lease=ended))
-
     def _write(self, lease: Lease, expected: int | None, previous: Lease | None = None) -> None:
         """Queue the write; ``previous`` is the allocator's version before it (None: not held)."""
         prev = self._pending.get(lease.id)
@@ -658,4 +584,12 @@ class LeaseController(GpuAdmin):
         return alloc, lease
 
 
-__all__ = ["Backend", "Batch", "ControllerConfig", "LeaseController", "RecoveryReport", "TicketStatus"]
+__all__ = [
+    "KV_PREFIX",
+    "Backend",
+    "Batch",
+    "ControllerConfig",
+    "LeaseController",
+    "RecoveryReport",
+    "TicketStatus",
+]

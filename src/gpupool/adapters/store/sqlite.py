@@ -28,8 +28,9 @@ import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from gpupool.core.errors import InvalidInput, StoreDamaged
 from gpupool.core.model import Lease
@@ -87,34 +88,33 @@ def is_corruption(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.DatabaseError) and getattr(exc, "sqlite_errorname", "") in _CORRUPT
 
 
-def decode_row(lease_id: str, body: str) -> Lease:
-    """A ``leases`` row's body as a `Lease`; `InvalidInput` (field ``body``) saying what is wrong."""
+T = TypeVar("T")
+
+
+def _decoded(row_id: str, body: str, decode: Callable[[str], T]) -> T:
+    """``decode(body)`` of one row; `InvalidInput` (field ``body``, value the row id) saying what is wrong."""
     try:
         doc = json.loads(body)
     except (TypeError, ValueError) as exc:
-        raise InvalidInput("body", lease_id, f"not valid JSON ({exc})") from None
+        raise InvalidInput("body", row_id, f"not valid JSON ({exc})") from None
     if not isinstance(doc, dict):
-        raise InvalidInput("body", lease_id, "not a JSON object")
+        raise InvalidInput("body", row_id, "not a JSON object")
     try:
-        return decode_lease(body)
+        return decode(body)
     except InvalidInput as exc:
-        raise InvalidInput("body", lease_id, exc.reason) from None
+        raise InvalidInput("body", row_id, exc.reason) from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidInput("body", row_id, f"not a valid row ({type(exc).__name__}: {exc})") from None
+
+
+def decode_row(lease_id: str, body: str) -> Lease:
+    """A ``leases`` row's body as a `Lease`; `InvalidInput` (field ``body``) saying what is wrong."""
+    return _decoded(lease_id, body, decode_lease)
 
 
 def decode_ticket_row(ticket: str, body: str) -> TicketRecord:
     """A ``tickets`` row's body as a `TicketRecord`; `InvalidInput` (field ``body``) saying what is wrong."""
-    try:
-        doc = json.loads(body)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput("body", ticket, f"not valid JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise InvalidInput("body", ticket, "not a JSON object")
-    try:
-        return decode_ticket(body)
-    except InvalidInput as exc:
-        raise InvalidInput("body", ticket, exc.reason) from None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidInput("body", ticket, f"not a ticket ({type(exc).__name__}: {exc})") from None
+    return _decoded(ticket, body, decode_ticket)
 
 
 class SqliteLeaseStore:
