@@ -32,6 +32,7 @@ from typing import Any
 
 from gpupool.core.allocator import Allocator
 from gpupool.core.clock import ManualClock
+from gpupool.core.ids import seeded_lease_ids
 from gpupool.core.kvbackends import KV_PREFIX
 from gpupool.core.kvshares import ShareDelegator, ShareReport
 from gpupool.core.model import Request
@@ -65,15 +66,21 @@ class SimConfig:
 
 
 def _leader(cfg: SimConfig, clock: ManualClock) -> tuple[Allocator, ShareDelegator, dict[str, Backend]]:
-    ids = itertools.count()
-    kv = Allocator((), clock=clock, lease_ids=lambda: f"kv-{next(ids)}")
+    kv = Allocator((), clock=clock, lease_ids=seeded_lease_ids(cfg.seed))
     backends = {
         f"b{i}": Backend(f"b{i}", MODEL, f"http://b{i}", f"n{i}", f"n{i}/0", cfg.budget_mib)
         for i in range(cfg.backends)
     }
     for b in backends.values():
         kv.add_slice(
-            Slice(KV_PREFIX + b.id, b.node, b.gpu_id, SliceKind.MPS, Resources(b.kv_budget_mib, 1000), "kv:m")
+            Slice(
+                KV_PREFIX + b.id,
+                b.node,
+                b.gpu_id,
+                SliceKind.MPS,
+                Resources(b.kv_budget_mib, 1000),
+                profile="kv:m",
+            )
         )
     return kv, ShareDelegator(kv, backends=lambda: backends), backends
 
