@@ -12,9 +12,10 @@ the backends over the measured phase.
 
 JSON (one object): ``benchmark``, ``cpus``, ``load_1m`` (before the run), ``clients``,
 ``duration_s``, and
-- ``measured``: ``{N: {"requests_per_s", "p50_ms", "p99_ms", "ok", "non_200", "non_200_by_status",
-  "leader_share_calls_per_s", "leader_calls_per_request", "cpu_us_per_request": {"replicas",
-  "leader", "backends"}}}``;
+- ``measured``: ``{"leader" | N: {"requests_per_s", "p50_ms", "p99_ms", "ok", "non_200",
+  "non_200_by_status", "leader_share_calls_per_s", "leader_calls_per_request",
+  "cpu_us_per_request": {"replicas", "leader", "backends"}}}``; ``"leader"``: the same load through
+  the leader's own proxy, no replica (the baseline);
 - ``sim``: ``{"inputs": {"proxy_cpu_us", "leader_call_us", ...}, "ample": {N: {...}}, "tight":
   {N: {...}}}``: `gpupool.sim.replicas.run` per N, with the replica CPU per request measured above
   at N = 1 (or ``--sim-proxy-cpu-us``) and the leader's cost per share call measured on the real
@@ -203,6 +204,12 @@ def _measure(replicas: tuple[int, ...], clients: int, duration_s: float, warmup_
             leader = _gpupool([*serve, "--no-simulate-readings"], log)
             procs.append(leader)
             wait_http(f"http://127.0.0.1:{lport}/healthz", leader, what="leader")
+            # the baseline: the same load through the leader's own proxy (request leases in its lane)
+            _log(f"leader only: {clients} clients, {warmup_s:g} s warm-up + {duration_s:g} s")
+            cpu0 = (0.0, _cpu([leader.pid]), _cpu([x.pid for x in backends]))
+            base = _phase([lport], clients, duration_s, warmup_s)
+            cpu1 = (0.0, _cpu([leader.pid]), _cpu([x.pid for x in backends]))
+            res["leader"] = _summary(base, 0, 1.0, cpu0, cpu1)
             for n in replicas:
                 ports = [free_port() for _ in range(n)]
                 reps: list[subprocess.Popen[bytes]] = []
@@ -223,20 +230,27 @@ def _measure(replicas: tuple[int, ...], clients: int, duration_s: float, warmup_
                     calls = _share_calls(lport) - c0
                 finally:
                     stop(reps)
-                s = load.summary()
-                answers = max(1, load.answers_with_warmup)
-                s["leader_share_calls_per_s"] = round(calls / wall, 2)
-                s["leader_calls_per_request"] = round(calls / answers, 6)
-                s["cpu_us_per_request"] = {
-                    k: round((b - a) / answers * 1e6, 1)
-                    for k, a, b in zip(("replicas", "leader", "backends"), cpu0, cpu1, strict=True)
-                }
+                s = _summary(load, calls, wall, cpu0, cpu1)
                 _log(f"{n} replica(s): {s['requests_per_s']} req/s, p99 {s['p99_ms']} ms, bad {s['non_200']}")
                 res[str(n)] = s
         finally:
             stop(procs)
             log.close()
     return res
+
+
+def _summary(
+    load: LoadResult, calls: int, wall_s: float, cpu0: tuple[float, ...], cpu1: tuple[float, ...]
+) -> dict[str, Any]:
+    s = load.summary()
+    answers = max(1, load.answers_with_warmup)
+    s["leader_share_calls_per_s"] = round(calls / wall_s, 2)
+    s["leader_calls_per_request"] = round(calls / answers, 6)
+    s["cpu_us_per_request"] = {
+        k: round((b - a) / answers * 1e6, 1)
+        for k, a, b in zip(("replicas", "leader", "backends"), cpu0, cpu1, strict=True)
+    }
+    return s
 
 
 def _wait_ok(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:

@@ -326,7 +326,7 @@ def replicas(  # noqa: PLR0917 (typer options)
         return
     for n, r in result["measured"].items():
         rate = f"{r['requests_per_s']} req/s  p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms"
-        typer.echo(f"measured {n} replica(s): {rate}")
+        typer.echo(f"measured {n if n == 'leader' else n + ' replica(s)'}: {rate}")
     for kind in ("ample", "tight"):
         for n, r in result["sim"][kind].items():
             rate = f"{r['requests_per_s']} req/s  leader calls/s {r['share_calls_per_s']}"

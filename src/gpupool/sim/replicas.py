@@ -49,8 +49,8 @@ URGENT_GAP_S = 0.05
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     replicas: int = 1
-    clients: int = 32
-    """Closed-loop clients per replica."""
+    clients: int = 64
+    """Closed-loop clients per replica (enough to keep its CPU busy: the replica is the limit)."""
     backends: int = 4
     budget_mib: int = 8192
     request_mib: int = 16
