@@ -247,6 +247,23 @@ def test_stale_and_bad_calls_change_nothing() -> None:
     assert [(x.id, x.total) for x in kv.leases] == before
 
 
+def test_a_call_claiming_more_than_its_share_keeps_only_its_share() -> None:
+    clock = ManualClock(100.0)
+    backends = {"b0": _backend("b0", 1000)}
+    _, d = _leader(clock, backends)
+    a, b = _replica(clock, 1), _replica(clock, 2)
+    _call(d, a, "a", backends)
+    _call(d, b, "b", backends)
+    _call(d, a, "a", backends)
+    _call(d, b, "b", backends)
+    before = a.usage("b0")[0]
+    b.refused(MODEL, 1000)
+    _call(d, b, "b", backends)  # b takes the rest of the budget: nothing is free
+    g = d.renew("a", "i0", 99, {"b0": ShareReport(before + 50, 0, 1000)}, ttl_s=TTL_S)["b0"]
+    assert g.share_mib == before  # the claimed extra 50 MiB are not a's
+    d.check()
+
+
 def test_no_share_grows_on_a_backend_that_queued_requests_hold() -> None:
     clock = ManualClock(100.0)
     backends = {"b0": _backend("b0", 1000)}
@@ -310,6 +327,7 @@ class Delegation(RuleBasedStateMachine):
         bid = lease.grants[0].slice_id[len(KV_PREFIX) :]
         share, cap, used, _ = before[bid]
         assert used + mib <= cap <= share  # never beyond the share
+        assert r.valid(bid)  # and never in a share past its validity
 
     @rule(i=st.integers(0, 2))
     def fill(self, i: int) -> None:
@@ -321,6 +339,13 @@ class Delegation(RuleBasedStateMachine):
         while r.grant(_req(20)) is not None:
             pass
         r.refused(MODEL, 40)
+
+    @rule(i=st.integers(0, 2), mib=st.integers(50, 400))
+    def want_more(self, i: int, mib: int) -> None:
+        """Demand the replica could not serve (its next call asks for it: fair targets then bind)."""
+        n = self._alive(i)
+        if n is not None:
+            self.replicas[n].refused(MODEL, mib)
 
     @rule(i=st.integers(0, 2), k=st.integers(0, 50))
     def release(self, i: int, k: int) -> None:
@@ -338,6 +363,19 @@ class Delegation(RuleBasedStateMachine):
         if n is not None:
             seq, reports = self.replicas[n].report()
             self.requests.append((n, seq, reports))
+
+    @rule(i=st.integers(0, 2))
+    def round_trip(self, i: int) -> None:
+        """A share call answered at once (the common case; the rules above split it up)."""
+        n = self._alive(i)
+        if n is None:
+            return
+        r = self.replicas[n]
+        seq, reports = r.report()
+        self.a_valid_share_is_covered_by_an_unexpired_leader_lease()  # (while it is in flight)
+        grants = self.d.renew(n, "i0", seq, reports, ttl_s=TTL_S)
+        self.a_valid_share_is_covered_by_an_unexpired_leader_lease()
+        r.apply(seq, TTL_S, grants)
 
     @precondition(lambda self: bool(self.requests))
     @rule(k=st.integers(0, 10), lose=st.booleans())
@@ -380,11 +418,12 @@ class Delegation(RuleBasedStateMachine):
     def leader_local_release(self) -> None:
         self.kv.release(self.others.pop(0))
 
-    @rule(dt=st.sampled_from([0.1, 0.5, 1.0, 2.0, 3.5]))
-    def tick(self, dt: float) -> None:
+    @rule(dt=st.sampled_from([0.1, 0.5, 1.0, 2.0, 3.5]), expire=st.booleans())
+    def tick(self, dt: float, expire: bool) -> None:
         self.clock.advance(dt)
         for r in self.replicas.values():
-            r.expire_due()
+            if expire:  # (otherwise the next grant must notice the lapse itself)
+                r.expire_due()
 
     @invariant()
     def ledger_and_books_hold(self) -> None:
