@@ -8,9 +8,10 @@ proxy code path serves both. ``acquire``: a lease inside a share now (GRANTED); 
 backend of the model is known, the demand is recorded (the next share call asks for it), a renewal
 is requested (`renewal_wanted`) and the request waits (QUEUED with a ticket) until room appears in a
 share or ``max_wait_s`` passes (then SHED, HTTP 429 + Retry-After); a model with no backend at the
-leader is UNRESOLVABLE. Waiting requests are granted highest priority first, then in arrival order,
-whenever a share grows or a lease ends (`pump`); each grant or shed is announced to the ``sink`` as
-a `GatewayEvent` with its ticket, which is what the HTTP layer waits on.
+leader, or a request larger than every KV budget of its model, is UNRESOLVABLE (HTTP 503).
+Waiting requests are granted highest priority first, then in arrival order, whenever a share grows
+or a lease ends (`pump`); each grant or shed is announced to the ``sink`` as a `GatewayEvent` with
+its ticket, which is what the HTTP layer waits on.
 
 What the replica does not do (the leader does): placement leases, preemption, the durable admission
 queue, watermark readings (a backend on a PAUSED GPU is flagged by the leader in its answer, and
@@ -113,9 +114,16 @@ class ProxyReplica:
     ) -> Outcome:
         validate_request(request)
         self.lane.expire_due()
-        if request.model not in self._models:
+        backends = self._models.get(request.model)
+        if not backends:
             return Outcome(OutcomeCode.UNRESOLVABLE, reason=f"no backend serves model {request.model!r}")
-        lease = self.lane.grant(request, prefer) if not self._waiting else None
+        need = request.demand.vram_mib
+        if all(b.kv_budget_mib < need for b in backends):
+            most = max(b.kv_budget_mib for b in backends)
+            why = f"needs {need} MiB of KV cache; the largest budget of model {request.model!r} is {most} MiB"
+            return Outcome(OutcomeCode.UNRESOLVABLE, reason=why)
+        first = not self._waiting or all(-w[0] < request.priority for w in self._waiting.values())
+        lease = self.lane.grant(request, prefer) if first else None  # (nobody of its band waits first)
         if lease is not None:
             self.granted += 1
             return Outcome(OutcomeCode.GRANTED, lease=lease)
