@@ -21,7 +21,8 @@ next renewal (to ``max(used, target)``), so rebalancing never takes room a repli
 Targets are max-min fair over the replicas' wants (`fair_shares`): a replica wanting less than the
 fair level gets its want, the rest share the remainder equally; the pool split is the slice's free
 room plus the replicas' current shares (what the leader's own lane and queued requests hold is not
-redistributed). No share grows on a slice a queued request holds (``held``): the queue goes first.
+redistributed). No share grows on a slice a queued request holds (``held``), and there the target
+drops to what the replica uses, so its unused room goes back to the queue at its next call.
 
 Sequence numbers: a call with ``seq`` not above the last one processed for that incarnation is
 refused (`StaleShareReport`), so a delayed, retried call cannot resize a share after a later one.
@@ -200,6 +201,8 @@ class ShareDelegator:
         wants = {k: w for k, (_, w) in others.items()}
         wants[holder_id] = r.want_mib
         target = fair_shares(pool, wants)[holder_id]
+        if queued:  # queued online requests wait for this budget: give back what is not in use
+            target = min(target, r.used_mib)
         room = free + (cur.mib if cur is not None else 0) - hold
         grow = 0 if queued else max(0, min(target - hold, room))
         new = hold + grow

@@ -264,7 +264,7 @@ def test_a_call_claiming_more_than_its_share_keeps_only_its_share() -> None:
     d.check()
 
 
-def test_no_share_grows_on_a_backend_that_queued_requests_hold() -> None:
+def test_no_share_grows_on_a_backend_that_queued_requests_hold_and_unused_room_goes_back() -> None:
     clock = ManualClock(100.0)
     backends = {"b0": _backend("b0", 1000)}
     kv = Allocator((), clock=clock, lease_ids=seeded_lease_ids(1))
@@ -276,6 +276,12 @@ def test_no_share_grows_on_a_backend_that_queued_requests_hold() -> None:
     assert _call(d, a, "a", backends)["b0"].share_mib == 0
     held[0] = frozenset()
     assert _call(d, a, "a", backends)["b0"].share_mib > 0
+    lease = a.grant(_req(10))
+    assert lease is not None
+    held[0] = frozenset({"kv/b0"})  # online requests queue at the leader: a keeps only what it uses
+    g = _call(d, a, "a", backends)["b0"]
+    assert g.target_mib == 10
+    assert _call(d, a, "a", backends)["b0"].share_mib == 10
 
 
 def test_a_clean_stop_gives_every_share_back_at_once() -> None:
