@@ -2,8 +2,9 @@
 `gpupool proxy` replicas. Requests through either replica are granted inside that replica's KV
 share (no request reaches the leader); each share is a lease in the leader's KV ledger; a replica
 killed with SIGKILL loses its share only when the share lease expires, and the other keeps
-serving; a replica stopped with SIGTERM gives its share back at once; bad share calls are 4xx
-naming the field and change nothing."""
+serving; a replica stopped with SIGTERM gives its share back at once; the leader's backend options
+(here the context length) reach the replicas' proxies; bad share calls are 4xx naming the field and
+change nothing."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, object]]:
     bport, lport = free_port(), free_port()
     (tmp_path / "backends.yaml").write_text(
         f"backends:\n  - {{id: b0, model: {MODEL}, url: 'http://127.0.0.1:{bport}', "
-        "slice_id: n0/0/mps-llm-0}\n"
+        "slice_id: n0/0/mps-llm-0, max_model_len: 512}\n"
     )
     log = tmp_path / "log.txt"
     procs: list[subprocess.Popen[bytes]] = []
@@ -132,6 +133,13 @@ def test_replicas_grant_inside_their_shares_and_a_dead_one_loses_only_its_share(
             r = _complete(port)
             assert r.status_code == 200, r.text
             assert r.headers["x-gpupool-backend"] == "b0" and r.headers["x-gpupool-lease"]
+    # the leader's backend options travel with the shares: the model's context is 512 here too
+    r = httpx.post(
+        f"http://127.0.0.1:{ports[0]}/v1/completions",
+        json={"model": MODEL, "prompt": "hello", "max_tokens": 600},
+        headers={"Authorization": f"Bearer {TENANT}"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
     shares = _shares(lport)
     assert set(shares) == {"rep0", "rep1"} and all(v > 0 for v in shares.values())
     budget = httpx.get(f"http://127.0.0.1:{lport}/v1/kv/shares", headers=admin).json()["budgets"]["b0"]

@@ -64,6 +64,9 @@ class ShareLoop:
         self, core: ProxyReplica, *, leader_url: str, token: str, replica: str, ttl_s: float
     ) -> None:
         self.core = core
+        self.on_backends: Callable[[dict[str, Any]], None] | None = None
+        """Called with the answer's ``backends`` when they change (the proxy's options)."""
+        self._seen: dict[str, Any] = {}
         self.url = leader_url.rstrip("/") + "/v1/kv/shares"
         self.headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
         self.replica = replica
@@ -111,6 +114,12 @@ class ShareLoop:
             log.warning("share call %d to %s failed: %s", seq, self.url, self.last_error)
             return False
         known = set(self.core.lane.backends())
+        if doc["backends"] != self._seen and self.on_backends is not None:
+            try:
+                self.on_backends(doc["backends"])
+            except Exception as exc:  # NOTE: bad options must not stop the share calls
+                log.warning("backend options from the leader not applied: %s", exc)
+            self._seen = doc["backends"]
         ok = self.core.share_answer(seq, float(doc["ttl_s"]), backends, grants, paused)
         if ok and set(backends) - known:
             return await self.call()  # new backends: ask for their shares now, not a period later
@@ -197,9 +206,16 @@ def create_replica_app(
         }
         return JSONResponse(doc, status_code=200 if doc["ok"] else 503)
 
-    from gpupool.adapters.http.proxy import add_proxy_routes
+    from gpupool.adapters.http.proxy import add_proxy_routes, configure_backend, configure_model
 
     add_proxy_routes(app, host, timeout_s=proxy_timeout_s)
+
+    def options(backends: dict[str, Any]) -> None:
+        for bid, v in backends.items():
+            configure_backend(app, bid, priority_scheduling=bool(v.get("priority_scheduling")))
+            configure_model(app, v["model"], task=v.get("task"), max_model_len=v.get("max_model_len"))
+
+    loop.on_backends = options
     app.add_middleware(
         BodyLimit, max_body_bytes=DEFAULT_MAX_BODY_BYTES, max_proxy_body_bytes=max_proxy_body_bytes
     )

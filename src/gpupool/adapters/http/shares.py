@@ -5,7 +5,9 @@ request lease from the gateway per request.
 - ``POST /v1/kv/shares`` (role admin: replicas are infrastructure, like node agents): body
   ``{"replica", "incarnation", "seq", "ttl_s", "shares": {backend id: {"hold_mib", "used_mib",
   "want_mib"}}}``; answer ``{"seq", "ttl_s", "backends": {id: {"model", "url", "node", "gpu_id",
-  "kv_budget_mib", "paused"}}, "shares": {id: {"share_mib", "target_mib"}}}``. 409 ``stale_seq``
+  "kv_budget_mib", "paused", "task", "max_model_len", "priority_scheduling"}}, "shares": {id:
+  {"share_mib", "target_mib"}}}`` (the backends' proxy options travel with them, so a replica's
+  proxy treats each model and backend as the leader's does). 409 ``stale_seq``
   when ``seq`` is not above the last processed one of that incarnation (a delayed retry: nothing
   changes); 422 naming the field for bad input (nothing changes).
 - ``DELETE /v1/kv/shares/{replica}/{incarnation}``: a replica stopping cleanly gives its shares back.
@@ -70,6 +72,9 @@ class BackendOut(BaseModel):
     gpu_id: str
     kv_budget_mib: int
     paused: bool
+    task: str | None
+    max_model_len: int | None
+    priority_scheduling: bool
 
 
 class ShareOut(BaseModel):
@@ -130,17 +135,22 @@ def add_share_routes(app: FastAPI, gw: Gateway) -> ShareDelegator:
         except StaleShareReport as exc:
             raise HttpError(409, str(exc), "stale_seq") from None
         paused = c.paused_gpus()
-        backends = {
-            bid: {
+        surf = getattr(app.state, "openai", None)  # the proxy's model facts and backend options
+        backends = {}
+        for bid, b in c.backends.items():
+            card = surf.models.get(b.model) if surf is not None else None
+            opts = surf.backends.get(bid) if surf is not None else None
+            backends[bid] = {
                 "model": b.model,
                 "url": b.url,
                 "node": b.node,
                 "gpu_id": b.gpu_id,
                 "kv_budget_mib": b.kv_budget_mib,
                 "paused": b.gpu_id in paused,
+                "task": card.task if card is not None else None,
+                "max_model_len": card.max_model_len if card is not None else None,
+                "priority_scheduling": bool(opts is not None and opts.priority_scheduling),
             }
-            for bid, b in c.backends.items()
-        }
         shares = {bid: {"share_mib": g.share_mib, "target_mib": g.target_mib} for bid, g in grants.items()}
         return JSONResponse({"seq": body.seq, "ttl_s": body.ttl_s, "backends": backends, "shares": shares})
 
