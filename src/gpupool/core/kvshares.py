@@ -28,6 +28,10 @@ Sequence numbers: a call with ``seq`` not above the last one processed for that 
 refused (`StaleShareReport`), so a delayed, retried call cannot resize a share after a later one.
 A restarted replica is a new incarnation: its old shares simply expire.
 
+On an unhealthy KV slice (its GPU degraded or drained) a share is never grown nor re-adopted;
+an existing one is renewed as it is and its target drops to the replica's use, so it drains. A
+share revoked by the leader (a failed GPU) is known to its replica only at its next call.
+
 Invariants (checked by `check`): per KV slice the shares are leases in the allocator (so their sum
 plus every other KV lease never exceeds the budget: the ledger's own invariant); each recorded share
 equals its active lease's VRAM; a granted share is never below the hold its call reported.
@@ -192,6 +196,14 @@ class ShareDelegator:
     ) -> ShareGrant:
         sid = KV_PREFIX + b.id
         cur = self._live(h, b.id)
+        if not self.kv.ledger.is_healthy(sid):
+            # no new room on an unhealthy slice; a share there is kept (renewed, not resized: a new
+            # lease could not be placed) while the replica drains it, never re-adopted
+            if cur is None or not cur.lease_id:
+                return ShareGrant(0, 0)
+            self.kv.renew(cur.lease_id, ttl_s)
+            hold = min(r.hold_mib, cur.mib)
+            return ShareGrant(hold, min(hold, r.used_mib))
         free = self.kv.ledger.free(sid).vram_mib
         # what it keeps: never more than it holds now; a replica whose lease lapsed (or that a new
         # leader does not know) re-adopts what is free, up to what it reports

@@ -284,6 +284,25 @@ def test_no_share_grows_on_a_backend_that_queued_requests_hold_and_unused_room_g
     assert _call(d, a, "a", backends)["b0"].share_mib == 10
 
 
+def test_a_share_on_an_unhealthy_slice_is_kept_while_it_drains_and_never_grows() -> None:
+    clock = ManualClock(100.0)
+    backends = {"b0": _backend("b0", 1000)}
+    kv, d = _leader(clock, backends)
+    a, b = _replica(clock, 1), _replica(clock, 2)
+    _call(d, a, "a", backends)
+    _call(d, a, "a", backends)
+    lease = a.grant(_req(20))
+    assert lease is not None
+    kv.mark_unhealthy("kv/b0")  # GPU degraded: no new room there
+    g = _call(d, a, "a", backends)["b0"]
+    assert g.share_mib >= 20 and g.target_mib == 20 and a.get(lease.id).state is LeaseState.ACTIVE  # type: ignore[union-attr]
+    a.refused(MODEL, 500)
+    assert _call(d, a, "a", backends)["b0"].share_mib == 20  # drained to its use, never grown
+    _call(d, b, "b", backends)
+    assert _call(d, b, "b", backends)["b0"].share_mib == 0  # nobody new gets room there
+    d.check()
+
+
 def test_a_clean_stop_gives_every_share_back_at_once() -> None:
     clock = ManualClock(100.0)
     backends = {"b0": _backend("b0", 1000), "b1": _backend("b1", 500)}
@@ -313,6 +332,8 @@ class Delegation(RuleBasedStateMachine):
         self.requests: list[tuple[str, int, dict[str, ShareReport]]] = []
         self.answers: list[tuple[str, int, dict[str, ShareGrant]]] = []
         self.others: list[str] = []
+        self.revoked: dict[str, float] = {}
+        """backend -> when the leader last revoked its shares (a failed GPU)."""
         self.stale = 0
 
     def _alive(self, i: int) -> str | None:
@@ -419,6 +440,16 @@ class Delegation(RuleBasedStateMachine):
         if out.lease is not None:
             self.others.append(out.lease.id)
 
+    @rule(b=st.sampled_from(["kv/b0", "kv/b1"]), healthy=st.booleans(), revoke=st.booleans())
+    def slice_health(self, b: str, healthy: bool, revoke: bool) -> None:
+        """The GPU under a budget degrades (shares kept, not grown) or fails (shares revoked)."""
+        if healthy:
+            self.kv.mark_healthy(b)
+        else:
+            self.kv.mark_unhealthy(b, revoke=revoke, reason="gpu failed")
+            if revoke:  # the leader revoked the shares there: each replica learns it at its next call
+                self.revoked[b[len(KV_PREFIX) :]] = self.clock.now()
+
     @precondition(lambda self: bool(self.others))
     @rule()
     def leader_local_release(self) -> None:
@@ -446,6 +477,9 @@ class Delegation(RuleBasedStateMachine):
             for n, r in self.replicas.items():
                 if n in self.dead or not r.valid(bid):
                     continue
+                sent_at = r._books[bid].valid_until - TTL_S * (1 - r.margin)
+                if bid in self.revoked and sent_at <= self.revoked[bid]:
+                    continue  # a share the leader revoked (GPU failed) since this replica's last call
                 _, cap, used, _ = r.usage(bid)
                 mine = [
                     x
