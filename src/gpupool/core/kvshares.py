@@ -186,7 +186,7 @@ class ShareDelegator:
         h = self._holders.pop(_holder_id(replica, incarnation), None)
         n = 0
         for s in h.shares.values() if h is not None else ():
-            if self.kv.leases.active(s.lease_id) is not None:
+            if s.lease_id and self.kv.leases.active(s.lease_id) is not None:
                 self.kv.release(s.lease_id, reason="proxy replica stopped")
                 n += 1
         return n
