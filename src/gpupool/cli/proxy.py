@@ -12,6 +12,7 @@ Composition root: it wires the HTTP adapter (replica app, share calls) and the K
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -80,6 +81,9 @@ def proxy(  # noqa: PLR0917 (typer options)
         raise UserError(f"--leader {leader!r}: expected http://HOST:PORT")
     if not leader_token.strip():
         raise UserError("--leader-token: empty")
+    from gpupool.cli.stopping import catch_early_stop, stop_requested
+
+    catch_early_stop()  # a Ctrl-C / SIGTERM during start-up is noted, never lost
     rid = replica_id or f"{socket.gethostname()}-{os.getpid()}"
     if len(rid) > MAX_ID_CHARS or not rid.isprintable() or "/" in rid or any(c.isspace() for c in rid):
         raise UserError(f"--replica-id {rid!r}: 1-{MAX_ID_CHARS} printable characters, no '/' or spaces")
@@ -129,6 +133,9 @@ def proxy(  # noqa: PLR0917 (typer options)
         ev = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             ev.add_signal_handler(sig, stop)
+        if stop_requested():
+            return
         await server.serve()
 
-    run_loop(main())
+    with contextlib.suppress(KeyboardInterrupt):
+        run_loop(main())
