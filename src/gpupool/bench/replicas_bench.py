@@ -2,16 +2,17 @@
 (`gpupool proxy`), measured with real processes, then in the simulator driven by the same core code
 (`gpupool.sim.replicas`) for what the machine's cores cannot show.
 
-Method (measured part): two emulated backends (``gpupool emulate-backend --speed 1000``, model
-qwen2.5-0.5b), one leader (``gpupool serve`` with both registered as instances of the model), and
-for each replica count N: N ``gpupool proxy`` processes (share TTL 3 s), ``clients`` raw asyncio
-keep-alive clients in this process spread evenly over the replicas, each POSTing
+Method (measured part): ``backends`` emulated backends (``gpupool emulate-backend --speed 1000``,
+model qwen2.5-0.5b; default 2), one leader (``gpupool serve`` with all registered as instances of
+the model), and for each replica count N: N ``gpupool proxy`` processes (share TTL 3 s),
+``clients`` raw asyncio keep-alive clients spread evenly over the replicas (in this process, or in
+``load_procs`` forked load-generator processes), each POSTing
 ``/v1/completions`` (``max_tokens`` 1) back to back for a warm-up and then ``duration_s``. Every
 answer is counted by status. CPU per answer is read from ``/proc`` for the replicas, the leader and
 the backends over the measured phase.
 
 JSON (one object): ``benchmark``, ``cpus``, ``load_1m`` (before the run), ``clients``,
-``duration_s``, and
+``duration_s``, ``backends``, ``load_procs``, and
 - ``measured``: ``{"leader" | N: {"requests_per_s", "p50_ms", "p99_ms", "ok", "non_200",
   "non_200_by_status", "leader_share_calls_per_s", "leader_calls_per_request",
   "cpu_us_per_request": {"replicas", "leader", "backends"}}}``; ``"leader"``: the same load through
@@ -69,9 +70,10 @@ def _gpupool(args: list[str], log: Any) -> subprocess.Popen[bytes]:
 
 
 def _files(tmp: Path, backend_ports: list[int]) -> list[str]:
+    n = len(backend_ports)
     (tmp / "cluster.yaml").write_text("nodes:\n  - name: n0\n    gpus: [{model: H100-SXM5-80GB, count: 1}]\n")
     (tmp / "workloads.yaml").write_text(
-        f"workloads:\n  - {{name: llm, model: {MODEL}, priority: P1, replicas: {BACKENDS}, isolation: any}}\n"
+        f"workloads:\n  - {{name: llm, model: {MODEL}, priority: P1, replicas: {n}, isolation: any}}\n"
     )
     (tmp / "auth.yaml").write_text(
         f"tokens:\n  - {{token: {TOKEN}, tenant: bench, role: tenant}}\n"
@@ -97,19 +99,42 @@ def _cpu(pids: list[int]) -> float:
     return sum(tree_cpu_s(p) or 0.0 for p in pids)
 
 
-def _phase(ports: list[int], clients: int, duration_s: float, warmup_s: float) -> LoadResult:
+def _phase(ports: list[int], clients: int, duration_s: float, warmup_s: float, procs: int = 1) -> LoadResult:
+    """``clients`` spread evenly over ``ports``; with ``procs`` > 1 the clients run in that many
+    load-generator processes (one Python process saturates one core long before many replicas do)."""
+    each = [clients // len(ports) + (1 if i < clients % len(ports) else 0) for i in range(len(ports))]
+    work = [(p, c) for p, c in zip(ports, each, strict=True) if c]
+    if procs <= 1:
+        return _load(work, duration_s, warmup_s)
+    # deal the (port, clients) pairs out to the processes client by client, round robin
+    shares: list[dict[int, int]] = [{} for _ in range(procs)]
+    k = 0
+    for p, c in work:
+        for _ in range(c):
+            shares[k % procs][p] = shares[k % procs].get(p, 0) + 1
+            k += 1
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(procs) as pool:
+        parts = pool.starmap(_load, [(sorted(x.items()), duration_s, warmup_s) for x in shares if x])
+    out = LoadResult(duration_s=duration_s)
+    for r in parts:
+        out.latencies_s += r.latencies_s
+        out.statuses.update(r.statuses)
+        out.answers_with_warmup += r.answers_with_warmup
+    return out
+
+
+def _load(work: list[tuple[int, int]], duration_s: float, warmup_s: float) -> LoadResult:
     body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 1}).encode()
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-    each = [clients // len(ports) + (1 if i < clients % len(ports) else 0) for i in range(len(ports))]
 
     async def go() -> list[LoadResult]:
         return await asyncio.gather(
             *(
-                post_loop(
-                    p, "/v1/completions", body, headers, clients=c, duration_s=duration_s, warmup_s=warmup_s
-                )
-                for p, c in zip(ports, each, strict=True)
-                if c
+                post_loop(p, PATH, body, headers, clients=c, duration_s=duration_s, warmup_s=warmup_s)
+                for p, c in work
             )
         )
 
@@ -130,6 +155,8 @@ def run(
     warmup_s: float = 1.0,
     sim_proxy_cpu_us: float | None = None,
     sim_only: bool = False,
+    backends: int = BACKENDS,
+    load_procs: int = 1,
 ) -> dict[str, Any]:
     exit_on_sigterm()
     from gpupool.sim.replicas import SimConfig, measure_leader_call_us
@@ -141,10 +168,12 @@ def run(
         "load_1m": round(os.getloadavg()[0], 2),
         "clients": clients,
         "duration_s": duration_s,
+        "backends": backends,
+        "load_procs": load_procs,
         "measured": {},
     }
     if not sim_only:
-        out["measured"] = _measure(replicas, clients, duration_s, warmup_s)
+        out["measured"] = _measure(replicas, clients, duration_s, warmup_s, backends, load_procs)
     m1 = out["measured"].get("1", {}).get("cpu_us_per_request", {}).get("replicas")
     proxy_cpu = sim_proxy_cpu_us if sim_proxy_cpu_us is not None else (m1 or 350.0)
     leader_us = measure_leader_call_us(replicas=max(replicas), backends=4)
@@ -181,14 +210,21 @@ def _fields(cfg: Any) -> dict[str, Any]:
     return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
 
 
-def _measure(replicas: tuple[int, ...], clients: int, duration_s: float, warmup_s: float) -> dict[str, Any]:
+def _measure(  # noqa: PLR0917 (one run's whole configuration)
+    replicas: tuple[int, ...],
+    clients: int,
+    duration_s: float,
+    warmup_s: float,
+    nbackends: int,
+    load_procs: int,
+) -> dict[str, Any]:
     res: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-replicas-") as d:
         tmp = Path(d)
         log = (tmp / "log.txt").open("ab")
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            bports = [free_port() for _ in range(BACKENDS)]
+            bports = [free_port() for _ in range(nbackends)]
             backends = []
             for p in bports:
                 args = ["emulate-backend", "--model", MODEL, "--port", str(p), "--gpu", "H100-SXM5-80GB"]
@@ -207,7 +243,7 @@ def _measure(replicas: tuple[int, ...], clients: int, duration_s: float, warmup_
             # the baseline: the same load through the leader's own proxy (request leases in its lane)
             _log(f"leader only: {clients} clients, {warmup_s:g} s warm-up + {duration_s:g} s")
             cpu0 = (0.0, _cpu([leader.pid]), _cpu([x.pid for x in backends]))
-            base = _phase([lport], clients, duration_s, warmup_s)
+            base = _phase([lport], clients, duration_s, warmup_s, load_procs)
             cpu1 = (0.0, _cpu([leader.pid]), _cpu([x.pid for x in backends]))
             res["leader"] = _summary(base, 0, 1.0, cpu0, cpu1)
             for n in replicas:
@@ -224,7 +260,7 @@ def _measure(replicas: tuple[int, ...], clients: int, duration_s: float, warmup_
                     c0 = _share_calls(lport)
                     cpu0 = (_cpu([x.pid for x in reps]), _cpu([leader.pid]), _cpu([x.pid for x in backends]))
                     t0 = time.monotonic()
-                    load = _phase(ports, clients, duration_s, warmup_s)
+                    load = _phase(ports, clients, duration_s, warmup_s, load_procs)
                     wall = time.monotonic() - t0
                     cpu1 = (_cpu([x.pid for x in reps]), _cpu([leader.pid]), _cpu([x.pid for x in backends]))
                     calls = _share_calls(lport) - c0

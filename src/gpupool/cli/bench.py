@@ -297,6 +297,8 @@ def replicas(  # noqa: PLR0917 (typer options)
         None, help="Replica CPU per request for the simulation (default: measured at 1 replica)."
     ),
     sim_only: bool = typer.Option(False, "--sim-only", help="Skip the real processes; simulate only."),
+    backends: int = typer.Option(2, help="Emulated backends (instances of the model) behind the leader."),
+    load_procs: int = typer.Option(1, help="Load-generator processes the clients are spread over."),
 ) -> None:
     """The OpenAI proxy across 1, 2, 4 proxy replicas (`gpupool proxy`, request leases granted inside
     delegated KV shares): real processes on this machine, then the same core code in the simulator."""
@@ -311,6 +313,8 @@ def replicas(  # noqa: PLR0917 (typer options)
     check_range("--clients", clients, lo=1)
     check_range("--duration-s", duration_s, lo=0, lo_open=True)
     check_range("--warmup-s", warmup_s, lo=0)
+    check_range("--backends", backends, lo=1, hi=16)
+    check_range("--load-procs", load_procs, lo=1, hi=64)
     if sim_proxy_cpu_us is not None:
         check_range("--sim-proxy-cpu-us", sim_proxy_cpu_us, lo=0, lo_open=True)
     result = replicas_bench.run(
@@ -320,6 +324,8 @@ def replicas(  # noqa: PLR0917 (typer options)
         warmup_s=warmup_s,
         sim_proxy_cpu_us=sim_proxy_cpu_us,
         sim_only=sim_only,
+        backends=backends,
+        load_procs=load_procs,
     )
     if as_json:
         typer.echo(json.dumps(result))
