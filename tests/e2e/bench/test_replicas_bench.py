@@ -27,7 +27,8 @@ MEASURED_KEYS = {
 
 
 def test_replicas_bench_measures_leader_and_replicas_and_simulates() -> None:
-    args = ["--replicas", "1,2", "--clients", "2", "--duration-s", "0.5", "--warmup-s", "0.2"]
+    args = ["--replicas", "1,2", "--clients", "4", "--duration-s", "0.5", "--warmup-s", "0.2"]
+    args += ["--backends", "3", "--load-procs", "2"]  # (forked load generators)
     r = subprocess.run(
         [sys.executable, "-m", "gpupool.cli.main", "bench", "replicas", "--json", *args],
         capture_output=True,
@@ -38,6 +39,7 @@ def test_replicas_bench_measures_leader_and_replicas_and_simulates() -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert {"benchmark", "cpus", "load_1m", "clients", "duration_s", "measured", "sim"} <= set(out)
+    assert out["backends"] == 3 and out["load_procs"] == 2
     assert set(out["measured"]) == {"leader", "1", "2"}
     for name, m in out["measured"].items():
         assert set(m) == MEASURED_KEYS, name
