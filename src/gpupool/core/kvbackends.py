@@ -68,7 +68,7 @@ class KvBackends:
         return self._models
 
     def backend_of(self, lease: Lease) -> Backend | None:
-        sid = lease.slice_ids[0] if lease.grants else ""
+        sid = lease.grants[0].slice_id if lease.grants else ""
         return self.backends.get(sid[len(KV_PREFIX) :]) if sid.startswith(KV_PREFIX) else None
 
     def request_leases(self) -> Iterable[Lease]:

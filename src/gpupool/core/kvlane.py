@@ -43,6 +43,8 @@ SHARE_TENANT = "gpupool-kv-lane"
 SHARE_TTL_S = 24 * 3600.0
 """Share leases are renewed by `tick` long before this."""
 ENDED_MEMORY = 4096
+COMPACT_SLACK = 1024
+"""The expiry heap is compacted once it holds this many more than twice the active lane leases."""
 
 
 @dataclass(slots=True)
@@ -134,7 +136,10 @@ class KvLane:
         best.used_mib += need
         best.leases[lease.id] = lease
         self._where[lease.id] = best
-        heapq.heappush(self._expiry, (lease.expires_at, lease.id))
+        expiry = self._expiry
+        heapq.heappush(expiry, (lease.expires_at, lease.id))
+        if len(expiry) > 2 * len(self._where) + COMPACT_SLACK:
+            self._compact_expiry()
         return lease
 
     def end(self, lease_id: str, state: LeaseState, reason: str, *, give_back: bool = False) -> Lease | None:
@@ -177,6 +182,16 @@ class KvLane:
                 self.end(lid, LeaseState.EXPIRED, "ttl passed without renewal")
                 n += 1
         return n
+
+    def _compact_expiry(self) -> None:
+        """Drop the heap entries of ended or since-renewed leases (a released lease leaves its entry
+        behind until its expiry would have passed: thousands per second on the proxy path). Run when
+        the heap holds more than twice the active leases, so amortised O(1) per grant."""
+        where = self._where
+        self._expiry = [
+            (at, lid) for at, lid in self._expiry if lid in where and where[lid].leases[lid].expires_at == at
+        ]
+        heapq.heapify(self._expiry)
 
     def renew_shares(self) -> None:
         """Renew the share leases that come near their expiry (the controller's tick)."""

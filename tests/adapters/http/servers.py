@@ -13,24 +13,26 @@ from typing import Any
 import uvicorn
 
 
-def config(app: Any, port: int, *, plain: bool = False) -> uvicorn.Config:
+def config(app: Any, port: int, *, plain: bool = False, **options: Any) -> uvicorn.Config:
     """The gateway's own server configuration (`server_config`: its protocol, limits and the
-    native proxy path), or with ``plain`` uvicorn's defaults (every request through ASGI)."""
+    native proxy path; ``options``: its limits), or with ``plain`` uvicorn's defaults (every
+    request through ASGI)."""
     if plain:
         return uvicorn.Config(app, log_level="warning", lifespan="on")
     from gpupool.adapters.http.server import server_config
 
-    return server_config(app, host="127.0.0.1", port=port, lifespan="on")
+    return server_config(app, host="127.0.0.1", port=port, lifespan="on", **options)
 
 
 @contextlib.contextmanager
-def running(app: Any, *, plain: bool = False) -> Iterator[str]:
-    """``plain``: uvicorn's defaults instead of the gateway's server configuration."""
+def running(app: Any, *, plain: bool = False, **options: Any) -> Iterator[str]:
+    """``plain``: uvicorn's defaults instead of the gateway's server configuration; ``options``:
+    `server_config`'s limits (header_timeout_s, keep_alive_s, max_connections)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(config(app, port, plain=plain))
+    server = uvicorn.Server(config(app, port, plain=plain, **options))
     t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     t.start()
     deadline = time.monotonic() + 10

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +20,10 @@ ANSWERS = {
     b"/short": b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
     b"/hang": b"",
     b"/eof": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end",
+    b"/slow": b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow",
 }
+SLOW_S = 0.05
+"""``/slow`` is answered after this long."""
 
 
 @pytest.fixture
@@ -41,6 +45,8 @@ def server() -> Iterator[tuple[int, list[int]]]:
                     buf += data
                 head, buf = buf.split(b"\r\n\r\n", 1)
                 path = head.split(b" ")[1]
+                if path == b"/slow":
+                    time.sleep(SLOW_S)
                 c.sendall(ANSWERS[path])
                 if path in (b"/short", b"/eof"):
                     return
@@ -117,6 +123,29 @@ def test_no_answer_within_the_timeout_is_an_upstream_error_and_not_pooled(
 
     assert asyncio.run(go()) == b"hello"
     assert len(accepted) == 2  # the silent connection was dropped
+
+
+def test_the_timeout_runs_per_request_on_a_reused_connection(server: tuple[int, list[int]]) -> None:
+    """The timeout is a per-connection deadline re-armed lazily: requests that each answer within
+    it never time out however long the connection lives, and one that does not still times out
+    after the timer has fired early (and re-armed) several times."""
+    port, accepted = server
+
+    async def go() -> list[bytes]:
+        pool = UpstreamPool(timeout_s=0.5)
+        out = []
+        try:
+            for _ in range(16):  # 16 x 0.05 s on one connection: past the first timer's due time
+                r = await pool.request("POST", f"http://127.0.0.1:{port}/slow", content=b"", headers={})
+                out.append(await r.read())
+            with pytest.raises(UpstreamError, match="timeout"):
+                await pool.request("POST", f"http://127.0.0.1:{port}/hang", content=b"", headers={})
+        finally:
+            await pool.aclose()
+        return out
+
+    assert asyncio.run(go()) == [b"slow"] * 16
+    assert len(accepted) == 1
 
 
 def test_a_body_framed_by_the_connections_end_is_read_whole(server: tuple[int, list[int]]) -> None:

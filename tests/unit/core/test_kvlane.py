@@ -20,7 +20,7 @@ from gpupool.cli.demo import seed_example_pool
 from gpupool.core.clock import ManualClock
 from gpupool.core.controller import KV_PREFIX, LeaseController
 from gpupool.core.errors import UnknownId
-from gpupool.core.kvlane import SHARE_TENANT
+from gpupool.core.kvlane import COMPACT_SLACK, SHARE_TENANT
 from gpupool.core.model import LeaseState, Request
 from gpupool.core.outcome import OutcomeCode
 from gpupool.core.ports import Backend
@@ -230,3 +230,22 @@ def test_listing_counts_and_reasons_cover_both_kinds_of_request_lease() -> None:
     c.release(again.id, reason="done")
     assert c.renew(again.id).code is OutcomeCode.ALREADY_ENDED
     assert c.get(again.id).reason == "done"
+
+
+def test_released_leases_do_not_pile_up_in_the_expiry_heap_and_renewed_ones_still_expire() -> None:
+    """A released lane lease leaves its expiry entry behind; the heap is compacted once it holds more
+    than twice the active leases (+ a slack), keeping the live entry of a lease renewed since."""
+    c, clock = _controller(100_000)
+    kept = c.acquire(_req(10, ttl_s=60.0)).lease
+    assert kept is not None
+    c.renew(kept.id, ttl_s=600.0)
+    for _ in range(5000):
+        lease = c.acquire(_req(10)).lease
+        assert lease is not None
+        c.release(lease.id)
+    assert len(c.lane._expiry) <= 2 * len(c.lane) + COMPACT_SLACK + 1
+    clock.advance(120.0)  # past the original ttl, not the renewed one
+    assert c.get(kept.id).state is LeaseState.ACTIVE
+    clock.advance(600.0)
+    c.acquire(_req(10))  # expiries run before the next KV placement
+    assert c.get(kept.id).state is LeaseState.EXPIRED

@@ -37,6 +37,10 @@ def _no_constants(name: str) -> Any:
     raise JsonBodyError("body", f"{name} is not valid JSON (numbers must be finite)")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)
+"""What ``json.loads(text, parse_constant=...)`` builds on every call (one decoder and scanner)."""
+
+
 def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     """Decode ``data`` (UTF-8 bytes or text) as one JSON document under the invariants above."""
     if isinstance(data, bytes | bytearray):
@@ -46,10 +50,10 @@ def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
             raise JsonBodyError("body", f"body is not UTF-8 (invalid byte at offset {exc.start})") from None
     else:
         text = data
-    if not text.strip():
+    if not text or text.isspace():
         raise JsonBodyError("body", "empty body: expected a JSON document")
     try:
-        value = json.loads(text, parse_constant=_no_constants)
+        value = _DECODER.decode(text)
     except JsonBodyError:
         raise
     except json.JSONDecodeError as exc:

@@ -63,10 +63,22 @@ class NativeProxy:
         self.app = app
         self.forward = forward
         self.paths = {p.encode("ascii"): (p, kind) for p, kind in paths.items()}
+        self._state: dict[str, Any] = app.state._state  # (Starlette's State keeps its values here)
+        self._defaults: list[tuple[bytes, bytes]] | None = None
+        self._default_head = b""
 
     @property
     def max_body_bytes(self) -> int:
-        return int(getattr(self.app.state, "max_proxy_body_bytes", DEFAULT_MAX_PROXY_BODY_BYTES))
+        return int(self._state.get("max_proxy_body_bytes", DEFAULT_MAX_PROXY_BODY_BYTES))
+
+    def default_head(self, server_state: Any) -> bytes:
+        """uvicorn's default header lines (``date``, ``server``), joined once per list: the server
+        replaces the list (never edits it) when the date changes."""
+        defaults = server_state.default_headers
+        if defaults is not self._defaults:
+            self._default_head = b"".join(k + b": " + v + b"\r\n" for k, v in defaults)
+            self._defaults = defaults
+        return self._default_head
 
     def route(self, raw_url: bytes) -> tuple[str, str] | None:
         """(path, kind) when ``raw_url`` is one of the proxy paths (its query, if any, is ignored)."""
@@ -122,6 +134,25 @@ class NativeCycle:
                 n = -1
             if n > self.limit:
                 self._start(self._too_large())
+
+    # -- the protocol's body callbacks (uvicorn's ``on_body`` / ``on_message_complete`` for this cycle)
+    def on_body(self, body: bytes) -> None:
+        if self.response_complete:
+            return
+        self.body += body
+        if self.task is None:
+            if len(self.body) > self.limit:
+                self._start(self._too_large())
+            else:
+                flow = self.proto.flow
+                if flow.read_paused:  # the limit bounds the body here, not uvicorn's high-water mark
+                    flow.resume_reading()
+
+    def on_message_complete(self) -> None:
+        if self.response_complete:
+            return
+        self.more_body = False
+        self.set()
 
     # -- the protocol's message_event
     def set(self) -> None:
@@ -193,7 +224,7 @@ class NativeCycle:
         handler = next((handlers[t] for t in type(exc).__mro__ if t in handlers), None)
         if handler is None:
             raise exc
-        scope = dict(self.proto.scope)
+        scope = self.proto.asgi_scope()
         scope.update(method="POST", path=self.path, raw_path=self.path.encode(), query_string=b"")
         scope["app"] = self.native.app
         out = handler(Request(scope), exc)
@@ -202,9 +233,7 @@ class NativeCycle:
         return result
 
     def _head(self, status: int, headers: list[tuple[bytes, bytes]], extra: list[bytes]) -> list[bytes]:
-        out = [_STATUS.get(status) or _status_line(status)]
-        for k, v in self.proto.server_state.default_headers:
-            out += (k, b": ", v, b"\r\n")
+        out = [_STATUS.get(status) or _status_line(status), self.native.default_head(self.proto.server_state)]
         for k, v in headers:
             out += (k, b": ", v, b"\r\n")
         out += extra

@@ -245,12 +245,19 @@ class TokenCorrection:
     def observe(self, model: str, estimate: int, actual: int) -> None:
         if estimate < 1 or actual < 1:
             return
-        s = self._s.setdefault(model, [0.0] * 6)
+        s = self._s.get(model)
+        if s is None:
+            s = self._s[model] = [0.0] * 6
         d = self.DECAY
         x, y = float(estimate), float(actual)
         w = 1.0 / (y * y)
-        for k, v in enumerate((w, w * x, w * y, w * x * x, w * x * y, 1.0)):
-            s[k] = s[k] * d + v
+        wx = w * x
+        s[0] = s[0] * d + w
+        s[1] = s[1] * d + wx
+        s[2] = s[2] * d + w * y
+        s[3] = s[3] * d + wx * x
+        s[4] = s[4] * d + wx * y
+        s[5] = s[5] * d + 1.0
         self._coef[model] = self._fit(s)
 
     def coefficients(self, model: str) -> tuple[float, float]:

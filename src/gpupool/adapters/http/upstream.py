@@ -40,7 +40,11 @@ class UpstreamError(Exception):
 
 
 class _Conn(asyncio.Protocol):
-    """One backend connection and the response being read on it (at most one at a time)."""
+    """One backend connection and the response being read on it (at most one at a time).
+
+    The timeout on a response head is a deadline checked by one lazily re-armed timer per
+    connection (set and cleared per request without creating or cancelling a timer handle; the
+    timer, when it fires early, re-arms itself for the current deadline or lapses if none is set)."""
 
     head_done: bool
     timeout: bool
@@ -50,7 +54,34 @@ class _Conn(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.error: str | None = None
+        self.loop = asyncio.get_running_loop()
+        self.deadline: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._reset()
+
+    def set_deadline(self, timeout_s: float) -> None:
+        """`timed_out` runs once ``timeout_s`` passes, unless `deadline` is cleared (None) first."""
+        at = self.deadline = self.loop.time() + timeout_s
+        if self._timer is None or self._timer_at > at:
+            self._arm(at)
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self.loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        at = self.deadline
+        if at is None:
+            return
+        if at <= self.loop.time() + 0.001:  # (a timer may fire a hair before its due time)
+            self.deadline = None
+            self.timed_out()
+        else:
+            self._arm(at)
 
     def timed_out(self) -> None:
         if not self.head_done:
@@ -84,6 +115,10 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.deadline = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.head_done and not self.complete and not self.framed:
             self.complete = True  # a body framed by the connection's end is whole now
             self._wake()
@@ -207,17 +242,18 @@ class UpstreamPool:
         if target is None:
             target = self._target(method, url)
         key, start = target
-        head = [start, f"Content-Length: {len(content)}"]
-        head += [f"{k}: {v}" for k, v in headers.items()]
-        raw = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + content
+        head = [start, "\r\nContent-Length: ", str(len(content))]
+        for k, v in headers.items():
+            head += ("\r\n", k, ": ", v)
+        head.append("\r\n\r\n")
+        raw = "".join(head).encode("latin-1") + content
         for attempt in (0, 1):
             conn, reused = self._idle_conn(key), True
             if conn is None:
                 conn, reused = await self._connect(key), False
             assert conn.transport is not None
             conn.transport.write(raw)
-            # one timer handle, cheaper than asyncio.timeout's context manager on this path
-            timer = asyncio.get_running_loop().call_later(self.timeout_s, conn.timed_out)
+            conn.set_deadline(self.timeout_s)
             try:
                 while not conn.head_done:
                     if conn.error is not None:
@@ -229,7 +265,7 @@ class UpstreamPool:
                     raise UpstreamError(str(exc)) from None
                 continue
             finally:
-                timer.cancel()
+                conn.deadline = None
             return UpstreamResponse(self, key, conn)
         raise UpstreamError("unreachable")  # pragma: no cover
 
