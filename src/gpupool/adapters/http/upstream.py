@@ -212,10 +212,14 @@ class UpstreamResponse:
             chunks.clear()
             conn.buffered = 0
         finally:
-            await self.aclose()
+            self._close()
         return data
 
     async def aclose(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        """Pool the connection if its response was read whole and it stays open, else close it."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
