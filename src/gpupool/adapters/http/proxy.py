@@ -30,7 +30,6 @@ backend can ever hold it, the backend's own status otherwise (502 if it cannot b
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -447,8 +446,10 @@ def add_proxy_routes(
         def release() -> None:
             if kv_slice:
                 sessions.end(sid, kv_slice, mib)
-            with contextlib.suppress(UnknownId):
+            try:  # (not contextlib.suppress: three calls fewer per request)
                 c.release(lease_id, reason="request finished")
+            except UnknownId:
+                pass
 
         if backend is None:
             release()
