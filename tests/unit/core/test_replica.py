@@ -12,6 +12,7 @@ import pytest
 
 from gpupool.core.clock import ManualClock
 from gpupool.core.errors import UnknownId
+from gpupool.core.kvlane import COMPACT_SLACK
 from gpupool.core.kvshares import ShareGrant
 from gpupool.core.model import Request
 from gpupool.core.outcome import OutcomeCode
@@ -112,3 +113,17 @@ def test_a_lapsed_share_grants_nothing_and_revokes_its_leases() -> None:
     assert r.release(a.lease.id).code is OutcomeCode.ALREADY_ENDED
     with pytest.raises(UnknownId):
         r.release("no-such-lease")
+
+
+def test_released_leases_do_not_pile_up_in_the_expiry_heap() -> None:
+    """A released lease leaves its expiry entry behind; the heap is compacted once it holds more
+    than twice the active leases (+ a slack) and keeps the entries of the leases still held."""
+    r, _, _ = _replica(share_mib=1000)
+    kept = r.acquire(_req(10)).lease
+    assert kept is not None
+    for _ in range(5000):
+        out = r.acquire(_req(10))
+        assert out.lease is not None, out
+        r.release(out.lease.id)
+    assert len(r.lane._expiry) <= 2 * len(r.lane) + COMPACT_SLACK + 1
+    assert kept.id in {lid for _, lid in r.lane._expiry}
