@@ -37,6 +37,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 
 from gpupool.adapters.http.limits import DEFAULT_MAX_PROXY_BODY_BYTES, body_413
 
@@ -137,16 +138,13 @@ class NativeCycle:
 
     # -- the protocol's body callbacks (uvicorn's ``on_body`` / ``on_message_complete`` for this cycle)
     def on_body(self, body: bytes) -> None:
+        """uvicorn's ``on_body`` for this cycle (its upgrade check is moot: `_native_ok`)."""
         if self.response_complete:
             return
         self.body += body
-        if self.task is None:
-            if len(self.body) > self.limit:
-                self._start(self._too_large())
-            else:
-                flow = self.proto.flow
-                if flow.read_paused:  # the limit bounds the body here, not uvicorn's high-water mark
-                    flow.resume_reading()
+        if len(self.body) > HIGH_WATER_LIMIT:
+            self.proto.flow.pause_reading()  # `set` resumes it unless the body is refused
+        self.set()
 
     def on_message_complete(self) -> None:
         if self.response_complete:
