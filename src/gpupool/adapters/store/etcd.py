@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupool.adapters.store.etcd_client import (
+    GRPC_INVALID_ARGUMENT,
     GRPC_OUT_OF_RANGE,
     GRPC_PERMISSION_DENIED,
     EtcdClient,
@@ -139,6 +140,10 @@ class EtcdLeaseStore:
         self._fence: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.commits = 0
+        self.on_write_doubt: Callable[[EtcdError], None] | None = None
+        """Called (then the error is raised) when a lease batch's outcome is unknown: etcd did not
+        answer, or answered with an error other than a bad request. A leader's ledger in memory may
+        then differ from the store (the HA mode steps down: `gpupool.cli.ha`)."""
         self.revision()  # fail now (named) if no endpoint answers
 
     # ------------------------------------------------------------------ keys
@@ -173,7 +178,12 @@ class EtcdLeaseStore:
         if not writes:
             return
         with self._lock:
-            self._apply(writes)
+            try:
+                self._apply(writes)
+            except EtcdError as exc:
+                if self.on_write_doubt is not None and exc.code != GRPC_INVALID_ARGUMENT:
+                    self.on_write_doubt(exc)
+                raise
 
     def _apply(self, writes: Sequence[Write]) -> None:
         leases: dict[str, tuple[int | None, Lease]] = {}
