@@ -9,8 +9,8 @@ replica runs the same command on the same etcd prefix, with the same ``--auth-fi
 2. standby: the store is fenced off (`EtcdLeaseStore.set_fence` to a revision no key has: nothing
    this replica sends can land), a `Follower` mirrors the store by watch, `StandbyApp` answers lease
    reads from it and forwards everything else to the leader, and the replica campaigns
-   (`Election`, etcd lease of ``ttl_s``), at once whenever the leader key is deleted, else every
-   `CAMPAIGN_POLL_S`;
+   (`Election`, etcd lease of ``ttl_s``) whenever its view shows no leader (the leader key's delete
+   wakes it at once), and every `RECHECK_S` in any case;
 3. on winning: the store's writes carry the election revision (the fence), the ledger is rebuilt
    from the store (`LeaseController.recover`: every acknowledged lease, queued tickets resumed, no
    view older than the election is used), and the full gateway replaces the standby app on the
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 import socket
 import uuid
@@ -47,6 +48,7 @@ from gpupool.cli.errors import UserError
 
 EXIT_LOST_LEADERSHIP = 3
 CAMPAIGN_POLL_S = 0.25
+RECHECK_S = 2.0
 BACKLOG = 2048
 
 
@@ -130,12 +132,17 @@ async def run_replica(
         loop.add_signal_handler(sig, stop)
     say(f"gpupool: standby on http://{host}:{port} (replica {candidate}); campaigning")
     won = False
+    last_try = -math.inf
     try:
         while not stopping.is_set():
-            try:
-                won = await asyncio.to_thread(election.try_acquire)
-            except EtcdError:
-                won = False
+            # campaign when the view shows no leader (its delete wakes this loop at once), and every
+            # `RECHECK_S` whatever the view says (a view that lost its watch may be stale)
+            if follower.leader() is None or loop.time() - last_try >= RECHECK_S:
+                last_try = loop.time()
+                try:
+                    won = await asyncio.to_thread(election.try_acquire)
+                except EtcdError:
+                    won = False
             if won:
                 break
             wake.clear()

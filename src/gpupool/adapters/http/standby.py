@@ -37,6 +37,8 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -44,7 +46,7 @@ from typing import Any, Protocol, cast
 
 from gpupool.adapters.http.auth import Principal, TokenTable
 from gpupool.adapters.http.context import Gateway
-from gpupool.adapters.http.upstream import UpstreamError, UpstreamPool
+from gpupool.adapters.http.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from gpupool.adapters.http.views import lease_json
 from gpupool.core.model import Lease
 
@@ -202,6 +204,20 @@ class StandbyApp:
         ]
         out.append((ROLE_HEADER.encode(), b"standby"))
         self.forwarded += 1
+        pump = asyncio.create_task(self._pump(resp, send, out, leader))
+        gone = asyncio.create_task(_disconnected(receive))
+        try:
+            await asyncio.wait((pump, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not pump.done():  # the client left (an event stream it closed): stop reading the leader
+                pump.cancel()
+            gone.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(pump, gone, return_exceptions=False)
+
+    async def _pump(
+        self, resp: UpstreamResponse, send: Send, out: list[tuple[bytes, bytes]], leader: str
+    ) -> None:
         started = False
         try:
             async for chunk in resp.aiter_raw():
@@ -217,6 +233,12 @@ class StandbyApp:
         if not started:
             await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has gone (the request body was read before this is started)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class LeaderOnly:
