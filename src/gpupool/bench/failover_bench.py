@@ -30,6 +30,7 @@ The JSON of ``gpupool bench failover --json`` is exactly ``{"takeover_s": {"p50"
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -262,8 +263,12 @@ class Load:
         """Count an answer; True when it is a success."""
         led = self.ledger
         ok = isinstance(status, int) and 200 <= status < 300
+        code = ""
+        if status == 503:
+            with contextlib.suppress(ValueError, AttributeError):
+                code = " " + str(json.loads(detail).get("code", ""))
         with led.lock:
-            led.answers[f"{what} {status}"] += 1
+            led.answers[f"{what} {status}{code}"] += 1
             if not ok and not (isinstance(status, str) or status in RETRYABLE):
                 led.unexpected.append(f"{what} -> {status} {detail[:200]}")
         return ok

@@ -107,9 +107,13 @@ async def run_replica(
     store.set_fence(election.key, -1)  # a standby can write nothing
     wake = asyncio.Event()
 
+    apps: list[StandbyApp] = []
+
     def on_leader(value: str | None) -> None:
         if value is None:
             loop.call_soon_threadsafe(wake.set)
+        for app in apps:  # (forwards in flight to the previous leader end: 503, the client retries)
+            app.leader_changed()
 
     follower = Follower(store, on_leader=on_leader)
     await asyncio.to_thread(follower.start)
@@ -119,6 +123,7 @@ async def run_replica(
         leader_url=lambda: leader_url_of(follower.leader()),
         self_url=advertise_url,
     )
+    apps.append(standby)
     server = uvicorn_server(standby, host=host, port=port, **server_options)
     serving = asyncio.create_task(server.serve(sockets=[sock.dup()]))
     stopping = asyncio.Event()

@@ -11,6 +11,8 @@ retryable 503 naming why; `LeaderOnly` answers 503 once the replica stops leadin
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 
 import httpx
@@ -144,6 +146,32 @@ def test_no_leader_a_loop_or_an_unreachable_leader_is_a_retryable_503() -> None:
         looped = httpx.post(f"{sb}/v1/leases", headers={**h(A), FORWARDED_BY: "http://other:1"}, json=body)
         assert looped.status_code == 503 and looped.json()["code"] == "no_leader"
     assert c.leases() == []
+
+
+def test_a_forward_to_a_leader_that_hangs_ends_with_503_when_the_leader_changes() -> None:
+    c, _ = leader()
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)  # accepts connections (the kernel does), never answers: a paused leader
+    lead = f"http://127.0.0.1:{hung.getsockname()[1]}"
+    standby = StandbyApp(
+        view=ControllerView(c), tokens=TokenTable(TOKENS), leader_url=lambda: lead, self_url="http://me:1"
+    )
+    got: list[httpx.Response] = []
+    with running(standby) as sb:
+        body = {"vram_mib": 512, "ttl_s": 60}
+        t = threading.Thread(
+            target=lambda: got.append(httpx.post(f"{sb}/v1/leases", headers=h(A), json=body, timeout=30))
+        )
+        t.start()
+        hung.settimeout(10)
+        conn, _ = hung.accept()  # the forward reached the leader, which says nothing
+        standby.leader_changed()
+        t.join(30)
+    conn.close()
+    hung.close()
+    assert got and got[0].status_code == 503, got
+    assert got[0].json()["code"] == "leader_unreachable" and "leader changed" in got[0].json()["error"]
 
 
 def test_leader_only_answers_503_once_the_replica_stops_leading() -> None:

@@ -38,7 +38,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from typing import Any, Protocol, cast
 
 from gpupool.adapters.http.auth import Principal, TokenTable
 from gpupool.adapters.http.context import Gateway
-from gpupool.adapters.http.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from gpupool.adapters.http.upstream import UpstreamError, UpstreamPool
 from gpupool.adapters.http.views import lease_json
 from gpupool.core.model import Lease
 
@@ -123,8 +122,12 @@ class StandbyApp:
         self._gw = cast(Gateway, _ViewGateway())
         self.forwarded = 0
         self.answered = 0
+        self._changed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         if scope["type"] == "lifespan":
             await _lifespan(receive, send, self.upstream)
             return
@@ -194,9 +197,54 @@ class StandbyApp:
         url = leader + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         if qs:
             url += "?" + qs.decode("latin-1")
+        started: list[bool] = []
+        talk = self._exchange(scope["method"], url, bytes(body), fwd, send=send, started=started)
+        exchange = asyncio.create_task(talk)
+        gone = asyncio.create_task(_disconnected(receive))
+        changed = asyncio.create_task(self._changed.wait())
+        why = ""
         try:
-            resp = await self.upstream.request(scope["method"], url, content=bytes(body), headers=fwd)
+            done, _ = await asyncio.wait((exchange, gone, changed), return_when=asyncio.FIRST_COMPLETED)
+            if exchange not in done:
+                # the client left (e.g. closed an event stream), or the leader changed (a forward to a
+                # leader that was paused or cut off would hang): stop, answer 503 if nothing was sent
+                why = "the leader changed" if changed in done else ""
+        except asyncio.CancelledError:
+            why = "this replica is switching roles"  # (its server stops; the client retries)
+        finally:
+            for t in (exchange, gone, changed):
+                t.cancel()
+            results = await asyncio.gather(exchange, gone, changed, return_exceptions=True)
+        if why and not started:
+            await _unavailable(send, "leader_unreachable", f"{why} while forwarding to {leader}; retry")
+            return
+        if isinstance(results[0], UpstreamError):
+            raise results[0]  # mid-stream: end the connection (a cut answer, never a wrong one)
+
+    def leader_changed(self) -> None:
+        """The leader key changed: forwards in flight end (503 when no answer was started yet).
+        Callable from any thread (the follower's watch thread calls it)."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._changed.set()
+            self._changed = asyncio.Event()
+        else:
+            loop.call_soon_threadsafe(self.leader_changed)
+
+    async def _exchange(
+        self, method: str, url: str, body: bytes, headers: dict[str, str], *, send: Send, started: list[bool]
+    ) -> None:
+        leader = url.split("/", 3)[2]
+        try:
+            resp = await self.upstream.request(method, url, content=body, headers=headers)
         except UpstreamError as exc:
+            started.append(True)
             await _unavailable(send, "leader_unreachable", f"cannot reach the leader {leader}: {exc}")
             return
         out = [
@@ -204,33 +252,20 @@ class StandbyApp:
         ]
         out.append((ROLE_HEADER.encode(), b"standby"))
         self.forwarded += 1
-        pump = asyncio.create_task(self._pump(resp, send, out, leader))
-        gone = asyncio.create_task(_disconnected(receive))
-        try:
-            await asyncio.wait((pump, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not pump.done():  # the client left (an event stream it closed): stop reading the leader
-                pump.cancel()
-            gone.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(pump, gone, return_exceptions=False)
-
-    async def _pump(
-        self, resp: UpstreamResponse, send: Send, out: list[tuple[bytes, bytes]], leader: str
-    ) -> None:
-        started = False
         try:
             async for chunk in resp.aiter_raw():
                 if not started:
+                    started.append(True)
                     await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
-                    started = True
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamError as exc:
-            if not started:
-                await _unavailable(send, "leader_unreachable", f"the leader {leader} failed: {exc}")
-                return
-            raise  # mid-stream: end the connection (the client sees a cut answer, never a wrong one)
+            if started:
+                raise
+            started.append(True)
+            await _unavailable(send, "leader_unreachable", f"the leader {leader} failed: {exc}")
+            return
         if not started:
+            started.append(True)
             await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
