@@ -55,6 +55,8 @@ TOKEN = "failover-tenant-token-01"
 ADMIN_TOKEN = "failover-admin-token-01"
 PREFIX = "/gpupool-failover/"
 RETRYABLE = frozenset({429, 503})
+CLIENT_TIMEOUT_S = 5.0
+"""A client gives a call up after this (a timeout is a retryable error: the replica may be paused)."""
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -278,7 +280,7 @@ class Load:
         mine: list[str] = []
         urls = [r.url for r in self.replicas.replicas]
         auth = {"Authorization": f"Bearer {TOKEN}"}
-        with httpx.Client(timeout=10.0, headers=auth) as http:
+        with httpx.Client(timeout=CLIENT_TIMEOUT_S, headers=auth) as http:
             while not self._stop.is_set():
                 base = rng.choice(urls)
                 release = mine and (rng.random() < 0.5 or len(mine) > 8)
