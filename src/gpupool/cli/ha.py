@@ -124,8 +124,12 @@ async def run_replica(
         self_url=advertise_url,
     )
     apps.append(standby)
+    won = False
+    if follower.leader() is None:  # nobody leads: try first (the first replica serves as leader at once)
+        with contextlib.suppress(EtcdError):
+            won = await asyncio.to_thread(election.try_acquire)
     server = uvicorn_server(standby, host=host, port=port, **server_options)
-    serving = asyncio.create_task(server.serve(sockets=[sock.dup()]))
+    serving = None if won else asyncio.create_task(server.serve(sockets=[sock.dup()]))
     stopping = asyncio.Event()
     handled = (signal.SIGINT, signal.SIGTERM)
 
@@ -135,11 +139,11 @@ async def run_replica(
 
     for sig in handled:
         loop.add_signal_handler(sig, stop)
-    say(f"gpupool: standby on http://{host}:{port} (replica {candidate}); campaigning")
-    won = False
+    if not won:
+        say(f"gpupool: standby on http://{host}:{port} (replica {candidate}); campaigning")
     last_try = -math.inf
     try:
-        while not stopping.is_set():
+        while not won and not stopping.is_set():
             # campaign when the view shows no leader (its delete wakes this loop at once), and every
             # `RECHECK_S` whatever the view says (a view that lost its watch may be stale)
             if follower.leader() is None or loop.time() - last_try >= RECHECK_S:
@@ -159,7 +163,8 @@ async def run_replica(
             loop.remove_signal_handler(sig)
     if not won:
         server.should_exit = True
-        await serving
+        if serving is not None:
+            await serving
         follower.close()
         sock.close()
         return 0
@@ -173,7 +178,8 @@ async def run_replica(
         raise
     follower.close()
     server.should_exit = True  # the standby stops accepting; the leader accepts on the same socket
-    await serving
+    if serving is not None:
+        await serving
     if lost.is_set():
         election.resign()
         say(f"gpupool: lost the leadership while starting ({doubt[0]}); exiting")
