@@ -154,10 +154,10 @@ def _wait_leader(port: int, timeout_s: float = 60.0) -> None:
     """On etcd, ``serve`` is a replica: wait until it leads (``/healthz`` without ``role: standby``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1.0) as r:
-                if json.loads(r.read()).get("role") != "standby":
-                    return
+        url = f"http://127.0.0.1:{port}/healthz"
+        with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=1.0) as r:
+            if json.loads(r.read()).get("role") != "standby":
+                return
         time.sleep(0.05)
     raise RuntimeError(f"gpupool serve on port {port} did not become the leader within {timeout_s} s")
 
