@@ -14,6 +14,7 @@ import json
 import socket
 import threading
 import time
+from typing import Any
 
 import httpx
 
@@ -25,6 +26,7 @@ from gpupool.adapters.store.etcd_server import free_port
 from gpupool.cli.demo import seed_example_pool
 from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import LeaseController
+from gpupool.core.errors import StoreUnreachable
 from gpupool.core.model import Lease
 from tests.adapters.http.servers import running
 
@@ -186,3 +188,34 @@ def test_leader_only_answers_503_once_the_replica_stops_leading() -> None:
         assert r.status_code == 503 and r.json()["code"] == "no_leader"
         assert httpx.get(f"{url}/v1/leases", headers=h(A), timeout=10).status_code == 503
     assert len(c.leases()) == 1
+
+
+class Refusing(MemoryLeaseStore):
+    """A store that stops taking writes, as etcd does for a replica that no longer leads."""
+
+    refuse = False
+
+    def apply(self, writes: Any) -> None:
+        if self.refuse:
+            raise StoreUnreachable("the leader key changed: the write was not applied")
+        super().apply(writes)
+
+
+def test_a_write_refused_inside_a_request_is_a_retryable_503_and_is_undone() -> None:
+    store = Refusing()
+    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=store)
+    app = create_app(c, tokens=TokenTable(TOKENS), tick_s=0.05)
+    with running(app) as url:
+        body = {"vram_mib": 81920, "ttl_s": 600, "gpu_id": "gpu-c/0"}
+        first = httpx.post(f"{url}/v1/leases", headers=h(A), json=body, timeout=10)
+        assert first.status_code == 201, first.text
+        wait = {**body, "queue_timeout_s": 60}
+        queued = httpx.post(f"{url}/v1/leases", headers=h(A), json=wait, timeout=10)
+        assert queued.status_code == 202, queued.text
+        store.refuse = True
+        # the release frees the GPU, the queue grants the ticket, and that write is refused at once
+        r = httpx.delete(f"{url}/v1/leases/{first.json()['id']}", headers=h(A), timeout=10)
+        assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
+        assert r.headers["retry-after"] == "1"
+    assert c.get(first.json()["id"]).state.value == "active"  # undone: as durable, nothing granted
+    assert [x.id for x in c.leases()] == [first.json()["id"]]

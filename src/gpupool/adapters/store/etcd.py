@@ -71,7 +71,7 @@ from gpupool.adapters.store.etcd_client import (
     put_op,
     range_op,
 )
-from gpupool.core.errors import GpupoolError, InvalidInput
+from gpupool.core.errors import GpupoolError, InvalidInput, StoreUnreachable
 from gpupool.core.model import Lease, LeaseState
 from gpupool.core.ports import (
     RevisionConflict,
@@ -88,7 +88,7 @@ DEFAULT_MAX_TXN_OPS = 128  # etcd's own default for --max-txn-ops
 DEFAULT_HISTORY_REVISIONS = 10_000
 
 
-class NotLeader(GpupoolError):
+class NotLeader(StoreUnreachable):
     """A fenced write found the leader key changed: this process no longer leads; nothing landed."""
 
 

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpupool.core.errors import GpupoolError
+from gpupool.core.errors import StoreUnreachable
 
 
-class EtcdError(GpupoolError):
+class EtcdError(StoreUnreachable):
     """etcd answered with an error (``code`` is the gRPC status code) or no endpoint answered."""
 
     def __init__(self, message: str, *, code: int = 14) -> None:
