@@ -45,6 +45,7 @@ from gpupool.adapters.store.etcd_election import Election
 from gpupool.adapters.store.etcd_follower import Follower
 from gpupool.cli.console import say
 from gpupool.cli.errors import UserError
+from gpupool.cli.stopping import stop_requested
 
 EXIT_LOST_LEADERSHIP = 3
 CAMPAIGN_POLL_S = 0.25
@@ -139,6 +140,8 @@ async def run_replica(
 
     for sig in handled:
         loop.add_signal_handler(sig, stop)
+    if stop_requested():  # a signal during start-up is never lost (cli/stopping.py)
+        stop()
     if not won:
         say(f"gpupool: standby on http://{host}:{port} (replica {candidate}); campaigning")
     last_try = -math.inf

@@ -232,8 +232,10 @@ def run(  # noqa: PLR0917 (typer options)
 ) -> None:
     """Gateway + emulated backends + synthetic agent traffic on the simulated example cluster."""
     from gpupool.cli.serve import serve_forever
+    from gpupool.cli.stopping import catch_early_stop
 
     check_port("--port", port)
+    catch_early_stop()
     check_range("--tidal-speed", tidal_speed, lo=0)
     if data_dir.exists() and not data_dir.is_dir():
         raise UserError(f"invalid --data-dir={str(data_dir)!r}: not a directory")

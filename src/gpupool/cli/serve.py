@@ -32,6 +32,7 @@ import typer
 
 from gpupool.cli.console import say
 from gpupool.cli.errors import UserError, check_port, check_range, user_errors
+from gpupool.cli.stopping import catch_early_stop, stop_requested
 from gpupool.cli.store_options import store_settings
 from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import LeaseController
@@ -451,6 +452,8 @@ async def serve_forever(
     handled = (signal.SIGINT, signal.SIGTERM)
     for sig in handled:
         loop.add_signal_handler(sig, stop)
+    if stop_requested():  # a signal arrived during start-up: it must not be lost (cli/stopping.py)
+        stop()
     if stop_event is not None:
 
         async def stop_on_event(event: asyncio.Event) -> None:
@@ -588,6 +591,7 @@ def serve(  # noqa: PLR0917 (typer options)
     if not (math.isfinite(header_timeout_s) and header_timeout_s > 0):
         raise UserError(f"--header-timeout-s {header_timeout_s}: must be a positive number of seconds")
     check_port("--port", port)
+    catch_early_stop()
     store_options = store_settings(
         store,
         cacert=etcd_cacert,

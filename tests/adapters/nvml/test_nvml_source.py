@@ -2,6 +2,7 @@
 recorded on hardware): no GPU needed."""
 
 import copy
+import importlib
 import json
 from pathlib import Path
 
@@ -134,6 +135,31 @@ def test_record_round_trip():
         a = _read(name)
         b = _read("", fixture=recorded)
         assert a.gpus == b.gpus, name
+
+
+def test_record_command_writes_a_fixture_that_replays(tmp_path, monkeypatch):
+    """`python -m gpupool.adapters.nvml.record OUT` writes the file (it once crashed on the write)."""
+    record_module = importlib.import_module("gpupool.adapters.nvml.record")
+
+    fx = _fixture("l40s.json")
+    monkeypatch.setattr(record_module, "load_pynvml", lambda: FakeNvml.from_fixture(copy.deepcopy(fx)))
+    out = tmp_path / "rec.json"
+    assert record_module.main([str(out), "--description", "l40s again"]) == 0
+    written = json.loads(out.read_text())
+    assert written["description"] == "l40s again"
+    assert _read("", fixture=written).gpus == _read("l40s.json").gpus
+
+
+def test_record_command_without_nvml_is_exit_2(tmp_path, monkeypatch, capsys):
+    record_module = importlib.import_module("gpupool.adapters.nvml.record")
+
+    def missing():
+        raise NvmlUnavailableError("nvidia-ml-py is not installed")
+
+    monkeypatch.setattr(record_module, "load_pynvml", missing)
+    assert record_module.main([str(tmp_path / "x.json")]) == 2
+    assert "cannot record NVML readings" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
 
 
 @pytest.mark.parametrize(

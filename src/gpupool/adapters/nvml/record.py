@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"gpupool: error: cannot record NVML readings: {exc}", file=sys.stderr)  # noqa: T201
         return 2
-    args.out.writetext_of(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return 0
 
 
