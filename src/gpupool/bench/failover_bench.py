@@ -339,6 +339,20 @@ def kill_leader(rs: ReplicaSet, load: Load, *, timeout_s: float = 120.0) -> floa
     return took
 
 
+def stop_leader(rs: ReplicaSet, load: Load, *, timeout_s: float = 120.0) -> tuple[float, int]:
+    """SIGTERM the leader (it resigns: no TTL to wait for): (take-over seconds, its exit status)."""
+    i = rs.wait_leader(timeout_s)
+    old = rs.leader_value()
+    starts = rs.replicas[i].starts
+    t0 = time.monotonic()
+    rs.signal(i, signal.SIGTERM)
+    took = _wait_ack(load, t0, timeout_s)
+    rs.wait_leader(timeout_s, other_than=old)
+    status = rs.wait_exit(i, starts, timeout_s)
+    rs.wait_up(i, timeout_s)
+    return took, status
+
+
 def pause_leader(rs: ReplicaSet, load: Load, *, timeout_s: float = 120.0) -> tuple[float, int]:
     """SIGSTOP the leader until another replica leads and acknowledges an acquire, then SIGCONT it:
     (take-over seconds, the woken replica's exit status)."""
@@ -490,4 +504,14 @@ def run(*, kills: int = 10, replicas: int = 3, ttl_s: int = 2, clients: int = 4)
     }
 
 
-__all__ = ["Load", "ReplicaSet", "Verdict", "kill_leader", "pause_leader", "restart_etcd", "run", "verify"]
+__all__ = [
+    "Load",
+    "ReplicaSet",
+    "Verdict",
+    "kill_leader",
+    "pause_leader",
+    "restart_etcd",
+    "run",
+    "stop_leader",
+    "verify",
+]

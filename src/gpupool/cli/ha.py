@@ -161,10 +161,13 @@ async def run_replica(
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CAMPAIGN_POLL_S):
                     await wake.wait()
-    finally:
+    except BaseException:
         for sig in handled:
             loop.remove_signal_handler(sig)
+        raise
     if not won:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
         server.should_exit = True
         if serving is not None:
             await serving
@@ -184,8 +187,12 @@ async def run_replica(
     server.should_exit = True  # the standby stops accepting; the leader accepts on the same socket
     if serving is not None:
         await serving
-    if lost.is_set():
+    for sig in handled:  # (kept through the rebuild: a SIGTERM meanwhile resigns, see below)
+        loop.remove_signal_handler(sig)
+    if lost.is_set() or stopping.is_set():
         election.resign()
+        if stopping.is_set():
+            return 0
         say(f"gpupool: lost the leadership while starting ({doubt[0]}); exiting")
         return EXIT_LOST_LEADERSHIP
     say(f"gpupool: leader serving on http://{host}:{port} (ledger rebuilt in {loop.time() - t0:.2f} s)")

@@ -1,6 +1,6 @@
 """Three ``gpupool serve`` replicas on one real etcd, under load from client threads that send every
 call to a replica picked at random (one Service address): the leader is killed with SIGKILL (twice),
-paused with SIGSTOP past its etcd lease TTL and woken, and the etcd member itself is killed and
+stopped with SIGTERM (it resigns and exits 0), paused with SIGSTOP past its etcd lease TTL and woken, and the etcd member itself is killed and
 restarted. A supervisor restarts replicas that exit, as Kubernetes would.
 
 Proves, with real processes, real HTTP and a real etcd (`gpupool.bench.failover_bench`, the harness
@@ -31,6 +31,7 @@ from gpupool.bench.failover_bench import (
     kill_leader,
     pause_leader,
     restart_etcd,
+    stop_leader,
     verify,
 )
 from gpupool.cli.ha import EXIT_LOST_LEADERSHIP
@@ -67,16 +68,19 @@ def test_three_replicas_survive_kills_a_paused_leader_and_an_etcd_restart_under_
     load.start()
     try:
         took = [kill_leader(rs, load), kill_leader(rs, load)]
+        stopped_took, stopped_status = stop_leader(rs, load)
         paused_took, woken_status = pause_leader(rs, load)
         etcd_took = restart_etcd(rs, load)
         kill_after_etcd = kill_leader(rs, load)
     finally:
         load.stop()
     print(
-        f"take-over after SIGKILL {[*took, kill_after_etcd]} s, after SIGSTOP {paused_took:.2f} s, "
+        f"take-over after SIGKILL {[*took, kill_after_etcd]} s, after SIGTERM {stopped_took:.2f} s, "
+        f"after SIGSTOP {paused_took:.2f} s, "
         f"first ack after the etcd restart {etcd_took:.2f} s"
     )
     assert woken_status == EXIT_LOST_LEADERSHIP, [r.log.read_text()[-3000:] for r in rs.replicas]
+    assert stopped_status == 0, [r.log.read_text()[-3000:] for r in rs.replicas]  # (it resigned)
     v = verify(rs, load)
     print(f"acked {v.acked}, released {v.released}; answers {v.answers}")
     assert v.acked > 0 and v.released > 0, v.answers  # (the load did run through the faults)
