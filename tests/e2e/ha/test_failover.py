@@ -1,7 +1,8 @@
 """Three ``gpupool serve`` replicas on one real etcd, under load from client threads that send every
 call to a replica picked at random (one Service address): the leader is killed with SIGKILL (twice),
-stopped with SIGTERM (it resigns and exits 0), paused with SIGSTOP past its etcd lease TTL and woken, and the etcd member itself is killed and
-restarted. A supervisor restarts replicas that exit, as Kubernetes would.
+stopped with SIGTERM (it resigns and exits 0), paused with SIGSTOP past its etcd lease TTL and
+woken, and the etcd member itself is killed and restarted; then the leader is killed once more. A
+supervisor restarts replicas that exit, as Kubernetes would.
 
 Proves, with real processes, real HTTP and a real etcd (`gpupool.bench.failover_bench`, the harness
 of ``gpupool bench failover``):
