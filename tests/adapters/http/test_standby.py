@@ -101,6 +101,11 @@ def test_reads_come_from_the_view_with_the_leaders_json_and_writes_are_forwarded
             d = httpx.delete(f"{sb}/v1/leases/{lid}", headers=h(A), timeout=10)
             assert d.status_code == 200 and d.json()["state"] == "released"
             assert c.get(lid).state.value == "released"
+            m = httpx.get(f"{sb}/metrics", timeout=10)  # its own series, not the leader's ledger
+            assert m.status_code == 200 and "gpupool_ha_standby 1" in m.text
+            assert f"gpupool_ha_answered_total {standby.answered}\n" in m.text and standby.answered == 3
+            assert f"gpupool_ha_forwarded_total {standby.forwarded}\n" in m.text and standby.forwarded >= 4
+            assert "gpupool_leases" not in m.text
             # a bad body: the leader's 4xx comes back unchanged
             e = httpx.post(f"{sb}/v1/leases", headers=h(A), json={"vram_mib": -1}, timeout=10)
             assert e.status_code == 422 and "vram_mib" in e.text

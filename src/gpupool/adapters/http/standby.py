@@ -11,8 +11,10 @@ the same answers the leader would:
   store (`gpupool.adapters.store.etcd_follower`), with the same auth and tenant scoping and the
   same JSON as the leader. The view may lag the leader by a watch round trip; a lease id the view
   does not hold yet is forwarded (so a client reading its own new lease never gets a false 404);
-- everything else (every write, ticket long-polls, ``/v1/events`` streams, the OpenAI proxy,
-  metrics) is *forwarded* to the leader over HTTP and its answer streamed back unchanged.
+- ``GET /metrics``: the standby's own few series (``gpupool_ha_standby 1``, forwarded and answered
+  counts), never the leader's: a scrape of every pod must count the ledger once;
+- everything else (every write, ticket long-polls, ``/v1/events`` streams, the OpenAI proxy) is
+  *forwarded* to the leader over HTTP and its answer streamed back unchanged.
 
 Why a forwarding proxy and not ``307 Temporary Redirect``: a redirect needs every client to reach
 every replica's own address (pod IPs behind a Service often are not reachable from outside the
@@ -136,6 +138,9 @@ class StandbyApp:
         method, path = scope["method"], scope["path"]
         if method == "GET" and path == "/healthz":
             await _json(send, 200, {"ok": True, "role": "standby", "leader": self.leader_url() or ""})
+            return
+        if method == "GET" and path == "/metrics":
+            await _metrics(send, self.forwarded, self.answered)
             return
         reads = method == "GET" and (path == "/v1/leases" or path.startswith("/v1/leases/"))
         if reads and await self._read(scope, send, path):
@@ -299,6 +304,25 @@ async def _json(send: Send, status: int, doc: Any, headers: list[tuple[bytes, by
     h = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     h.append((ROLE_HEADER.encode(), b"standby"))
     await send({"type": "http.response.start", "status": status, "headers": h + (headers or [])})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _metrics(send: Send, forwarded: int, answered: int) -> None:
+    """A standby's own metrics only: the leader's series come from the leader alone (a scrape of
+    every pod behind the Service must not count the ledger three times)."""
+    data = (
+        "# HELP gpupool_ha_standby 1 on a standby replica (the leader exports the ledger's series).\n"
+        "# TYPE gpupool_ha_standby gauge\ngpupool_ha_standby 1\n"
+        "# HELP gpupool_ha_forwarded_total Requests this standby forwarded to the leader.\n"
+        f"# TYPE gpupool_ha_forwarded_total counter\ngpupool_ha_forwarded_total {forwarded}\n"
+        "# HELP gpupool_ha_answered_total Lease reads this standby answered from its view.\n"
+        f"# TYPE gpupool_ha_answered_total counter\ngpupool_ha_answered_total {answered}\n"
+    ).encode()
+    h = [
+        (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+        (b"content-length", str(len(data)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": h})
     await send({"type": "http.response.body", "body": data})
 
 
