@@ -94,7 +94,10 @@ async def run_replica(
     from gpupool.cli.serve import uvicorn_server
 
     loop = asyncio.get_running_loop()
-    sock = bind_socket(host, port)
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        raise UserError(f"--port {port}: cannot listen on {host}:{port}: {exc}") from None
     candidate = f"{advertise_url.rstrip('/')}#{uuid.uuid4().hex[:12]}"
     lost = asyncio.Event()
     doubt: list[str] = []
