@@ -9,7 +9,8 @@ the same answers the leader would:
   (a standby is ready: it can serve, by forwarding);
 - ``GET /v1/leases`` and ``GET /v1/leases/{id}``: answered from the standby's watch-fed view of the
   store (`gpupool.adapters.store.etcd_follower`), with the same auth and tenant scoping and the
-  same JSON as the leader. The view may lag the leader by a watch round trip; a lease id the view
+  same JSON as the leader, except ``device_state`` (node agents report it to the leader only, in
+  memory): ``usable`` here. The view may lag the leader by a watch round trip; a lease id the view
   does not hold yet is forwarded (so a client reading its own new lease never gets a false 404);
 - ``GET /metrics``: the standby's own few series (``gpupool_ha_standby 1``, forwarded and answered
   counts), never the leader's: a scrape of every pod must count the ledger once;
