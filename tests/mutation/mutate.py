@@ -106,6 +106,9 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/unit/core/test_kv_request_leases.py",
         "tests/unit/core/test_controller_edges.py",
     ],
+    "core/kvshares.py": ["tests/unit/core/test_kvshares.py"],
+    "core/kvreplica.py": ["tests/unit/core/test_kvshares.py", "tests/unit/core/test_replica.py"],
+    "core/replica.py": ["tests/unit/core/test_replica.py"],
     "adapters/store/sqlite.py": [
         "tests/adapters/store/test_sqlite_edges.py",
         "tests/contract/store/test_lease_store_contract.py",

@@ -311,3 +311,57 @@ def kv(  # noqa: PLR0917 (typer options)
             f"{name:<24} hit {r['prefix_hit_rate']:.3f}  recomputed {r['recomputed_prompt_tokens']}  "
             f"TTFT p50 {r['ttft_p50_ms']} ms p99 {r['ttft_p99_ms']} ms  preemptions {r['engine_preemptions']}"
         )
+
+
+@app.command("replicas")
+@user_errors
+def replicas(  # noqa: PLR0917 (typer options)
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    counts: str = typer.Option("1,2,4", "--replicas", help="Comma-separated replica counts to measure."),
+    clients: int = typer.Option(16, help="Clients in all, spread evenly over the replicas."),
+    duration_s: float = typer.Option(5.0, help="Seconds per replica count (after the warm-up)."),
+    warmup_s: float = typer.Option(1.0, help="Warm-up seconds per replica count."),
+    sim_proxy_cpu_us: float | None = typer.Option(
+        None, help="Replica CPU per request for the simulation (default: measured at 1 replica)."
+    ),
+    sim_only: bool = typer.Option(False, "--sim-only", help="Skip the real processes; simulate only."),
+    backends: int = typer.Option(2, help="Emulated backends (instances of the model) behind the leader."),
+    load_procs: int = typer.Option(1, help="Load-generator processes the clients are spread over."),
+) -> None:
+    """The OpenAI proxy across 1, 2, 4 proxy replicas (`gpupool proxy`, request leases granted inside
+    delegated KV shares): real processes on this machine, then the same core code in the simulator."""
+    from gpupool.bench import replicas_bench
+
+    try:
+        ns = tuple(int(x) for x in counts.split(",") if x.strip())
+    except ValueError:
+        ns = ()
+    if not ns or any(n < 1 or n > 64 for n in ns):
+        raise UserError(f"invalid --replicas={counts!r}: expected comma-separated counts in [1, 64]")
+    check_range("--clients", clients, lo=1)
+    check_range("--duration-s", duration_s, lo=0, lo_open=True)
+    check_range("--warmup-s", warmup_s, lo=0)
+    check_range("--backends", backends, lo=1, hi=16)
+    check_range("--load-procs", load_procs, lo=1, hi=64)
+    if sim_proxy_cpu_us is not None:
+        check_range("--sim-proxy-cpu-us", sim_proxy_cpu_us, lo=0, lo_open=True)
+    result = replicas_bench.run(
+        replicas=ns,
+        clients=clients,
+        duration_s=duration_s,
+        warmup_s=warmup_s,
+        sim_proxy_cpu_us=sim_proxy_cpu_us,
+        sim_only=sim_only,
+        backends=backends,
+        load_procs=load_procs,
+    )
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for n, r in result["measured"].items():
+        rate = f"{r['requests_per_s']} req/s  p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms"
+        typer.echo(f"measured {n if n == 'leader' else n + ' replica(s)'}: {rate}")
+    for kind in ("ample", "tight"):
+        for n, r in result["sim"][kind].items():
+            rate = f"{r['requests_per_s']} req/s  leader calls/s {r['share_calls_per_s']}"
+            typer.echo(f"sim {kind} {n} replica(s): {rate}")

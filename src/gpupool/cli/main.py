@@ -9,6 +9,7 @@ from gpupool.cli import agent as node_agent
 from gpupool.cli import bench, demo, doctor, emulate, plan, sim
 from gpupool.cli import device_plugin as k8s_device_plugin
 from gpupool.cli import extender as k8s_extender
+from gpupool.cli import proxy as cli_proxy
 from gpupool.cli import run as cli_run
 from gpupool.cli import serve as cli_serve
 from gpupool.cli import store as cli_store
@@ -44,6 +45,9 @@ app.command("run", help="The gateway on the simulated example cluster with emula
     cli_run.run
 )
 app.command("serve", help="Serve the lease API, events, metrics and OpenAI proxy.")(cli_serve.serve)
+app.command("proxy", help="A proxy replica: the OpenAI proxy granting inside KV shares a leader delegates.")(
+    cli_proxy.proxy
+)
 app.command("emulate-backend", help="An emulated OpenAI-compatible server.")(emulate.emulate_backend)
 app.command(
     "demo", help="Show the allocator on the seed's example pool: slices and leases around a P0 preemption."

@@ -24,6 +24,8 @@ from gpupool.hardware.slices import Slice, SliceKind
 from gpupool.hardware.units import Resources
 
 KV_PREFIX = "kv/"
+REPLICA_SHARE_TENANT = "gpupool-kv-replica"
+"""Tenant of the KV shares delegated to proxy replicas (`gpupool.core.kvshares`)."""
 
 
 class KvBackends:
@@ -70,14 +72,16 @@ class KvBackends:
         return self.backends.get(sid[len(KV_PREFIX) :]) if sid.startswith(KV_PREFIX) else None
 
     def request_leases(self) -> Iterable[Lease]:
-        """Active request leases (KV budgets): the lane's and the KV allocator's, without shares."""
+        """Active request leases (KV budgets): the lane's and the KV allocator's, without shares
+        (the lane's, and those delegated to proxy replicas: `gpupool.core.kvshares`)."""
         yield from self.lane.active()
         for x in self.kv.leases:
-            if not self.lane.is_share(x.id):
+            if not self.lane.is_share(x.id) and x.request.tenant != REPLICA_SHARE_TENANT:
                 yield x
 
     def request_lease_count(self) -> int:
-        return len(self.lane) + len(self.kv.leases) - self.lane.shares()
+        replica_shares = sum(1 for x in self.kv.leases if x.request.tenant == REPLICA_SHARE_TENANT)
+        return len(self.lane) + len(self.kv.leases) - self.lane.shares() - replica_shares
 
     def _on_kv(self, ev: LeaseEvent) -> None:
         if ev.lease.state.ended:

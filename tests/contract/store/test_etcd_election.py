@@ -35,7 +35,7 @@ pytestmark = pytest.mark.etcd
 TTL_S = 2
 
 CHILD = r"""
-import signal, sys, time
+import signal, sys, threading, time
 from gpupool.adapters.store.etcd import NotLeader, open_etcd_store
 from gpupool.adapters.store.etcd_election import Election
 from gpupool.core.model import Grant, Lease, Request
@@ -44,6 +44,13 @@ from gpupool.hardware.units import Resources
 
 url, name, ttl = sys.argv[1], sys.argv[2], int(sys.argv[3])
 stop = []
+lock = threading.Lock()
+
+def say(*words):  # one write per line: on_lost prints from the election's thread
+    with lock:
+        sys.stdout.write(" ".join(map(str, words)) + "\n")
+        sys.stdout.flush()
+
 signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
 
 def counter(rev):
@@ -52,25 +59,25 @@ def counter(rev):
                  granted_at=0.0, expires_at=60.0, revision=rev)
 
 store = open_etcd_store(url)
-el = Election(store, candidate=name, ttl_s=ttl, on_lost=lambda: print("LOST", flush=True))
-print("CANDIDATE", flush=True)
+el = Election(store, candidate=name, ttl_s=ttl, on_lost=lambda: say("LOST"))
+say("CANDIDATE")
 while not el.campaign(timeout_s=0.5):
     if stop:
         sys.exit(0)
-print("LEADER", el.revision, flush=True)
+say("LEADER", el.revision)
 while not stop:
     cur = store.get("counter")
     rev = 1 if cur is None else cur.revision + 1
     try:
         store.apply([StoreWrite(counter(rev), None if cur is None else cur.revision)])
-        print("WROTE", rev, flush=True)
+        say("WROTE", rev)
     except NotLeader:
-        print("NOTLEADER", flush=True)
+        say("NOTLEADER")
         break
     except RevisionConflict:
-        print("CONFLICT", flush=True)
+        say("CONFLICT")
     time.sleep(0.02)
-print("BYE", flush=True)
+say("BYE")
 """
 
 

@@ -31,3 +31,20 @@ def test_emulate_backend_bad_model_and_fraction() -> None:
     assert r.returncode == 2 and "no-such-model" in r.stderr and "Traceback" not in r.stderr
     r = run("emulate-backend", "--model", "qwen2.5-0.5b", "--compute-fraction", "2")
     assert r.returncode == 2 and "--compute-fraction" in r.stderr
+
+
+def test_proxy_replica_bad_options_exit_2_naming_the_option(tmp_path: Path) -> None:
+    auth = tmp_path / "auth.yaml"
+    auth.write_text("tokens:\n  - {token: replica-admin-token-01, tenant: ops, role: admin}\n")
+    base = ("proxy", "--auth-file", str(auth), "--leader-token", "replica-admin-token-01")
+    for extra, named in (
+        (("--leader", "ftp://x"), "--leader"),
+        (("--leader", "http://127.0.0.1:9", "--share-ttl-s", "0.1"), "--share-ttl-s"),
+        (("--leader", "http://127.0.0.1:9", "--max-wait-s", "0"), "--max-wait-s"),
+        (("--leader", "http://127.0.0.1:9", "--replica-id", "a/b"), "--replica-id"),
+        (("--leader", "http://127.0.0.1:9", "--port", "70000"), "--port"),
+    ):
+        r = run(*base, *extra)
+        assert r.returncode == 2 and named in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+    r = run("bench", "replicas", "--replicas", "0,2", "--sim-only")
+    assert r.returncode == 2 and "--replicas" in r.stderr

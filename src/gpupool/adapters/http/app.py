@@ -140,6 +140,9 @@ def create_app(
         from gpupool.adapters.http.proxy import add_proxy_routes
 
         add_proxy_routes(app, gw, timeout_s=proxy_timeout_s)
+        from gpupool.adapters.http.shares import add_share_routes
+
+        add_share_routes(app, gw)  # proxy replicas' KV shares (`POST /v1/kv/shares`)
     from gpupool.adapters.http.console import add_console_routes
 
     add_console_routes(app)

@@ -66,7 +66,7 @@ from gpupool.hardware.units import Resources
 
 if TYPE_CHECKING:
     from gpupool.adapters.http.auth import Principal
-    from gpupool.adapters.http.context import Gateway
+    from gpupool.adapters.http.proxyhost import ProxyHost
 
 NEAR_CONTEXT = 0.8
 """Ask ``/tokenize`` when the estimated prompt + max_tokens exceeds this share of the context."""
@@ -207,7 +207,7 @@ def _tokenize_body(model: str, body: dict[str, Any], kind: str) -> bytes | None:
 
 def add_proxy_routes(
     app: FastAPI,
-    gw: Gateway,
+    gw: ProxyHost,
     *,
     timeout_s: float = 300.0,
     inject_priority: bool = True,
@@ -215,7 +215,8 @@ def add_proxy_routes(
 ) -> None:
     """``inject_priority=False`` never writes ``priority`` into bodies, whatever the backend options.
     ``red_line_pct``: a session's turn goes to the instance holding its prefix unless that would take
-    the instance's predicted KV use over this share of its budget (`gpupool.core.sessions`)."""
+    the instance's predicted KV use over this share of its budget (`gpupool.core.sessions`).
+    ``gw``: the gateway, or a proxy replica's host (`proxyhost`: all the proxy reads of either)."""
     c = gw.controller
     sessions = SessionTable(now=c.clock.now, red_line_pct=red_line_pct)
     app.state.sessions = sessions
