@@ -26,6 +26,7 @@ Method:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -149,6 +150,18 @@ async def _phase(
     }
 
 
+def _wait_leader(port: int, timeout_s: float = 60.0) -> None:
+    """On etcd, ``serve`` is a replica: wait until it leads (``/healthz`` without ``role: standby``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        url = f"http://127.0.0.1:{port}/healthz"
+        with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=1.0) as r:
+            if json.loads(r.read()).get("role") != "standby":
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"gpupool serve on port {port} did not become the leader within {timeout_s} s")
+
+
 def _metric(port: int, name: str) -> float | None:
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -208,6 +221,8 @@ def run(
                 wait_http(f"http://127.0.0.1:{gport}/healthz", procs[-1], what="gpupool serve")
             except RuntimeError as exc:
                 raise RuntimeError(f"{exc}: {log_path.read_text(errors='replace')[-2000:]}") from None
+            if store == "etcd":
+                _wait_leader(gport)
             _log(f"no-op phase: {clients} clients x {duration_s} s")
             noop = run_(_phase(gport, "noop", clients, duration_s, warmup_s))
             _log(f"lease phase: {clients} clients x {duration_s} s")

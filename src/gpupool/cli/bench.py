@@ -209,6 +209,34 @@ def preempt(  # noqa: PLR0917 (typer options)
         typer.echo(f"{name:<12} p50 {t['p50_ms']} ms  p99 {t['p99_ms']} ms  ({result['runs']} runs)")
 
 
+@app.command("failover")
+@user_errors
+def failover(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    kills: int = typer.Option(10, help="Times the leader is killed with SIGKILL."),
+    replicas: int = typer.Option(3, help="gpupool serve replicas on the one etcd."),
+    ttl_s: int = typer.Option(2, "--ttl-s", help="The replicas' --election-ttl-s."),
+    clients: int = typer.Option(4, help="Client threads under load during the kills."),
+) -> None:
+    """Replicas of gpupool serve on a real etcd under load; SIGKILL the leader ``kills`` times:
+    take-over seconds (p50/p99/max, TTL included), acknowledged leases lost, over-committed slices."""
+    from gpupool.bench import failover_bench
+
+    check_range("--kills", kills, lo=1, hi=1000)
+    check_range("--replicas", replicas, lo=2, hi=9)
+    check_range("--ttl-s", ttl_s, lo=2, hi=60)
+    check_range("--clients", clients, lo=1, hi=64)
+    result = failover_bench.run(kills=kills, replicas=replicas, ttl_s=ttl_s, clients=clients)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    t = result["takeover_s"]
+    typer.echo(
+        f"take-over p50 {t['p50']} s  p99 {t['p99']} s  max {t['max']} s over {result['runs']} kills; "
+        f"lost leases {result['lost_leases']}, over-committed slices {result['overcommits']}"
+    )
+
+
 @app.command("kv")
 @user_errors
 def kv(  # noqa: PLR0917 (typer options)

@@ -31,7 +31,7 @@ from typing import Any
 import typer
 
 from gpupool.cli.console import say
-from gpupool.cli.errors import UserError, check_port, user_errors
+from gpupool.cli.errors import UserError, check_port, check_range, user_errors
 from gpupool.cli.stopping import catch_early_stop, stop_requested
 from gpupool.cli.store_options import store_settings
 from gpupool.core.clock import FunctionClock
@@ -147,7 +147,10 @@ def build(
     extra_tokens: Iterable[tuple[str, str, str]] = (),
     metrics_tenant_labels: bool = False,
     app_options: dict[str, Any] | None = None,
+    store: Any = None,
 ) -> Bundle:
+    """``store``: an open lease store to use (the HA mode passes the one its election fences);
+    default: open ``store_url``."""
     from gpupool.adapters.http.app import create_app
     from gpupool.adapters.http.auth import TokenTable
     from gpupool.adapters.metrics.gateway import GatewayMetrics
@@ -168,7 +171,8 @@ def build(
 
     url = store_url or f"sqlite:{data_dir / 'leases.db'}"
     try:
-        store = open_store(url, **(store_options or {}))
+        if store is None:
+            store = open_store(url, **(store_options or {}))
     except (InvalidInput, StoreCorrupt):  # (damage is StoreCorrupt: one line already)
         raise
     except (OSError, sqlite3.Error, GpupoolError) as exc:
@@ -412,6 +416,8 @@ async def serve_forever(
     extra: Iterable[Any] = (),
     feed_readings: bool = True,
     server_options: dict[str, Any] | None = None,
+    sockets: list[socket.socket] | None = None,
+    stop_event: asyncio.Event | None = None,
 ) -> None:
     """Run the gateway server (+ any extra `uvicorn_server`s / coroutines) until Ctrl-C or SIGTERM.
 
@@ -419,7 +425,8 @@ async def serve_forever(
     bounded by `SHUTDOWN_GRACE_S`; a second Ctrl-C skips the grace period.
     ``feed_readings``: push the simulated cluster's readings in-process; `gpupool run` turns it off
     when real node agents report them over HTTP instead. ``server_options``: `server_config`'s
-    (header_timeout_s, keep_alive_s, max_connections)."""
+    (header_timeout_s, keep_alive_s, max_connections). ``sockets``: listen on these (already bound)
+    instead of host:port; ``stop_event``: stop as on a signal once it is set (`gpupool.cli.ha`)."""
     import logging
     import signal
 
@@ -428,7 +435,8 @@ async def serve_forever(
     server = uvicorn_server(bundle.app, host=host, port=port, **(server_options or {}))
     tune_gc()
     servers = [server, *(x for x in extra if isinstance(x, uvicorn.Server))]
-    serving = [asyncio.create_task(s.serve()) for s in servers]
+    serving = [asyncio.create_task(server.serve(sockets=sockets))]
+    serving += [asyncio.create_task(s.serve()) for s in servers[1:]]
     tasks = []
     if bundle.sim is not None and feed_readings:
         tasks.append(asyncio.create_task(feed_simulated_readings(bundle)))
@@ -453,6 +461,13 @@ async def serve_forever(
         loop.add_signal_handler(sig, stop)
     if stop_requested():  # a signal arrived during start-up: it must not be lost (cli/stopping.py)
         stop()
+    if stop_event is not None:
+
+        async def stop_on_event(event: asyncio.Event) -> None:
+            await event.wait()
+            stop()
+
+        tasks.append(asyncio.create_task(stop_on_event(stop_event)))
     try:
         await serving[0]
     finally:
@@ -558,6 +573,19 @@ def serve(  # noqa: PLR0917 (typer options)
     etcd_max_txn_ops: int = typer.Option(
         128, "--etcd-max-txn-ops", help="etcd's --max-txn-ops: the most writes one group commit may carry."
     ),
+    election_ttl_s: int = typer.Option(
+        2,
+        "--election-ttl-s",
+        help="etcd store: the leader's etcd lease TTL; a standby takes over this long after the leader "
+        "stops renewing (docs/ops/ha.md).",
+    ),
+    advertise_url: str | None = typer.Option(
+        None,
+        "--advertise-url",
+        envvar="GPUPOOL_ADVERTISE_URL",
+        help="etcd store: the URL other replicas forward writes to while this one leads "
+        "(default http://HOST:PORT; in Kubernetes http://$(POD_IP):PORT).",
+    ),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
     for flag, v in (
@@ -582,29 +610,54 @@ def serve(  # noqa: PLR0917 (typer options)
     )
     table = _load_objectives_file(objectives) if objectives is not None else None
     backend_specs = _load_backends_file(backends) if backends is not None else None
-    bundle = build(
-        data_dir=data_dir,
-        cluster=cluster,
-        workloads=workloads,
-        auth_file=auth_file,
-        store_url=store,
-        store_options=store_options,
-        simulate=simulate_readings,
-        metrics_tenant_labels=metrics_tenant_labels,
-        app_options={
-            "max_body_bytes": max_body_kib * 1024,
-            "max_proxy_body_bytes": max_proxy_body_kib * 1024,
-        },
-    )
-    if table is not None:
-        from gpupool.adapters.http.proxy import set_objectives
 
-        set_objectives(bundle.app, table)
-    if backend_specs is not None:
-        register_backends(bundle, *backend_specs)
+    def make_bundle(open_store: Any = None) -> Bundle:
+        bundle = build(
+            data_dir=data_dir,
+            cluster=cluster,
+            workloads=workloads,
+            auth_file=auth_file,
+            store_url=store,
+            store_options=store_options,
+            simulate=simulate_readings,
+            metrics_tenant_labels=metrics_tenant_labels,
+            app_options={
+                "max_body_bytes": max_body_kib * 1024,
+                "max_proxy_body_bytes": max_proxy_body_kib * 1024,
+            },
+            store=open_store,
+        )
+        if table is not None:
+            from gpupool.adapters.http.proxy import set_objectives
+
+            set_objectives(bundle.app, table)
+        if backend_specs is not None:
+            register_backends(bundle, *backend_specs)
+        return bundle
+
+    opts: dict[str, Any] = {"header_timeout_s": header_timeout_s, "max_connections": max_connections}
+    if store is not None and store.startswith(("etcd://", "etcds://")):
+        from gpupool.cli.ha import default_advertise_url, serve_replicated
+
+        check_range("--election-ttl-s", election_ttl_s, lo=2, hi=60)
+        code = serve_replicated(
+            make_bundle=make_bundle,
+            store_url=store,
+            store_options=store_options,
+            data_dir=data_dir,
+            auth_file=auth_file,
+            cluster=cluster,
+            workloads=workloads,
+            host=host,
+            port=port,
+            advertise_url=advertise_url or default_advertise_url(host, port),
+            ttl_s=election_ttl_s,
+            server_options=opts,
+        )
+        raise typer.Exit(code)
+    bundle = make_bundle()
     say(f"gpupool gateway on http://{host}:{port}  (store {store or data_dir / 'leases.db'})")
     if bundle.new_admin_token:
         say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")
     with contextlib.suppress(KeyboardInterrupt):
-        opts = {"header_timeout_s": header_timeout_s, "max_connections": max_connections}
         run_loop(serve_forever(bundle, host=host, port=port, server_options=opts))

@@ -16,6 +16,12 @@ class StoreDamaged(GpupoolError):
     and the command to run); servers answer it 503 with that message, never 500."""
 
 
+class StoreUnreachable(GpupoolError):
+    """A networked lease store did not take a write (unreachable, or this replica no longer leads);
+    the write was undone in memory. Servers answer it 503 with Retry-After (the caller retries,
+    possibly on the replica that leads now), never 500."""
+
+
 class InvalidInput(GpupoolError, ValueError):
     """A caller passed a value that can never be valid. ``field`` names it (dotted path)."""
 

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupool.adapters.store.etcd_client import (
+    GRPC_INVALID_ARGUMENT,
     GRPC_OUT_OF_RANGE,
     GRPC_PERMISSION_DENIED,
     EtcdClient,
@@ -70,7 +71,7 @@ from gpupool.adapters.store.etcd_client import (
     put_op,
     range_op,
 )
-from gpupool.core.errors import GpupoolError, InvalidInput
+from gpupool.core.errors import GpupoolError, InvalidInput, StoreUnreachable
 from gpupool.core.model import Lease, LeaseState
 from gpupool.core.ports import (
     RevisionConflict,
@@ -87,7 +88,7 @@ DEFAULT_MAX_TXN_OPS = 128  # etcd's own default for --max-txn-ops
 DEFAULT_HISTORY_REVISIONS = 10_000
 
 
-class NotLeader(GpupoolError):
+class NotLeader(StoreUnreachable):
     """A fenced write found the leader key changed: this process no longer leads; nothing landed."""
 
 
@@ -139,6 +140,10 @@ class EtcdLeaseStore:
         self._fence: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.commits = 0
+        self.on_write_doubt: Callable[[EtcdError], None] | None = None
+        """Called (then the error is raised) when a lease batch's outcome is unknown: etcd did not
+        answer, or answered with an error other than a bad request. A leader's ledger in memory may
+        then differ from the store (the HA mode steps down: `gpupool.cli.ha`)."""
         self.revision()  # fail now (named) if no endpoint answers
 
     # ------------------------------------------------------------------ keys
@@ -173,7 +178,12 @@ class EtcdLeaseStore:
         if not writes:
             return
         with self._lock:
-            self._apply(writes)
+            try:
+                self._apply(writes)
+            except EtcdError as exc:
+                if self.on_write_doubt is not None and exc.code != GRPC_INVALID_ARGUMENT:
+                    self.on_write_doubt(exc)
+                raise
 
     def _apply(self, writes: Sequence[Write]) -> None:
         leases: dict[str, tuple[int | None, Lease]] = {}

