@@ -548,6 +548,16 @@ def serve(  # noqa: PLR0917 (typer options)
     etcd_max_txn_ops: int = typer.Option(
         128, "--etcd-max-txn-ops", help="etcd's --max-txn-ops: the most writes one group commit may carry."
     ),
+    kubernetes: bool = typer.Option(
+        False, "--kubernetes", help="Also serve kube-scheduler's extender verbs on this ledger."
+    ),
+    extender_host: str = typer.Option("127.0.0.1", "--extender-host", help="--kubernetes: extender address."),
+    extender_port: int = typer.Option(8888, "--extender-port", help="--kubernetes: extender TCP port."),
+    extender_prefix: str = typer.Option("", "--extender-prefix", help="--kubernetes: verbs' URL prefix."),
+    domain: str = typer.Option("gpupool.io", "--domain", help="--kubernetes: extended resource domain."),
+    kube_api: str = typer.Option("", "--kube-api", help="--kubernetes: API URL (default: in-cluster)."),
+    kubeconfig: str = typer.Option("", "--kubeconfig", help="--kubernetes: kubeconfig file."),
+    no_kube: bool = typer.Option(False, "--no-kube", help="--kubernetes without an API: bind only commits."),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
     for flag, v in (
@@ -569,6 +579,14 @@ def serve(  # noqa: PLR0917 (typer options)
         password=etcd_password,
         max_txn_ops=etcd_max_txn_ops,
     )
+    kube = None
+    if kubernetes:
+        from gpupool.cli import serve_k8s
+
+        kube_opts = serve_k8s.KubeOptions(
+            extender_host, extender_port, extender_prefix, domain, kube_api, kubeconfig, no_kube
+        )
+        kube = serve_k8s.check(kube_opts)
     table = _load_objectives_file(objectives) if objectives is not None else None
     backend_specs = _load_backends_file(backends) if backends is not None else None
     bundle = build(
@@ -596,4 +614,5 @@ def serve(  # noqa: PLR0917 (typer options)
         say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")
     with contextlib.suppress(KeyboardInterrupt):
         opts = {"header_timeout_s": header_timeout_s, "max_connections": max_connections}
-        run_loop(serve_forever(bundle, host=host, port=port, server_options=opts))
+        extra = [] if kube is None else [serve_k8s.run(bundle, kube, kube_opts)]
+        run_loop(serve_forever(bundle, host=host, port=port, extra=extra, server_options=opts))

@@ -1,4 +1,5 @@
-"""`LeaseController`: the gateway's brain. Composes the `Allocator` (placement leases on real slices),
+"""`LeaseController`: the one ledger's owner. Composes the `Allocator` (placement leases on real slices:
+model instances, batch jobs, Kubernetes pods bound through `PlacementBinds`),
 a second allocator over model instances' KV-cache budgets (request leases), the `AdmissionQueue`, a
 `WatermarkBank` and a `LeaseStore` (write-through, group-committed), and emits `GatewayEvent`s.
 
@@ -49,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from gpupool.core import placement
 from gpupool.core.admission import NOTHING, AdmissionConfig, AdmissionQueue, Ticketed, Verdict
 from gpupool.core.allocator import Allocator, LeaseEvent
+from gpupool.core.binds import PlacementBinds
 from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.gpu_admin import GpuAdmin
@@ -89,7 +91,7 @@ MAX_PUMP_PASSES = 4
 """Passes of one pump while a pass itself frees capacity (preemption, expiry); bounded on purpose."""
 
 
-class LeaseController(GpuAdmin, KvBackends):
+class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
     def __init__(
         self,
         slices: Iterable[Slice],
@@ -147,6 +149,8 @@ class LeaseController(GpuAdmin, KvBackends):
         """KV slice id -> model of its backend."""
         self._ends = 0
         """Leases ended so far (a pump pass that ends some runs again)."""
+        self._bound: dict[str, str] = {}  # bound key (pod UID) -> lease id: `PlacementBinds`
+        self._cards = None
 
     # ================================================================== leases
     def acquire(
@@ -274,6 +278,7 @@ class LeaseController(GpuAdmin, KvBackends):
         self._touched = {}
         self._events = []
         self.allocator.rewind(versions.items())
+        self._rebuild_binds()
         why = f"lease store unavailable: {error}"
         for t in tickets:
             st = self._tickets.get(t)
@@ -333,6 +338,8 @@ class LeaseController(GpuAdmin, KvBackends):
         self.allocator.check_invariants()
         self.kv.check_invariants()
         self.lane.check()
+        if self._cards is not None:
+            self._cards.check()
 
     # ================================================================== internals
     def _admit(
@@ -535,6 +542,7 @@ class LeaseController(GpuAdmin, KvBackends):
 
     def _on_lease(self, ev: LeaseEvent) -> None:
         lease = ev.lease
+        self._note_bind(ev)
         if ev.kind == "restored":
             return
         self._write(lease, None if ev.kind == "granted" else lease.revision - 1, ev.previous)
@@ -584,12 +592,5 @@ class LeaseController(GpuAdmin, KvBackends):
         return alloc, lease
 
 
-__all__ = [
-    "KV_PREFIX",
-    "Backend",
-    "Batch",
-    "ControllerConfig",
-    "LeaseController",
-    "RecoveryReport",
-    "TicketStatus",
-]
+__all__ = ["KV_PREFIX", "Backend", "Batch", "ControllerConfig", "LeaseController", "RecoveryReport"]
+__all__ += ["TicketStatus"]

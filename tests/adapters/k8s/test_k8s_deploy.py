@@ -12,9 +12,9 @@ import pytest
 import typer
 import yaml
 from tests.adapters.k8s.k8s_helm import render_chart
+from tests.adapters.k8s.k8s_helpers import pool_of
 
 from gpupool.adapters.k8s.extender import Extender
-from gpupool.adapters.k8s.pool import ExtenderPool
 from gpupool.adapters.k8s.resources import PRIORITY_CLASSES, ResourceNames, parse_pod
 from gpupool.cli.main import app
 from gpupool.cli.specfiles import load_cluster_file, load_workload_file
@@ -164,7 +164,7 @@ def test_rbac_allows_what_the_adapter_calls() -> None:
 def test_example_pods_schedule_on_the_example_platform() -> None:
     cluster = load_cluster_file(ROOT / "examples" / "cluster-a100-l40s.yaml")
     workloads = load_workload_file(ROOT / "examples" / "workloads-agent-platform.yaml")
-    pool = ExtenderPool(list(inventory_from_plan(plan(cluster, workloads))), clock=ManualClock(0.0))
+    pool = pool_of(list(inventory_from_plan(plan(cluster, workloads))), clock=ManualClock(0.0))
     ext = Extender(pool)
     kinds = set()
     for pod in _by_kind("Pod"):
