@@ -59,7 +59,14 @@ class LoopOwner:
         self._durable = durable
         self._kick = kick
         self._thread: int | None = None
-        loop.call_soon_threadsafe(self._learn_thread)
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._thread = threading.get_ident()
+        else:
+            loop.call_soon_threadsafe(self._learn_thread)
 
     def _learn_thread(self) -> None:
         self._thread = threading.get_ident()
