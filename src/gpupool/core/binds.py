@@ -8,9 +8,10 @@ allocator, written to the same `LeaseStore` and recovered by the same `recover`.
 
 Binds: ``bind(key, request, node)`` is one compare-and-set on the key, evaluated atomically by the
 controller's single owner: when the key already holds an active lease on ``node`` the answer is that
-lease (idempotent: a retried bind grants nothing); when it holds one elsewhere that lease is released
-first (the holder was re-bound); otherwise the request is granted on the node's best card, validated
-on the current books (`Allocator.allocate` scoped to the node, never preempting: kube-scheduler and
+lease (idempotent: a retried bind grants nothing); otherwise the request is granted on the node's
+best card, and only once that grant succeeded is a lease the key held on another node released (the
+holder was re-bound: a re-bind that finds no room leaves the first lease in place). The grant is
+validated on the current books (`Allocator.allocate` scoped to the node, never preempting: kube-scheduler and
 the preemptor own eviction). A bound lease carries the label ``("bind", key)``; the key -> lease map
 is derived from the allocator's events (granted, restored, ended), and every read checks the lease is
 still active there, so a store undo that rewinds the allocator can never leave a key pointing at a
@@ -91,16 +92,16 @@ class PlacementBinds:
         if not key:
             raise InvalidInput("key", key, "must be a non-empty string")
         held = self.bound(key)
-        if held is not None:
-            if held.node == node:
-                return Outcome(OutcomeCode.GRANTED, lease=held, reason="already bound")
-            self.allocator.release(held.id, reason=f"re-bound to {node}")
+        if held is not None and held.node == node:
+            return Outcome(OutcomeCode.GRANTED, lease=held, reason="already bound")
         if not self.allocator.ledger.on_node(node):
             return self._finish(Outcome(OutcomeCode.UNRESOLVABLE, reason=f"node {node} has no gpupool GPUs"))
         req = _keyed(request, key, node)
         out = self.allocator.allocate(req, preempt=False)
         if out.granted:
             self.queue.record_grant(req.priority)
+            if held is not None:
+                self.allocator.release(held.id, reason=f"re-bound to {node}")
         return self._finish(self._count(req, out))
 
     def unbind(self, key: str, *, reason: str, lease_id: str | None = None) -> Lease | None:

@@ -6,7 +6,8 @@ Checked afterwards, from the API and from the SQLite store the process wrote:
   alike, fit its capacity);
 - every pod holds at most one active lease, a pod holds one exactly when some bind of it answered
   success, and it is on a node that one of those binds named (binds of one pod race from three
-  threads: the same node, an idempotent retry; or different nodes, a re-bind);
+  threads: the same node, an idempotent retry; or different nodes, a re-bind, which keeps the first
+  lease when the second node has no room);
 - the pods' leases are in the same store as the lease-API leases and survive a restart (recovered
   from the store: the process runs with ``--no-kube``, so no annotation could bring them back).
 """

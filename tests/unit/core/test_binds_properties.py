@@ -7,8 +7,9 @@ Invariants after every step:
 - a pod UID maps to at most one active lease, and `bound` answers exactly that lease;
 - the store holds exactly the active leases the ledger holds, at the same revisions (every bind,
   release and expiry is durable in the same store as the gateway's leases);
-- a retried bind to the same node grants nothing new (same lease id); a stale unbind (old lease id)
-  never ends the lease the pod holds now;
+- a retried bind to the same node grants nothing new (same lease id); a re-bind to another node that
+  finds no room keeps the lease the pod held; a stale unbind (old lease id) never ends the lease the
+  pod holds now;
 - the card index agrees with the grant: a single-card pod's bind is granted exactly when the index
   said FIT for that node just before.
 """
@@ -95,6 +96,8 @@ class OneLedgerMachine(RuleBasedStateMachine):
             assert out.lease is not None and out.lease.node == node
             assert self.c.bound(uid) == out.lease
             self.seen[uid] = out.lease.id
+        else:
+            assert self.c.bound(uid) == held  # a re-bind that found no room keeps the first lease
 
     @rule(uid=st.sampled_from(PODS), node=st.sampled_from(NODES[:2]), priority=st.sampled_from([-1, 100]))
     def bind_two_cards(self, uid: str, node: str, priority: int) -> None:
