@@ -78,6 +78,12 @@ class PlacementBinds:
             self._cards = CardIndex(self.allocator)
         return self._cards
 
+    @property
+    def cards_generation(self) -> int | None:
+        """The card index's generation, None before its first use: one attribute read, so another
+        thread may read it without the owner to tell whether costs it cached are still current."""
+        return None if self._cards is None else self._cards.generation
+
     # ------------------------------------------------------------------ queries
     def bound(self, key: str) -> Lease | None:
         lid = self._bound.get(key)

@@ -186,14 +186,16 @@ class ExtenderPool:
         c = self.controller
 
         def costs() -> dict[str, int]:
-            with self._lock:
-                cached = self._costs.get((demand.uid, c.cards.generation))
-            if cached is None or any(n not in cached for n in nodes):
-                c.expire_leases()
-                cached = c.cards.filter(demand.to_request(), nodes).costs
-            return cached
+            c.expire_leases()
+            return c.cards.filter(demand.to_request(), nodes).costs
 
-        cached = self.owner.read(costs)
+        # the usual case, filter's costs at the current generation, needs no trip to the owner: the
+        # generation grows with every change, so equal means these costs are those of the state now
+        generation = c.cards_generation
+        with self._lock:
+            cached = None if generation is None else self._costs.get((demand.uid, generation))
+        if cached is None or any(n not in cached for n in nodes):
+            cached = self.owner.read(costs)
         fitting = [cached[n] for n in nodes if n in cached]
         lo, hi = (min(fitting), max(fitting)) if fitting else (0, 0)
         out = []
