@@ -46,9 +46,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(data: Path, auth: Path, port: int, ext_port: int) -> subprocess.Popen[bytes]:
+def _start(data: Path, auth: Path, port: int, ext_port: int, kube_api: str = "") -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "gpupool.cli.main", "serve", "--port", str(port), "--data-dir", str(data)]
-    cmd += ["--auth-file", str(auth), "--no-simulate-readings", "--kubernetes", "--no-kube"]
+    cmd += ["--auth-file", str(auth), "--no-simulate-readings", "--kubernetes"]
+    cmd += ["--kube-api", kube_api] if kube_api else ["--no-kube"]
     cmd += ["--extender-port", str(ext_port)]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
@@ -205,3 +206,63 @@ def _assert_one_ledger(active: list[Any], slices: dict[str, Slice], bound: dict[
     assert sorted(per_pod) == sorted(bound)
     for uid, leases in per_pod.items():
         assert leases[0].node in bound[uid], (uid, leases[0].node, bound[uid])
+
+
+def test_kubernetes_binds_are_durable_in_the_gateway_store(tmp_path: Path) -> None:
+    """With a (fake) Kubernetes API: bind writes the annotation and the Binding, the lease is in the
+    gateway's store; after a restart it comes back from the store (the reconciler finds it held, it
+    adopts nothing), and deleting the pod releases it there."""
+    from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_pod
+
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(f"tokens:\n  - {{token: {ADMIN}, tenant: ops, role: admin}}\n")
+    data = tmp_path / "data"
+    port, ext_port = _free_port(), _free_port()
+    nodes = sorted({s.node for s in _slices().values()})
+    api = FakeApiServer().start()
+    try:
+        pod = api.add_pod(
+            make_pod("llm-0", namespace="team", vram_mib=4096, compute_pct=20, gpus=1, priority=100)
+        )
+        uid = pod["metadata"]["uid"]
+        proc = _start(data, auth, port, ext_port, kube_api=api.url)
+        try:
+            ext = _Ext(ext_port)
+            out = ext.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": nodes})
+            node = out["NodeNames"][0]
+            args = {"PodName": "llm-0", "PodNamespace": "team", "PodUID": uid, "Node": node}
+            assert ext.post("bind", args) == {"Error": ""}
+            bound = api.pod("team", "llm-0")
+            assert bound["spec"]["nodeName"] == node
+            assert "gpupool.io/placement" in bound["metadata"]["annotations"]
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as cl:
+                leases = cl.get("/v1/leases", headers={"Authorization": f"Bearer {ADMIN}"}).json()["leases"]
+            (mine,) = [x for x in leases if x["tenant"] == "team"]
+            assert mine["node"] == node
+        finally:
+            _stop(proc)
+        store = SqliteLeaseStore(data / "leases.db")
+        try:
+            (stored,) = [x for x in store.active() if bind_key(x) == uid]
+        finally:
+            store.close()
+        assert stored.id == mine["id"]
+
+        proc = _start(data, auth, port, ext_port, kube_api=api.url)
+        try:
+            state = httpx.get(f"http://127.0.0.1:{ext_port}/state", timeout=5).json()
+            assert state["pods"] == [uid] and state["drift"] == []
+            api.delete_pod("team", "llm-0")
+            deadline = time.monotonic() + 20
+            while httpx.get(f"http://127.0.0.1:{ext_port}/state", timeout=5).json()["pods"]:
+                assert time.monotonic() < deadline, "the pod's lease was not released"
+                time.sleep(0.1)
+        finally:
+            _stop(proc)
+        store = SqliteLeaseStore(data / "leases.db")
+        try:
+            assert store.get(stored.id).state.value == "released"
+        finally:
+            store.close()
+    finally:
+        api.stop()
