@@ -66,7 +66,7 @@ def build_slices(
     return list(slices), "node-annotations"
 
 
-def open_controller(slices: list[Slice], *, store_url: str, policy: str, say: bool = True) -> LeaseController:
+def open_controller(slices: list[Slice], *, store_url: str, policy: str) -> LeaseController:
     """An in-process controller over ``store_url`` with its leases recovered (standalone extender)."""
     from gpupool.adapters.store import open_store
     from gpupool.core.clock import FunctionClock
@@ -78,9 +78,12 @@ def open_controller(slices: list[Slice], *, store_url: str, policy: str, say: bo
     except (OSError, GpupoolError) as exc:
         raise UserError(f"cannot open the lease store --store={store_url!r}: {exc}") from None
     controller = LeaseController(slices, clock=FunctionClock(time.time), store=store, policy=policy)
-    report = controller.recover()
-    if say and report.restored + report.expired + report.revoked:
-        typer.echo(f"recovered {report.restored} leases ({report.expired} expired, {report.revoked} revoked)")
+    r = controller.recover()
+    if r.restored + r.expired + r.revoked:
+        logging.getLogger("gpupool.extender").info(
+            "recovered %d leases from %s (%d expired, %d revoked)",
+            *(r.restored, store_url, r.expired, r.revoked),
+        )
     return controller
 
 
