@@ -1,5 +1,4 @@
-"""`LeaseController`: the one ledger's owner. Composes the `Allocator` (placement leases on real slices:
-model instances, batch jobs, Kubernetes pods bound through `PlacementBinds`),
+"""`LeaseController`: the one ledger. Composes the `Allocator` (placement leases: instances, jobs, pods),
 a second allocator over model instances' KV-cache budgets (request leases), the `AdmissionQueue`, a
 `WatermarkBank` and a `LeaseStore` (write-through, group-committed), and emits `GatewayEvent`s.
 
@@ -149,8 +148,7 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
         """KV slice id -> model of its backend."""
         self._ends = 0
         """Leases ended so far (a pump pass that ends some runs again)."""
-        self._bound: dict[str, str] = {}  # bound key (pod UID) -> lease id: `PlacementBinds`
-        self._cards = None
+        self._bound, self._cards = {}, None  # pod UID -> lease id, the card index: `PlacementBinds`
 
     # ================================================================== leases
     def acquire(
@@ -338,8 +336,6 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
         self.allocator.check_invariants()
         self.kv.check_invariants()
         self.lane.check()
-        if self._cards is not None:
-            self._cards.check()
 
     # ================================================================== internals
     def _admit(
@@ -592,5 +588,12 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
         return alloc, lease
 
 
-__all__ = ["KV_PREFIX", "Backend", "Batch", "ControllerConfig", "LeaseController", "RecoveryReport"]
-__all__ += ["TicketStatus"]
+__all__ = [
+    "KV_PREFIX",
+    "Backend",
+    "Batch",
+    "ControllerConfig",
+    "LeaseController",
+    "RecoveryReport",
+    "TicketStatus",
+]
