@@ -248,6 +248,7 @@ def run(  # noqa: PLR0917 (typer options)
                 f"gpupool: fresh start: removed the previous run's lease store {removed[0]} "
                 "(--keep-state keeps it)"
             )
+    check_port("--extender-port", extender_port)
     kube = None
     if kubernetes:  # the control plane `serve --kubernetes` runs; the port is bound before the store opens
         from gpupool.cli import serve_k8s

@@ -579,6 +579,7 @@ def serve(  # noqa: PLR0917 (typer options)
         password=etcd_password,
         max_txn_ops=etcd_max_txn_ops,
     )
+    check_port("--extender-port", extender_port)  # (checked with or without --kubernetes)
     kube = None
     if kubernetes:
         from gpupool.cli import serve_k8s
