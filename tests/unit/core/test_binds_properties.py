@@ -6,7 +6,8 @@ Invariants after every step:
   stay within capacity (`check_invariants`, which also proves the card index and its memo current);
 - a pod UID maps to at most one active lease, and `bound` answers exactly that lease;
 - the store holds exactly the active leases the ledger holds, at the same revisions (every bind,
-  release and expiry is durable in the same store as the gateway's leases);
+  release and expiry is durable in the same store as the gateway's leases), also after the store
+  refused a bind's batch (the controller undid it: the pod keeps the lease it had, or none);
 - a retried bind to the same node grants nothing new (same lease id); a re-bind to another node that
   finds no room keeps the lease the pod held; a stale unbind (old lease id) never ends the lease the
   pod holds now;
@@ -15,6 +16,8 @@ Invariants after every step:
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -27,9 +30,30 @@ from gpupool.core.cardindex import FIT
 from gpupool.core.clock import ManualClock
 from gpupool.core.controller import LeaseController
 from gpupool.core.ids import seeded_lease_ids
+from gpupool.core.ports import Write
 from tests.builders import a_slice
 
 PODS = [f"uid-{i}" for i in range(6)]
+
+
+class FullDisk(OSError):
+    pass
+
+
+class FaultyStore(MemoryLeaseStore):
+    """The reference store, refusing the next batch when told to (a full disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_next = False
+
+    def apply(self, writes: Sequence[Write]) -> None:
+        if self.fail_next:
+            self.fail_next = False
+            raise FullDisk("no space left on device")
+        super().apply(writes)
+
+
 NODES = ["n0", "n1", "n2"]
 
 
@@ -63,7 +87,7 @@ class OneLedgerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.clock = ManualClock(1000.0)
-        self.store = MemoryLeaseStore()
+        self.store = FaultyStore()
         self.ids = seeded_lease_ids(3)
         self.c = self._open()
         self.n = 0
@@ -107,6 +131,23 @@ class OneLedgerMachine(RuleBasedStateMachine):
         out = self.c.bind(uid, request, node)
         if held is None or held.node != node:
             assert out.granted == (status == FIT), (status, out)
+
+    @rule(
+        uid=st.sampled_from(PODS),
+        node=st.sampled_from(NODES),
+        vram_gib=st.integers(1, 30),
+    )
+    def bind_while_the_store_fails(self, uid: str, node: str, vram_gib: int) -> None:
+        """The store refuses the bind's batch: the controller undoes it, the pod keeps what it had."""
+        held = self.c.bound(uid)
+        self.store.fail_next = True
+        try:
+            out = self.c.bind(uid, _pod(uid, vram_gib, 20, 50), node)
+        except FullDisk:
+            assert self.c.bound(uid) == held
+        else:  # nothing to write (already bound there, or no room): the store was not asked
+            self.store.fail_next = False
+            assert not out.granted or out.lease == held
 
     @rule(uid=st.sampled_from(PODS))
     def retry_bind(self, uid: str) -> None:
