@@ -17,6 +17,10 @@ is derived from the allocator's events (granted, restored, ended), and every rea
 still active there, so a store undo that rewinds the allocator can never leave a key pointing at a
 lease the ledger does not hold (`_rebuild_binds` re-derives the map after an undo).
 
+Tenancy: a bound lease belongs to the orchestrator that bound it (its pod reconciler releases it when
+the pod ends): the lease API shows it to admins only, so a tenant whose name equals a namespace can
+neither see nor release a running pod's lease (`_tenant_sees`).
+
 Invariants: a key maps to at most one active lease; a bound lease is written to the store like any
 other (granted, renewed, released, expired: the controller's `_on_lease`), so after a restart the
 store, not an annotation, brings it back (`recover` restores it and the "restored" event re-keys it);
@@ -172,6 +176,11 @@ class PlacementBinds:
         self._finish(None)
 
     # ------------------------------------------------------------------ upkeep
+    @staticmethod
+    def _tenant_sees(lease: Lease, tenant: str | None) -> bool:
+        """Whether the lease API shows ``lease`` to ``tenant`` (None: an admin sees every lease)."""
+        return tenant is None or (lease.request.tenant == tenant and bind_key(lease) is None)
+
     def _note_bind(self, ev: LeaseEvent) -> None:
         """Keep the key map: called by the controller for every placement lease event."""
         key = bind_key(ev.lease)

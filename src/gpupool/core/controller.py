@@ -211,7 +211,7 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
 
     def leases(self, *, tenant: str | None = None) -> list[Lease]:
         """Active placement and request leases (of one tenant), sorted by id."""
-        out = [x for x in self.allocator.leases if tenant is None or x.request.tenant == tenant]
+        out = [x for x in self.allocator.leases if self._tenant_sees(x, tenant)]
         out += [x for x in self.request_leases() if tenant is None or x.request.tenant == tenant]
         return sorted(out, key=lambda x: x.id)
 
@@ -583,7 +583,7 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
             lease = self.store.get(lease_id)
             if lease is not None and not lease.state.ended:
                 lease = None  # NOTE: active in the store but not restored: not ours to serve
-        if lease is None or (tenant is not None and lease.request.tenant != tenant):
+        if lease is None or not self._tenant_sees(lease, tenant):
             raise UnknownId("lease", lease_id)
         return alloc, lease
 

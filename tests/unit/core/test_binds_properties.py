@@ -11,6 +11,7 @@ Invariants after every step:
 - a retried bind to the same node grants nothing new (same lease id); a re-bind to another node that
   finds no room keeps the lease the pod held; a stale unbind (old lease id) never ends the lease the
   pod holds now;
+- the lease API never shows a pod's lease to a tenant, nor lets one release it;
 - the card index agrees with the grant: a single-card pod's bind is granted exactly when the index
   said FIT for that node just before.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -29,6 +31,7 @@ from gpupool.core.binds import bind_key
 from gpupool.core.cardindex import FIT
 from gpupool.core.clock import ManualClock
 from gpupool.core.controller import LeaseController
+from gpupool.core.errors import UnknownId
 from gpupool.core.ids import seeded_lease_ids
 from gpupool.core.ports import Write
 from tests.builders import a_slice
@@ -194,6 +197,17 @@ class OneLedgerMachine(RuleBasedStateMachine):
         mine = [x for x in self.c.leases() if x.request.tenant == "api"]
         lease = data.draw(st.sampled_from(mine))
         assert self.c.release(lease.id).code is OutcomeCode.RELEASED
+
+    @rule(uid=st.sampled_from(PODS))
+    def tenant_cannot_touch_a_pod_lease(self, uid: str) -> None:
+        """The pods' namespace is also a lease-API tenant here: it neither sees nor releases them."""
+        held = self.c.bound(uid)
+        if held is None:
+            return
+        with pytest.raises(UnknownId):
+            self.c.release(held.id, tenant=held.request.tenant)
+        assert held.id not in {x.id for x in self.c.leases(tenant=held.request.tenant)}
+        assert self.c.bound(uid) == held
 
     @rule(dt=st.sampled_from([1.0, 20.0, 45.0]))
     def time_passes(self, dt: float) -> None:
