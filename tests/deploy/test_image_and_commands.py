@@ -122,7 +122,7 @@ def test_every_command_and_flag_deployed_exists_in_the_cli() -> None:
     for args in runs:
         sub, *rest = args
         flags.setdefault(sub, set()).update(a.split("=", 1)[0] for a in rest if a.startswith("--"))
-    assert set(flags) == {"serve", "extender", "agent", "device-plugin"}
+    assert set(flags) == {"serve", "agent", "device-plugin"}
     for sub, want in sorted(flags.items()):
         r = _help(sub)
         assert r.returncode == 0, (sub, r.stderr)

@@ -1,38 +1,50 @@
 """`gpupool bench extender`: filter + prioritize latency for one pod over 1,000 nodes x 8 GPUs.
 
 Method:
-1. A static pool of ``nodes`` x ``gpus_per_node`` whole H100-80GB cards (81,559 MiB, 1000 mGPU each),
-   pre-filled with seeded leases (``fill_per_card`` per card on average, 2-24 GiB x 5-40 % each,
-   placed with ``Allocator.place``) so nodes differ and some cards are full.
+1. The one ledger as ``gpupool serve --kubernetes`` runs it: a `LeaseController` over a SQLite lease
+   store (a temporary file), owned by an asyncio loop in its own thread with the gateway's
+   `GroupCommitter`; the extender's calls reach it through `LoopOwner`, exactly as in the server.
+   ``nodes`` x ``gpus_per_node`` whole H100-80GB cards (81,559 MiB, 1000 mGPU each), pre-filled with
+   seeded lease-API leases (``fill_per_card`` per card on average, 2-24 GiB x 5-40 % each, placed
+   with ``LeaseController.place`` and committed to the store) so nodes differ and some cards are full.
 2. The real extender HTTP server on loopback; a keep-alive ``http.client`` connection posts what
    kube-scheduler posts with ``nodeCacheCapable: true``: ``/filter`` with the pod JSON and all node
    names, then ``/prioritize`` with the nodes that passed. One timed sample = both round trips,
    including JSON encode / decode on both sides and the HTTP stack.
 3. Every sample is a fresh pod (new UID) of a new shape (random VRAM MiB and compute %), so the
    extender's per-shape verdict memo never helps: the headline ``filter_prioritize_*`` figures are
-   the cold path. Between samples one lease is granted and one released on random cards (untimed),
-   so each timed filter also rebuilds the index rows of the nodes that changed.
+   the cold path. Between samples one lease is granted and one released on random cards through the
+   controller (untimed, committed to the store), so each timed filter also rebuilds the card index
+   rows of the nodes that changed.
 4. ``repeated_shapes_*``: the same, with pods drawn from 16 shapes (replicas of a few Deployments):
    the memo answers every node that did not change since the last pod of that shape.
 5. ``filter_prioritize_cpu_p50_ms``: CPU time of this process (client and server threads) per cold
    sample, which contention from other jobs on the machine does not inflate the way it does wall time.
 6. The cold samples are also timed in process (``Extender.filter`` + ``Extender.prioritize`` on dicts:
-   no HTTP, no JSON) to show what the protocol stack costs.
+   no HTTP, no JSON, still the hop onto the controller's loop) to show what the protocol stack costs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import random
 import statistics
+import tempfile
+import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
+from gpupool.adapters.http.runtime import GroupCommitter
 from gpupool.adapters.k8s.extender import Extender, ExtenderServer
+from gpupool.adapters.k8s.owner import LoopOwner
 from gpupool.adapters.k8s.pool import ExtenderPool
+from gpupool.adapters.store import SqliteLeaseStore
 from gpupool.core import ManualClock, Request, Resources, Slice, SliceKind
+from gpupool.core.controller import LeaseController
 from gpupool.core.ids import seeded_lease_ids
 
 H100_MIB = 81559
@@ -81,7 +93,9 @@ def _pctl(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
-def build(nodes: int, gpus_per_node: int, fill_per_card: float, seed: int) -> tuple[ExtenderPool, list[str]]:
+def build(
+    nodes: int, gpus_per_node: int, fill_per_card: float, seed: int, store_dir: Path
+) -> tuple[LeaseController, list[str]]:
     slices = [
         Slice(
             f"n{n:04d}/{g}",
@@ -94,9 +108,11 @@ def build(nodes: int, gpus_per_node: int, fill_per_card: float, seed: int) -> tu
         for n in range(nodes)
         for g in range(gpus_per_node)
     ]
-    pool = ExtenderPool(slices, clock=ManualClock(0.0), lease_ids=seeded_lease_ids(seed))
+    store = SqliteLeaseStore(store_dir / "leases.db")
+    controller = LeaseController(
+        slices, clock=ManualClock(0.0), store=store, lease_ids=seeded_lease_ids(seed), autoflush=False
+    )
     rng = random.Random(seed)
-    alloc = pool.allocator
     for i in range(round(len(slices) * fill_per_card)):
         s = rng.choice(slices)
         req = Request(
@@ -106,8 +122,22 @@ def build(nodes: int, gpus_per_node: int, fill_per_card: float, seed: int) -> tu
             demand=Resources(rng.randrange(2048, 24576), rng.randrange(50, 400)),
             ttl_s=10**6,
         )
-        alloc.place(req, (s.id,))
-    return pool, [f"n{n:04d}" for n in range(nodes)]
+        controller.place(req, (s.id,))
+    controller.flush()
+    return controller, [f"n{n:04d}" for n in range(nodes)]
+
+
+def _owner_loop(controller: LeaseController) -> tuple[asyncio.AbstractEventLoop, LoopOwner, threading.Thread]:
+    """The controller's owner loop in a thread, with the gateway's group committer."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="bench-owner-loop", daemon=True)
+    thread.start()
+
+    async def make() -> LoopOwner:
+        committer = GroupCommitter(controller)
+        return LoopOwner(loop, durable=committer.durable, kick=committer.kick)
+
+    return loop, asyncio.run_coroutine_threadsafe(make(), loop).result(), thread
 
 
 def run(
@@ -119,7 +149,10 @@ def run(
     fill_per_card: float = 5.0,
     seed: int = 1,
 ) -> dict[str, Any]:
-    pool, names = build(nodes, gpus_per_node, fill_per_card, seed)
+    tmp = tempfile.TemporaryDirectory(prefix="gpupool-bench-extender-")
+    controller, names = build(nodes, gpus_per_node, fill_per_card, seed, Path(tmp.name))
+    loop, owner, loop_thread = _owner_loop(controller)
+    pool = ExtenderPool(controller, owner=owner)
     ext = Extender(pool)
     server = ExtenderServer(ext).start()
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
@@ -129,9 +162,11 @@ def run(
 
     def mutate(i: int) -> None:
         if churn:
-            pool.allocator.release(churn.pop(0))
+            lid = churn.pop(0)
+            owner.write(lambda: controller.release(lid))
         req = Request(id=f"churn-{i}", tenant="c", priority=50, demand=Resources(1024, 10), ttl_s=10**6)
-        out = pool.allocator.place(req, (rng.choice(slice_ids),))
+        sid = rng.choice(slice_ids)
+        out = owner.write(lambda: controller.place(req, (sid,)))
         if out.lease is not None:
             churn.append(out.lease.id)
 
@@ -183,7 +218,11 @@ def run(
         if i >= warmup:
             inproc_ms.append((time.perf_counter() - t0) * 1000)
     pool.check()
-    granted = sum(st.granted.vram_mib for st in pool.allocator.states())
+    granted = owner.read(lambda: sum(st.granted.vram_mib for st in controller.allocator.states()))
+    loop.call_soon_threadsafe(loop.stop)
+    loop_thread.join(timeout=5)
+    controller.store.close()
+    tmp.cleanup()
     total = nodes * gpus_per_node * H100_MIB
     return {
         "benchmark": "extender",

@@ -13,9 +13,12 @@ unless ``--host`` says otherwise (kube-scheduler runs beside it, in the same pod
 pod reconciler and the preemptor (evicts P2 pods for pending higher-priority pods that fit nowhere)
 run in background threads.
 
-The extender owns its `Allocator` (single process, one replica). Sharing the gateway's lease store
-is the next step: the pool would commit through the gateway's store with compare-and-set on the
-lease revision instead of in memory, and adopt from the store instead of from pod annotations.
+One ledger: this command is the same code path as ``gpupool serve --kubernetes`` (`start_services`
+and the `ExtenderPool` translation over a core `LeaseController`), started with its own in-process
+controller over ``--store`` (``memory:`` by default; ``sqlite:PATH`` or ``etcd://...`` keep pod
+leases across restarts, recovered from the store; annotations are read back only to reconcile what
+the store lacks). Run it standalone only when no gateway shares the cards: where both run, start
+``gpupool serve --kubernetes`` instead, so pods and lease-API leases are granted from one ledger.
 """
 
 from __future__ import annotations
@@ -25,14 +28,17 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from gpupool.cli.errors import UserError, check_port, check_range, user_errors
 
 if TYPE_CHECKING:
+    from gpupool.adapters.k8s.extender import Extender
     from gpupool.adapters.k8s.kubeapi import KubeApi
+    from gpupool.core.controller import LeaseController
+    from gpupool.hardware.slices import Slice
 
 
 def build_slices(
@@ -58,6 +64,77 @@ def build_slices(
     for node, why in sorted(skipped.items()):
         logging.getLogger("gpupool.extender").warning("node %s skipped: %s", node, why)
     return list(slices), "node-annotations"
+
+
+def open_controller(slices: list[Slice], *, store_url: str, policy: str) -> LeaseController:
+    """An in-process controller over ``store_url`` with its leases recovered (standalone extender)."""
+    from gpupool.adapters.store import open_store
+    from gpupool.core.clock import FunctionClock
+    from gpupool.core.controller import LeaseController
+    from gpupool.core.errors import GpupoolError
+
+    try:
+        store = open_store(store_url)
+    except (OSError, GpupoolError) as exc:
+        raise UserError(f"cannot open the lease store --store={store_url!r}: {exc}") from None
+    controller = LeaseController(slices, clock=FunctionClock(time.time), store=store, policy=policy)
+    r = controller.recover()
+    if r.restored + r.expired + r.revoked:
+        logging.getLogger("gpupool.extender").info(
+            "recovered %d leases from %s (%d expired, %d revoked)",
+            *(r.restored, store_url, r.expired, r.revoked),
+        )
+    return controller
+
+
+def start_services(
+    ext: Extender,
+    api: KubeApi | None,
+    *,
+    source: str,
+    reconcile: bool,
+    preempt_interval_s: float,
+    inventory_resync_s: float,
+    stop: threading.Event,
+    listed: tuple[list[Any], float] | None = None,
+) -> None:
+    """The extender's background loops: inventory resync (node annotations), the pod reconciler (a
+    first resync adopts what the store lacks before serving) and the preemptor. ``listed``: the pods
+    and the clock reading before the list, when the caller listed them already (`list_pods_or_exit`)."""
+    from gpupool.adapters.k8s.preemptor import Preemptor
+    from gpupool.adapters.k8s.reconciler import PodReconciler
+
+    pool, names = ext.pool, ext.names
+    if api is not None and source == "node-annotations" and inventory_resync_s > 0:
+        threading.Thread(
+            target=_sync_inventory, args=(pool, api, names, inventory_resync_s, stop), daemon=True
+        ).start()
+    if api is None or not reconcile:
+        return
+    rec = PodReconciler(pool, names=names)
+    ext.status["drift"] = lambda: [f"{d.pod}: {d.kind}: {d.detail}" for d in list(rec.drifts)[-20:]]
+    pods, listed_at = listed if listed is not None else list_pods_or_exit(api, pool.allocator.clock.now())
+    rec.resync(pods, listed_at=listed_at)  # NOTE: adopt bound pods before serving
+    threading.Thread(target=rec.run, args=(api, stop), name="gpupool-reconciler", daemon=True).start()
+    if preempt_interval_s > 0:
+        pre = Preemptor(pool, names=names)
+        ext.status["evictions"] = lambda: [
+            f"{e.for_pod} on {e.node}: {[f'{ns}/{n}' for _, ns, n in e.victims]}"
+            for e in list(pre.evicted)[-20:]
+        ]
+        threading.Thread(
+            target=pre.run, args=(api, stop), kwargs={"interval_s": preempt_interval_s}, daemon=True
+        ).start()
+
+
+def list_pods_or_exit(api: KubeApi, now: float) -> tuple[list[Any], float]:
+    """Every pod, and ``now`` (read before listing); `UserError` when the API cannot list them."""
+    from gpupool.adapters.k8s.kubeapi import KubeApiError
+
+    try:
+        return api.list_pods()[0], now
+    except KubeApiError as exc:
+        raise UserError(f"cannot list pods from the Kubernetes API: {exc}") from None
 
 
 def _sync_inventory(pool: object, api: object, names: object, every_s: float, stop: threading.Event) -> None:
@@ -116,6 +193,11 @@ def extender(
     ),
     kubeconfig: str = typer.Option("", "--kubeconfig", help="kubeconfig file."),
     no_kube: bool = typer.Option(False, "--no-kube", help="No Kubernetes API: bind only commits the lease."),
+    store: str = typer.Option(
+        "memory:",
+        "--store",
+        help="Lease store of this extender's own ledger: memory:, sqlite:PATH, etcd://...",
+    ),
     reconcile: bool = typer.Option(True, "--reconcile/--no-reconcile", help="Run the pod reconciler."),
     preempt_interval_s: float = typer.Option(
         5.0,
@@ -133,10 +215,7 @@ def extender(
     from gpupool.adapters.k8s.extender import Extender, ExtenderServer
     from gpupool.adapters.k8s.kubeapi import KubeApiError
     from gpupool.adapters.k8s.pool import ExtenderPool
-    from gpupool.adapters.k8s.preemptor import Preemptor
-    from gpupool.adapters.k8s.reconciler import PodReconciler
     from gpupool.adapters.k8s.resources import ResourceNames
-    from gpupool.core.clock import FunctionClock
     from gpupool.core.policies import get_policy
     from gpupool.hardware.slices import Slice
 
@@ -156,40 +235,24 @@ def extender(
         slices, source = build_slices(cluster, workloads, api=api, domain=domain)
     except KubeApiError as exc:
         raise UserError(f"cannot list nodes from the Kubernetes API: {exc}") from None
-    pool = ExtenderPool(
-        [s for s in slices if isinstance(s, Slice)],
-        clock=FunctionClock(time.monotonic),
-        policy=get_policy(policy),
-    )
+    get_policy(policy)  # (an unknown name: InvalidInput naming it, exit 2)
+    controller = open_controller([s for s in slices if isinstance(s, Slice)], store_url=store, policy=policy)
+    pool = ExtenderPool(controller)
     ext = Extender(pool, api=api, names=names)
     try:
         server = ExtenderServer(ext, host=host, port=port, prefix=prefix)
     except OSError as exc:
         raise UserError(f"cannot listen on {host}:{port}: {exc}") from None
     stop = threading.Event()
-    if api is not None and source == "node-annotations" and inventory_resync_s > 0:
-        threading.Thread(
-            target=_sync_inventory, args=(pool, api, names, inventory_resync_s, stop), daemon=True
-        ).start()
-    if api is not None and reconcile:
-        rec = PodReconciler(pool, names=names)
-        ext.status["drift"] = lambda: [f"{d.pod}: {d.kind}: {d.detail}" for d in list(rec.drifts)[-20:]]
-        listed_at = pool.allocator.clock.now()
-        try:
-            listed = api.list_pods()[0]
-        except KubeApiError as exc:
-            raise UserError(f"cannot list pods from the Kubernetes API: {exc}") from None
-        rec.resync(listed, listed_at=listed_at)  # NOTE: adopt bound pods before serving
-        threading.Thread(target=rec.run, args=(api, stop), name="gpupool-reconciler", daemon=True).start()
-        if preempt_interval_s > 0:
-            pre = Preemptor(pool, names=names)
-            ext.status["evictions"] = lambda: [
-                f"{e.for_pod} on {e.node}: {[f'{ns}/{n}' for _, ns, n in e.victims]}"
-                for e in list(pre.evicted)[-20:]
-            ]
-            threading.Thread(
-                target=pre.run, args=(api, stop), kwargs={"interval_s": preempt_interval_s}, daemon=True
-            ).start()
+    start_services(
+        ext,
+        api,
+        source=source,
+        reconcile=reconcile,
+        preempt_interval_s=preempt_interval_s,
+        inventory_resync_s=inventory_resync_s,
+        stop=stop,
+    )
     typer.echo(
         f"gpupool extender listening on {server.url} ({len(pool.nodes())} nodes, {len(slices)} slices from "
         f"{source})",

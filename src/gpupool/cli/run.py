@@ -229,6 +229,10 @@ def run(  # noqa: PLR0917 (typer options)
         "--keep-state",
         help="Keep the leases of the previous run (default: start from an empty lease store).",
     ),
+    kubernetes: bool = typer.Option(
+        True, help="Serve kube-scheduler's extender verbs on the same ledger (no Kubernetes API: a dry run)."
+    ),
+    extender_port: int = typer.Option(0, "--extender-port", help="Extender verbs' port (0: any free one)."),
 ) -> None:
     """Gateway + emulated backends + synthetic agent traffic on the simulated example cluster."""
     from gpupool.cli.serve import serve_forever
@@ -246,6 +250,13 @@ def run(  # noqa: PLR0917 (typer options)
                 f"gpupool: fresh start: removed the previous run's lease store {removed[0]} "
                 "(--keep-state keeps it)"
             )
+    check_port("--extender-port", extender_port)
+    kube = None
+    if kubernetes:  # the control plane `serve --kubernetes` runs; the port is bound before the store opens
+        from gpupool.cli import serve_k8s
+
+        kube_opts = serve_k8s.KubeOptions(host=host, port=extender_port, no_kube=True)
+        kube = serve_k8s.check(kube_opts)
     runtimes: list[Any] = []
     try:
         demo = {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}
@@ -265,6 +276,8 @@ def run(  # noqa: PLR0917 (typer options)
         for b in bundle.backends:
             say(f"backend {b.id}: {b.model} at {b.url} on {b.slice_id} (KV budget {b.kv_budget_mib} MiB)")
         extra: list[Any] = [*servers, status_printer(bundle)]
+        if kube is not None:
+            extra.append(serve_k8s.run(bundle, kube, kube_opts))
         if traffic:
             extra.append(synthetic_workload(url, demo, bundle))
         if tidal_speed > 0:

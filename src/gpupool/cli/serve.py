@@ -586,6 +586,16 @@ def serve(  # noqa: PLR0917 (typer options)
         help="etcd store: the URL other replicas forward writes to while this one leads "
         "(default http://HOST:PORT; in Kubernetes http://$(POD_IP):PORT).",
     ),
+    kubernetes: bool = typer.Option(
+        False, "--kubernetes", help="Also serve kube-scheduler's extender verbs on this ledger."
+    ),
+    extender_host: str = typer.Option("127.0.0.1", "--extender-host", help="--kubernetes: extender address."),
+    extender_port: int = typer.Option(8888, "--extender-port", help="--kubernetes: extender TCP port."),
+    extender_prefix: str = typer.Option("", "--extender-prefix", help="--kubernetes: verbs' URL prefix."),
+    domain: str = typer.Option("gpupool.io", "--domain", help="--kubernetes: extended resource domain."),
+    kube_api: str = typer.Option("", "--kube-api", help="--kubernetes: API URL (default: in-cluster)."),
+    kubeconfig: str = typer.Option("", "--kubeconfig", help="--kubernetes: kubeconfig file."),
+    no_kube: bool = typer.Option(False, "--no-kube", help="--kubernetes without an API: bind only commits."),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
     for flag, v in (
@@ -608,6 +618,15 @@ def serve(  # noqa: PLR0917 (typer options)
         password=etcd_password,
         max_txn_ops=etcd_max_txn_ops,
     )
+    check_port("--extender-port", extender_port)  # (checked with or without --kubernetes)
+    kube = None
+    if kubernetes:
+        from gpupool.cli import serve_k8s
+
+        kube_opts = serve_k8s.KubeOptions(
+            extender_host, extender_port, extender_prefix, domain, kube_api, kubeconfig, no_kube
+        )
+        kube = serve_k8s.check(kube_opts)
     table = _load_objectives_file(objectives) if objectives is not None else None
     backend_specs = _load_backends_file(backends) if backends is not None else None
 
@@ -637,6 +656,12 @@ def serve(  # noqa: PLR0917 (typer options)
 
     opts: dict[str, Any] = {"header_timeout_s": header_timeout_s, "max_connections": max_connections}
     if store is not None and store.startswith(("etcd://", "etcds://")):
+        if kubernetes:
+            raise UserError(
+                "--kubernetes with an etcd store is not supported yet (the replicas' extender port is not "
+                "handed over on failover); use the SQLite store for --kubernetes, or run "
+                "`gpupool extender --store etcd://...` beside the replicas"
+            )
         from gpupool.cli.ha import default_advertise_url, serve_replicated
 
         check_range("--election-ttl-s", election_ttl_s, lo=2, hi=60)
@@ -660,4 +685,5 @@ def serve(  # noqa: PLR0917 (typer options)
     if bundle.new_admin_token:
         say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")
     with contextlib.suppress(KeyboardInterrupt):
-        run_loop(serve_forever(bundle, host=host, port=port, server_options=opts))
+        extra = [] if kube is None else [serve_k8s.run(bundle, kube, kube_opts)]
+        run_loop(serve_forever(bundle, host=host, port=port, extra=extra, server_options=opts))

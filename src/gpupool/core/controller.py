@@ -1,4 +1,4 @@
-"""`LeaseController`: the gateway's brain. Composes the `Allocator` (placement leases on real slices),
+"""`LeaseController`: the one ledger. Composes the `Allocator` (placement leases: instances, jobs, pods),
 a second allocator over model instances' KV-cache budgets (request leases), the `AdmissionQueue`, a
 `WatermarkBank` and a `LeaseStore` (write-through, group-committed), and emits `GatewayEvent`s.
 
@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 from gpupool.core import placement
 from gpupool.core.admission import NOTHING, AdmissionConfig, AdmissionQueue, Ticketed, Verdict
 from gpupool.core.allocator import Allocator, LeaseEvent
+from gpupool.core.binds import PlacementBinds
 from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.gpu_admin import GpuAdmin
@@ -89,7 +90,7 @@ MAX_PUMP_PASSES = 4
 """Passes of one pump while a pass itself frees capacity (preemption, expiry); bounded on purpose."""
 
 
-class LeaseController(GpuAdmin, KvBackends):
+class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
     def __init__(
         self,
         slices: Iterable[Slice],
@@ -147,6 +148,7 @@ class LeaseController(GpuAdmin, KvBackends):
         """KV slice id -> model of its backend."""
         self._ends = 0
         """Leases ended so far (a pump pass that ends some runs again)."""
+        self._bound, self._cards = {}, None  # pod UID -> lease id, the card index: `PlacementBinds`
 
     # ================================================================== leases
     def acquire(
@@ -209,7 +211,7 @@ class LeaseController(GpuAdmin, KvBackends):
 
     def leases(self, *, tenant: str | None = None) -> list[Lease]:
         """Active placement and request leases (of one tenant), sorted by id."""
-        out = [x for x in self.allocator.leases if tenant is None or x.request.tenant == tenant]
+        out = [x for x in self.allocator.leases if self._tenant_sees(x, tenant)]
         out += [x for x in self.request_leases() if tenant is None or x.request.tenant == tenant]
         return sorted(out, key=lambda x: x.id)
 
@@ -274,6 +276,7 @@ class LeaseController(GpuAdmin, KvBackends):
         self._touched = {}
         self._events = []
         self.allocator.rewind(versions.items())
+        self._rebuild_binds()
         why = f"lease store unavailable: {error}"
         for t in tickets:
             st = self._tickets.get(t)
@@ -535,6 +538,7 @@ class LeaseController(GpuAdmin, KvBackends):
 
     def _on_lease(self, ev: LeaseEvent) -> None:
         lease = ev.lease
+        self._note_bind(ev)
         if ev.kind == "restored":
             return
         self._write(lease, None if ev.kind == "granted" else lease.revision - 1, ev.previous)
@@ -579,7 +583,7 @@ class LeaseController(GpuAdmin, KvBackends):
             lease = self.store.get(lease_id)
             if lease is not None and not lease.state.ended:
                 lease = None  # NOTE: active in the store but not restored: not ours to serve
-        if lease is None or (tenant is not None and lease.request.tenant != tenant):
+        if lease is None or not self._tenant_sees(lease, tenant):
             raise UnknownId("lease", lease_id)
         return alloc, lease
 

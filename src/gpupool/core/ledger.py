@@ -15,6 +15,11 @@ Invariants (checked on every change; `InvariantViolation` names slice and number
   preempting every preemptible lease would leave free: ``(free + preemptible)`` in both dimensions;
 - the whole-card index holds, per node, the healthy ``WHOLE`` slices with nothing granted.
 
+Watchers (`watch`): callables told the node of every slice whose books, health or presence is about
+to change (grants, ungrants, rewinds, trials, add / remove / health), before the change. Derived
+indexes over the ledger (`gpupool.core.cardindex`) mark that node stale and rebuild it lazily, so
+they follow every change whoever makes it. Watchers must not change the ledger.
+
 A group is the shape ``(kind, capacity vram, capacity compute)``; pools have few shapes, so
 searching every matching group costs O(G log S) with G small.
 
@@ -24,7 +29,7 @@ them. The core is single-threaded per allocator, so nobody observes a trial that
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gpupool.core.bucketindex import BucketIndex
@@ -100,6 +105,12 @@ class SliceLedger:
         self._whole_count: SortedKeys[tuple[int, str]] = SortedKeys()
         self._by_gpu: dict[str, list[str]] = {}
         self._groups: list[GroupInfo] | None = None
+        self._watchers: list[Callable[[str], None]] = []
+        self._by_node: dict[str, list[str]] = {}
+
+    def watch(self, on_node: Callable[[str], None]) -> None:
+        """Call ``on_node(node)`` before any change to a slice of that node (see the docstring)."""
+        self._watchers.append(on_node)
 
     # ------------------------------------------------------------------ slices
     def add(self, s: Slice) -> None:
@@ -113,9 +124,12 @@ class SliceLedger:
                     "slice.node", s.node, f"GPU {s.gpu_id!r} is already on node {other.node!r}"
                 )
         e = _Entry(s)
+        for w in self._watchers:
+            w(s.node)
         self._groups = None
         self._entries[s.id] = e
         self._by_gpu.setdefault(s.gpu_id, []).append(s.id)
+        self._by_node.setdefault(s.node, []).append(s.id)
         if s.kind is SliceKind.WHOLE:
             self._whole_by_node.setdefault(s.node, []).append(s.id)
         self._free.setdefault(e.group, BucketIndex())
@@ -135,6 +149,10 @@ class SliceLedger:
             self._num_healthy[e.group] -= 1
         del self._entries[slice_id]
         self._by_gpu[e.slice.gpu_id].remove(slice_id)
+        on_node = self._by_node[e.slice.node]
+        on_node.remove(slice_id)
+        if not on_node:
+            del self._by_node[e.slice.node]
         if e.slice.kind is SliceKind.WHOLE:
             self._whole_by_node[e.slice.node].remove(slice_id)
         return e.slice
@@ -268,6 +286,14 @@ class SliceLedger:
     def on_gpu(self, gpu_id: str) -> list[str]:
         return self._by_gpu.get(gpu_id, [])
 
+    def on_node(self, node: str) -> list[str]:
+        """The node's slice ids (healthy or not) in insertion order; empty for an unknown node."""
+        return self._by_node.get(node, [])
+
+    def nodes(self) -> Iterator[str]:
+        """Nodes with at least one slice, in the order their first slice was added."""
+        return iter(self._by_node)
+
     def gpu_ids(self) -> Iterator[str]:
         return iter(self._by_gpu)
 
@@ -280,6 +306,9 @@ class SliceLedger:
 
     def _unindex(self, e: _Entry) -> None:
         e.state = None
+        if self._watchers:
+            for w in self._watchers:
+                w(e.slice.node)
         if e.free_key is not None:
             self._free[e.group].remove(e.free_key)
             e.free_key = None

@@ -9,9 +9,12 @@ from typing import Any
 
 from gpupool.adapters.k8s.extender import ExtenderServer
 from gpupool.adapters.k8s.pool import ExtenderPool
-from gpupool.core.clock import ManualClock
-from gpupool.core.ids import seeded_lease_ids
+from gpupool.adapters.store import MemoryLeaseStore
+from gpupool.core.clock import Clock, ManualClock
+from gpupool.core.controller import LeaseController
+from gpupool.core.ids import LeaseIdFactory, random_lease_id, seeded_lease_ids
 from gpupool.hardware.planner import inventory_from_cluster
+from gpupool.hardware.slices import Slice
 from gpupool.hardware.spec import load_cluster_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -54,9 +57,29 @@ class Client:
         self._conn.close()
 
 
+def pool_of(
+    slices: Any = (),
+    *,
+    clock: Clock,
+    lease_ids: LeaseIdFactory = random_lease_id,
+    store: Any = None,
+    policy: str = "bestfit",
+) -> ExtenderPool:
+    """An extender pool over its own in-process controller (the standalone extender's composition)."""
+    controller = LeaseController(
+        [s for s in slices if isinstance(s, Slice)],
+        clock=clock,
+        store=store if store is not None else MemoryLeaseStore(),
+        lease_ids=lease_ids,
+        policy=policy,
+    )
+    controller.recover()
+    return ExtenderPool(controller)
+
+
 def make_pool(spec: dict[str, Any] = SMALL_CLUSTER) -> ExtenderPool:
     slices = inventory_from_cluster(load_cluster_spec(spec))
-    return ExtenderPool(slices, clock=ManualClock(1000.0), lease_ids=seeded_lease_ids(7))
+    return pool_of(slices, clock=ManualClock(1000.0), lease_ids=seeded_lease_ids(7))
 
 
 def wait_until(cond: Any, timeout_s: float = 10.0, what: str = "condition") -> None:

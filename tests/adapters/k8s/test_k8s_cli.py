@@ -99,12 +99,37 @@ def test_live_pool_from_node_annotations() -> None:
         api.stop()
 
 
+def test_standalone_extender_keeps_pod_leases_in_its_store(tmp_path: Path) -> None:
+    """``--store sqlite:PATH``: a bound pod's lease is recovered from the store after a restart (no
+    Kubernetes API, so no annotation could bring it back), and a retried bind answers from it."""
+    cluster = str(EXAMPLES / "cluster-a100-l40s.yaml")
+    store = f"sqlite:{tmp_path / 'leases.db'}"
+    pod = make_pod("llm", vram_mib=20000, compute_pct=30)
+    m = pod["metadata"]
+    bind = {"PodName": m["name"], "PodNamespace": "default", "PodUID": m["uid"], "Node": "gpu-a"}
+    with run_extender("--cluster", cluster, "--no-kube", "--store", store) as line:
+        url = url_of(line)
+        post(f"{url}/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["gpu-a"]})
+        assert post(f"{url}/bind", bind) == {"Error": ""}
+        with urllib.request.urlopen(f"{url}/state", timeout=10) as resp:
+            assert json.loads(resp.read())["pods"] == [m["uid"]]
+    with run_extender("--cluster", cluster, "--no-kube", "--store", store) as line:
+        url = url_of(line)
+        with urllib.request.urlopen(f"{url}/state", timeout=10) as resp:
+            assert json.loads(resp.read())["pods"] == [m["uid"]]
+        post(f"{url}/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["gpu-a"]})
+        assert post(f"{url}/bind", bind) == {"Error": ""}
+        with urllib.request.urlopen(f"{url}/state", timeout=10) as resp:
+            assert json.loads(resp.read())["pods"] == [m["uid"]]
+
+
 def test_bad_cli_input_exits_2_with_one_line(tmp_path: Path) -> None:
     for args in (
         ["--cluster", str(tmp_path / "missing.yaml"), "--no-kube"],
         ["--no-kube"],
         ["--workloads", str(EXAMPLES / "workloads-agent-platform.yaml"), "--no-kube"],
         ["--cluster", str(EXAMPLES / "cluster-a100-l40s.yaml"), "--no-kube", "--port", "70000"],
+        ["--cluster", str(EXAMPLES / "cluster-a100-l40s.yaml"), "--no-kube", "--store", "sqlite:"],
     ):
         proc = subprocess.run(
             [sys.executable, "-m", "gpupool.cli.main", "extender", *args],

@@ -12,9 +12,9 @@ import pytest
 import typer
 import yaml
 from tests.adapters.k8s.k8s_helm import render_chart
+from tests.adapters.k8s.k8s_helpers import pool_of
 
 from gpupool.adapters.k8s.extender import Extender
-from gpupool.adapters.k8s.pool import ExtenderPool
 from gpupool.adapters.k8s.resources import PRIORITY_CLASSES, ResourceNames, parse_pod
 from gpupool.cli.main import app
 from gpupool.cli.specfiles import load_cluster_file, load_workload_file
@@ -116,7 +116,9 @@ def test_scheduler_configuration_wires_the_extender() -> None:
     assert managed == {names.vram: True, names.compute: True, names.gpu: False}
     (deploy,) = _by_kind("Deployment")
     containers = {c["name"]: c for c in deploy["spec"]["template"]["spec"]["containers"]}
-    port = containers["extender"]["args"][containers["extender"]["args"].index("--port") + 1]
+    args = containers["gpupool"]["args"]  # one control plane: the extender verbs are `serve --kubernetes`
+    assert args[0] == "serve" and "--kubernetes" in args
+    port = args[args.index("--extender-port") + 1]
     assert ext["urlPrefix"] == f"http://127.0.0.1:{port}"
     assert "--config=/etc/gpupool/scheduler-config.yaml" in containers["kube-scheduler"]["command"]
     for _, d in all_docs():
@@ -145,7 +147,7 @@ def test_container_args_are_valid_gpupool_commands() -> None:
                     assert cmd is not None, sub
                     cmd.make_context(sub, list(args))
                     seen.add(sub)
-    assert seen == {"extender", "serve", "agent", "device-plugin"}
+    assert seen == {"serve", "agent", "device-plugin"}
 
 
 def test_rbac_allows_what_the_adapter_calls() -> None:
@@ -164,7 +166,7 @@ def test_rbac_allows_what_the_adapter_calls() -> None:
 def test_example_pods_schedule_on_the_example_platform() -> None:
     cluster = load_cluster_file(ROOT / "examples" / "cluster-a100-l40s.yaml")
     workloads = load_workload_file(ROOT / "examples" / "workloads-agent-platform.yaml")
-    pool = ExtenderPool(list(inventory_from_plan(plan(cluster, workloads))), clock=ManualClock(0.0))
+    pool = pool_of(list(inventory_from_plan(plan(cluster, workloads))), clock=ManualClock(0.0))
     ext = Extender(pool)
     kinds = set()
     for pod in _by_kind("Pod"):

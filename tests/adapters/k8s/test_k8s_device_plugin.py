@@ -12,13 +12,12 @@ import grpc
 import pytest
 from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_pod
 from tests.adapters.k8s.k8s_fakekubelet import FakeKubelet, FakePodResources
-from tests.adapters.k8s.k8s_helpers import Client, wait_until
+from tests.adapters.k8s.k8s_helpers import Client, pool_of, wait_until
 
 from gpupool.adapters.k8s.annotations import PlacedGrant, Placement
 from gpupool.adapters.k8s.device_plugin import DevicePlugin, PluginConfig, cards_of, container_env
 from gpupool.adapters.k8s.extender import Extender, ExtenderServer
 from gpupool.adapters.k8s.kubeapi import KubeApi
-from gpupool.adapters.k8s.pool import ExtenderPool
 from gpupool.adapters.k8s.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.core.clock import ManualClock
 from gpupool.core.errors import InvalidInput
@@ -58,7 +57,7 @@ def _bind(client: Client, api: FakeApiServer, pod: dict[str, Any]) -> None:
 def test_register_list_allocate_verify_and_reregister(short_dir: Path, fake_api: FakeApiServer) -> None:
     slices = list(inventory_from_cluster(load_cluster_spec(CLUSTER)))
     ext = Extender(
-        ExtenderPool(slices, clock=ManualClock(0.0)),
+        pool_of(slices, clock=ManualClock(0.0)),
         api=KubeApi.for_host(fake_api.url),
         wall_clock=iter(range(1000, 2000)).__next__,
     )

@@ -145,10 +145,10 @@ def test_drift_is_reported_not_fixed(fake_api: FakeApiServer) -> None:
 
 def test_inventory_sync_follows_node_annotations() -> None:
     from tests.adapters.k8s.k8s_fakeapi import make_node
+    from tests.adapters.k8s.k8s_helpers import pool_of
 
     from gpupool.adapters.k8s.annotations import encode_slices
     from gpupool.adapters.k8s.inventory import sync_from_nodes
-    from gpupool.adapters.k8s.pool import ExtenderPool
     from gpupool.adapters.k8s.resources import PodDemand
     from gpupool.core import Resources, Slice, SliceKind
     from gpupool.core.clock import ManualClock
@@ -165,7 +165,7 @@ def test_inventory_sync_follows_node_annotations() -> None:
             out.append(make_node(name, {"gpupool.io/slices": text}))
         return out
 
-    pool = ExtenderPool(clock=ManualClock(0.0))
+    pool = pool_of(clock=ManualClock(0.0))
     report = sync_from_nodes(pool, nodes(n1=[mps("n1", 0), mps("n1", 1)], n2=[mps("n2", 0)]))
     assert sorted(report["added"]) == ["n1/0/mps0", "n1/0/mps1", "n2/0/mps0"]
     demand = PodDemand("u1", "default", "p", 0, 4096, 100)

@@ -28,7 +28,6 @@ from gpupool.adapters.k8s.device_plugin import DevicePlugin, PluginConfig, cards
 from gpupool.adapters.k8s.extender import Extender, ExtenderServer
 from gpupool.adapters.k8s.inventory import slices_from_nodes, sync_from_nodes
 from gpupool.adapters.k8s.kubeapi import KubeApi
-from gpupool.adapters.k8s.pool import ExtenderPool
 from gpupool.adapters.k8s.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.adapters.simulated import embedded_default
 from gpupool.adapters.store import SqliteLeaseStore
@@ -41,7 +40,7 @@ from gpupool.hardware.slices import SliceKind
 from tests.adapters.http.servers import running
 from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_node, make_pod
 from tests.adapters.k8s.k8s_fakekubelet import FakeKubelet
-from tests.adapters.k8s.k8s_helpers import Client, wait_until
+from tests.adapters.k8s.k8s_helpers import Client, pool_of, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 ADMIN = "agent-admin-token-01"
@@ -144,7 +143,7 @@ def test_discovered_gpus_reach_the_scheduler_and_the_container(dirs: dict[str, P
             # the extender's inventory comes from the annotations only
             slices, skipped = slices_from_nodes(api.list_nodes())
             assert not skipped and {s.id for s in slices} == gw_ids
-            pool = ExtenderPool(slices, clock=ManualClock(1000.0))
+            pool = pool_of(slices, clock=ManualClock(1000.0))
             server = ExtenderServer(
                 Extender(pool, api=api, wall_clock=iter(range(1000, 9000)).__next__)
             ).start()

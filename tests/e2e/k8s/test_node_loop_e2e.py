@@ -33,7 +33,6 @@ from gpupool.adapters.k8s.device_plugin import DevicePlugin, PluginConfig, cards
 from gpupool.adapters.k8s.extender import Extender, ExtenderServer
 from gpupool.adapters.k8s.inventory import slices_from_nodes, sync_from_nodes
 from gpupool.adapters.k8s.kubeapi import KubeApi
-from gpupool.adapters.k8s.pool import ExtenderPool
 from gpupool.adapters.k8s.preemptor import Preemptor
 from gpupool.adapters.k8s.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.adapters.k8s.reconciler import PodReconciler
@@ -55,7 +54,7 @@ from gpupool.hardware.spec import load_cluster_spec, load_workload_spec
 from tests.adapters.http.servers import running
 from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_node, make_pod
 from tests.adapters.k8s.k8s_fakekubelet import FakeKubelet
-from tests.adapters.k8s.k8s_helpers import Client, wait_until
+from tests.adapters.k8s.k8s_helpers import Client, pool_of, wait_until
 
 ADMIN = "agent-admin-token-01"
 KEY = "gpupool.io/slices"
@@ -202,7 +201,7 @@ def test_the_node_loop_end_to_end(dirs: dict[str, Path], tmp_path: Path) -> None
 
             slices, skipped = slices_from_nodes(api.list_nodes())
             assert not skipped
-            pool = ExtenderPool(slices, clock=ManualClock(1000.0))
+            pool = pool_of(slices, clock=ManualClock(1000.0))
             reconciler = PodReconciler(pool)
             threads.append(
                 threading.Thread(

@@ -117,3 +117,19 @@ def test_every_port_option_is_checked() -> None:
     for command, opt in found:
         out = gpupool(*command.split(), *extra.get(command, []), opt, "70000")
         assert_one_line_exit_2(out, f"invalid {opt}=70000")
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["--no-kube", "--kube-api", "http://127.0.0.1:1"], "--no-kube excludes --kube-api"),
+        (["--kube-api", "ftp://api"], "invalid --kube-api='ftp://api'"),
+        (["--no-kube", "--extender-port", "-3"], "invalid --extender-port=-3"),
+    ],
+)
+def test_serve_kubernetes_bad_options_exit_2_before_anything_opens(
+    args: list[str], want: str, tmp_path: Any
+) -> None:
+    out = gpupool("serve", "--kubernetes", "--data-dir", str(tmp_path / "data"), *args)
+    assert_one_line_exit_2(out, want)
+    assert not (tmp_path / "data").exists(), "the store was opened before the options were checked"

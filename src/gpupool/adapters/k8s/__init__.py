@@ -4,7 +4,9 @@ Modules and what each depends on (third-party imports are lazy, inside functions
 - `resources`: extended resource names and pod -> `PodDemand` parsing (standard library only);
 - `annotations`: versioned placement / node-slice annotation codecs (standard library only);
 - `inventory`: slices from a parsed cluster spec or from node annotations (standard library only);
-- `pool`: `ExtenderPool`, the extender's view of one `Allocator` with a per-node index (no I/O);
+- `pool`: `ExtenderPool`, kube-scheduler's questions translated onto the one `LeaseController` (its
+  `CardIndex` and pod-UID binds are the core's; no I/O);
+- `owner`: who runs those calls on the single-threaded controller (a lock, or the gateway's loop);
 - `extender`: the HTTP server for kube-scheduler's extender protocol (``http.server``);
 - `kubeapi`: the few Kubernetes API calls we make (the ``kubernetes`` client);
 - `pending`, `device_plugin`: kubelet device-plugin v1beta1 over gRPC (``grpcio`` + ``protobuf``);

@@ -1,68 +1,41 @@
-"""`ExtenderPool`: the extender's view of one `Allocator`, with a per-node card index. No I/O.
+"""`ExtenderPool`: kube-scheduler's questions translated onto the one `LeaseController`. No I/O.
 
-Role: answer kube-scheduler's filter / prioritize / preempt questions for one pod over many nodes
-in one read-only pass, and commit (bind) or release placement leases by pod UID.
-
-Per-node index: for every node a tuple of rows, one per healthy slice (see `_Row`; a "card" below is
-the core's slice: a whole GPU, a MIG instance or an MPS share), plus its unhealthy shapes. The
-allocator's event sink marks a node dirty whenever a lease on it changes; rows are rebuilt lazily
-for dirty nodes only, so filter over 1,000 nodes never calls the allocator per node.
-
-Verdicts (`filter`): a node passes when one card has both dimensions free now (N-GPU pods: N free
-whole cards); it fails *unresolvably* when no healthy card of an accepted kind could ever hold the
-request, or when even evicting every preemptible lease could not make room (preemption cannot help);
-otherwise it fails resolvably. The preemption part is a bound (it counts all preemptible grants);
-`preempt` is exact, through the core's preemption planner.
+Role: protocol translation only. The ledger, the per-node card index (`gpupool.core.cardindex`) and
+the bind compare-and-set keyed by pod UID (`gpupool.core.binds`) are the core's; this class turns a
+`PodDemand` into a core `Request`, runs each call through an `Owner` (the controller is
+single-threaded: `gpupool.adapters.k8s.owner`), and keeps two small caches of the protocol's own:
+the demand seen in filter (bind only gets the pod's name), and filter's costs per (pod UID, index
+generation), so prioritize for the same pod and state is a lookup.
 
 Scores (`prioritize`): per node, the core policy's cost of its best card (N-GPU pods: the free whole
 cards left after placement, fewer is better), mapped onto 1..10 by min-max over the fitting nodes
-(the best node gets 10; all equal -> 10); nodes that do not fit score 0. For a ``monotone`` policy
-only the Pareto-tight rows of each shape are costed: a row with at least as much VRAM and compute
-free as an earlier fitting row of its shape can never cost less. Filter caches the costs it computed
-per (pod UID, pool generation), so prioritize for the same pod and state is a lookup.
+(the best node gets 10; all equal -> 10); nodes that do not fit score 0.
 
-Shape memo: verdicts are also kept per demand shape (VRAM, compute, cards, kinds, may-preempt) and
-node, for the last `MEMO_SHAPES` shapes; rebuilding a node's rows drops its entries, so a verdict is
-always the one a fresh evaluation would give. Replicas of one Deployment share a shape, so a burst of
-them costs one full pass, then lookups for the nodes that did not change.
+Preempt: the core planner's minimal plan per node; a plan is returned only when every victim is a
+bound pod (kube-scheduler can evict pods only: leases of the lease API are preempted by the
+gateway's own admission).
 
-Thread-safety: one re-entrant lock around the allocator and the index (the core is single-threaded).
-Invariants: a pod UID maps to at most one active lease; the index of a clean node equals the
-ledger's states (`check` recomputes both).
+Invariants: the pool holds no lease state: every lease, pod or not, is the controller's, written to
+its store; a pod UID maps to at most one active lease (the core's bind map).
 """
 
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpupool.adapters.k8s.annotations import Placement
+from gpupool.adapters.k8s.owner import LockOwner, Owner
 from gpupool.adapters.k8s.resources import DEFAULT_TTL_S, PodDemand
-from gpupool.core import preemption
-from gpupool.core.allocator import Allocator, LeaseEvent
-from gpupool.core.clock import Clock
-from gpupool.core.errors import InvalidInput, InvariantViolation
-from gpupool.core.ids import LeaseIdFactory, random_lease_id
-from gpupool.core.ledger import SliceState
+from gpupool.core.allocator import Allocator
+from gpupool.core.binds import bind_key
+from gpupool.core.controller import LeaseController
+from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Lease
-from gpupool.core.outcome import Outcome, OutcomeCode
-from gpupool.core.policies import DEFAULT_POLICY, Policy
-from gpupool.hardware.slices import Slice, SliceKind
-
-_Row = tuple[int, int, SliceKind, int, int, int, int, int, SliceState]
-"""(cap vram, cap compute, kind, free vram, free compute, preemptible vram, preemptible compute,
-num leases, state) of one healthy slice; a node's rows sort by shape, then free VRAM, then free compute."""
-
-_Group = tuple[int, int, SliceKind, int, int, tuple[int, ...]]
-"""(cap vram, cap compute, kind, first row, end row, free VRAM of those rows): one shape of a node.
-Filter bisects the free VRAM to the first row that could hold the demand."""
-
-FIT, BUSY, BUSY_HOPELESS, NEVER = 0, 1, 2, 3
-MEMO_SHAPES = 64
-"""Demand shapes (VRAM, compute, cards, kinds, may-preempt) whose per-node verdicts are kept."""
+from gpupool.core.outcome import Outcome
+from gpupool.hardware.slices import Slice
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,66 +57,42 @@ def _same_shape(a: Slice, b: Slice) -> bool:
     )
 
 
-def _pct(milli: int) -> str:
-    return f"{milli / 10:g}%"
-
-
 class ExtenderPool:
     def __init__(
         self,
-        slices: Iterable[Slice] = (),
+        controller: LeaseController,
         *,
-        clock: Clock,
-        policy: Policy | str = DEFAULT_POLICY,
+        owner: Owner | None = None,
         ttl_s: float = DEFAULT_TTL_S,
-        lease_ids: LeaseIdFactory = random_lease_id,
         cache_size: int = 4096,
     ) -> None:
-        self._lock = threading.RLock()
-        self._dirty: set[str] = set()
-        self._nodes: dict[str, list[str]] = {}
-        self._rows: dict[str, tuple[_Row, ...]] = {}
-        self._groups: dict[str, tuple[_Group, ...]] = {}
-        self._memo: OrderedDict[
-            tuple[int, int, int, frozenset[SliceKind], bool], dict[str, tuple[int, int, str]]
-        ]
-        self._memo = OrderedDict()
-        self._sick: dict[str, tuple[tuple[int, int, SliceKind], ...]] = {}
-        self._pod_lease: dict[str, str] = {}
+        self.controller = controller
+        self.owner: Owner = owner if owner is not None else LockOwner(controller)
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
         self._pods: OrderedDict[str, PodDemand] = OrderedDict()
         self._costs: OrderedDict[tuple[str, int], dict[str, int]] = OrderedDict()
         self._cache_size = cache_size
-        self.ttl_s = ttl_s
-        self.generation = 0
-        self.allocator = Allocator(clock=clock, policy=policy, lease_ids=lease_ids, on_event=self._on_event)
-        for s in slices:
-            self.add_slice(s)
+
+    @property
+    def allocator(self) -> Allocator:
+        """The controller's placement allocator (read it through the owner while serving)."""
+        return self.controller.allocator
+
+    @property
+    def generation(self) -> int:
+        return self.owner.read(lambda: self.controller.cards.generation)
 
     # ------------------------------------------------------------------ inventory
     def add_slice(self, s: Slice) -> None:
-        with self._lock:
-            self.allocator.add_slice(s)
-            self._nodes.setdefault(s.node, []).append(s.id)
-            self._touch(s.node)
+        self.owner.write(lambda: self.controller.add_slice(s))
 
     def remove_slice(self, slice_id: str) -> Slice:
         """Take a slice out of the pool; `InvalidInput` while leases hold it (drain first)."""
-        with self._lock:
-            s = self.allocator.remove_slice(slice_id)
-            ids = self._nodes[s.node]
-            ids.remove(slice_id)
-            if not ids:
-                del self._nodes[s.node]
-                self._rows.pop(s.node, None)
-                self._groups.pop(s.node, None)
-                self._sick.pop(s.node, None)
-                self._dirty.discard(s.node)
-                for memo in self._memo.values():
-                    memo.pop(s.node, None)
-                self.generation += 1
-            else:
-                self._touch(s.node)
-            return s
+        return self.owner.write(lambda: self.controller.remove_slice(slice_id))
+
+    def set_healthy(self, slice_id: str, healthy: bool) -> None:
+        self.owner.write(lambda: self.controller.mark_slice(slice_id, healthy=healthy))
 
     def sync_slices(self, slices: Iterable[Slice], *, nodes: Iterable[str]) -> dict[str, list[str]]:
         """Make the pool's slices on ``nodes`` equal ``slices`` as far as leases allow.
@@ -153,52 +102,46 @@ class ExtenderPool:
         (marked unhealthy when it vanished) and reported under ``"blocked"``.
         """
         want = {s.id: s for s in slices}
-        report: dict[str, list[str]] = {"added": [], "removed": [], "health": [], "blocked": []}
-        with self._lock:
-            led = self.allocator.ledger
-            scope = set(nodes)
-            for node in sorted(scope & set(self._nodes)):
-                for sid in list(self._nodes[node]):
+        scope = set(nodes)
+        c = self.controller
+
+        def sync() -> dict[str, list[str]]:
+            report: dict[str, list[str]] = {"added": [], "removed": [], "health": [], "blocked": []}
+            led = c.allocator.ledger
+            for node in sorted(scope & set(led.nodes())):
+                for sid in list(led.on_node(node)):
                     new = want.get(sid)
                     old = led.slice(sid)
                     if new is not None and _same_shape(old, new):
                         if led.is_healthy(sid) != new.healthy:
-                            self.set_healthy(sid, new.healthy)
+                            c.mark_slice(sid, healthy=new.healthy)
                             report["health"].append(sid)
                         continue
                     if led.state(sid).num_leases:
                         report["blocked"].append(sid)
                         if new is None and led.is_healthy(sid):
-                            self.set_healthy(sid, False)
+                            c.mark_slice(sid, healthy=False)
                         continue
-                    self.remove_slice(sid)
+                    c.remove_slice(sid)
                     report["removed"].append(sid)
             for sid, s in want.items():
                 if sid not in led and s.node in scope:
-                    self.add_slice(s)
+                    c.add_slice(s)
                     report["added"].append(sid)
-        return report
+            return report
 
-    def set_healthy(self, slice_id: str, healthy: bool) -> None:
-        with self._lock:
-            if healthy:
-                self.allocator.mark_healthy(slice_id)
-            else:
-                self.allocator.mark_unhealthy(slice_id)
-            self._touch(self.allocator.ledger.slice(slice_id).node)
+        return self.owner.write(sync)
 
     def nodes(self) -> list[str]:
-        with self._lock:
-            return sorted(self._nodes)
+        return self.owner.read(self.controller.cards.nodes)
 
     def slices_of(self, lease: Lease) -> dict[str, Slice]:
-        with self._lock:
-            return {g.slice_id: self.allocator.ledger.slice(g.slice_id) for g in lease.grants}
+        led = self.controller.allocator.ledger
+        return self.owner.read(lambda: {g.slice_id: led.slice(g.slice_id) for g in lease.grants})
 
     def slices(self) -> dict[str, Slice]:
-        with self._lock:
-            led = self.allocator.ledger
-            return {sid: led.slice(sid) for sid in led.slice_ids()}
+        led = self.controller.allocator.ledger
+        return self.owner.read(lambda: {sid: led.slice(sid) for sid in led.slice_ids()})
 
     # ------------------------------------------------------------------ pods
     def remember(self, demand: PodDemand) -> None:
@@ -214,338 +157,116 @@ class ExtenderPool:
             return self._pods.get(uid)
 
     def lease_of(self, uid: str) -> Lease | None:
-        with self._lock:
-            lid = self._pod_lease.get(uid)
-            return None if lid is None else self.allocator.leases.active(lid)
+        return self.owner.read(lambda: self.controller.bound(uid))
 
     def pod_uids(self) -> list[str]:
-        with self._lock:
-            return sorted(self._pod_lease)
+        return self.owner.read(self.controller.bound_keys)
 
     # ------------------------------------------------------------------ filter / prioritize
     def filter(self, demand: PodDemand, nodes: Iterable[str]) -> FilterVerdict:
         """Per node: pass, fail (resolvable) or fail unresolvably, with a reason. Read-only."""
-        passed: list[str] = []
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        costs: dict[str, int] = {}
+        request, nodes = demand.to_request(), list(nodes)
+        c = self.controller
+
+        def query() -> tuple[int, FilterVerdict, dict[str, int]]:
+            c.expire_leases()
+            v = c.cards.filter(request, nodes)
+            return c.cards.generation, FilterVerdict(v.passed, v.failed, v.unresolvable), v.costs
+
+        generation, verdict, costs = self.owner.read(query)
         with self._lock:
-            self._refresh()
-            nodes = list(nodes)
-            for node, (status, value, reason) in zip(
-                nodes, self._verdicts(demand, nodes, self._memo_of(demand)), strict=True
-            ):
-                if status == FIT:
-                    passed.append(node)
-                    costs[node] = value
-                elif status == BUSY:
-                    failed[node] = reason
-                else:
-                    unresolvable[node] = reason
-            key = (demand.uid, self.generation)
-            self._costs[key] = costs
+            self._costs[(demand.uid, generation)] = costs
             while len(self._costs) > 64:
                 self._costs.popitem(last=False)
-        return FilterVerdict(tuple(passed), failed, unresolvable)
+        return verdict
 
     def prioritize(self, demand: PodDemand, nodes: Iterable[str]) -> list[tuple[str, int]]:
         """``(node, score 0..10)`` in input order; see the module docstring for the mapping."""
         nodes = list(nodes)
+        c = self.controller
+
+        def costs() -> dict[str, int]:
+            c.expire_leases()
+            return c.cards.filter(demand.to_request(), nodes).costs
+
+        # the usual case, filter's costs at the current generation, needs no trip to the owner: the
+        # generation grows with every change, so equal means these costs are those of the state now
+        generation = c.cards_generation
         with self._lock:
-            cached = self._costs.get((demand.uid, self.generation))
-            if cached is None or any(n not in cached for n in nodes):
-                self._refresh()
-                verdicts = self._verdicts(demand, nodes, self._memo_of(demand))
-                cached = {n: v[1] for n, v in zip(nodes, verdicts, strict=True) if v[0] == FIT}
+            cached = None if generation is None else self._costs.get((demand.uid, generation))
+        if cached is None or any(n not in cached for n in nodes):
+            cached = self.owner.read(costs)
         fitting = [cached[n] for n in nodes if n in cached]
         lo, hi = (min(fitting), max(fitting)) if fitting else (0, 0)
         out = []
         for n in nodes:
-            c = cached.get(n)
-            if c is None:
+            cost = cached.get(n)
+            if cost is None:
                 out.append((n, 0))
             elif hi == lo:
                 out.append((n, 10))
             else:
-                out.append((n, 1 + (9 * (hi - c)) // (hi - lo)))
+                out.append((n, 1 + (9 * (hi - cost)) // (hi - lo)))
         return out
-
-    def _evaluate(self, demand: PodDemand, node: str) -> tuple[int, int, str]:
-        return self._verdicts(demand, (node,), {})[0]
-
-    def _evaluator(self, demand: PodDemand) -> Callable[[str], tuple[int, int, str]]:
-        return lambda node: self._evaluate(demand, node)
-
-    def _verdicts(
-        self, demand: PodDemand, nodes: Iterable[str], memo: dict[str, tuple[int, int, str]]
-    ) -> list[tuple[int, int, str]]:
-        """``(status, cost, reason)`` per node, from ``memo`` or computed (and then memoised).
-
-        The hot loop of filter: everything about the demand is hoisted out of the node loop.
-        """
-        all_rows, all_groups = self._rows, self._groups
-        need_v, need_c, kinds = demand.vram_mib, demand.compute_milli, demand.kinds
-        policy = self.allocator.policy
-        cost, monotone, res = policy.cost, getattr(policy, "monotone", False), demand.resources
-        time_slice = SliceKind.TIME_SLICE
-        multi = demand.gpu_count > 1
-        out: list[tuple[int, int, str]] = []
-        append, memo_get = out.append, memo.get
-        for node in nodes:
-            verdict = memo_get(node)
-            if verdict is not None:
-                append(verdict)
-                continue
-            rows = all_rows.get(node)
-            if rows is None:
-                verdict = (NEVER, 0, f"node {node} has no gpupool GPUs")
-            elif multi:
-                verdict = self._evaluate_cards(demand, node, rows)
-            else:
-                best: int | None = None
-                for cap_v, cap_c, kind, lo, hi, keys in all_groups[node]:
-                    if (
-                        need_v > cap_v
-                        or need_c > cap_c
-                        or ((kind not in kinds) if kinds else (kind is time_slice))
-                    ):
-                        continue
-                    min_c = cap_c + 1
-                    for i in range(lo + bisect_left(keys, need_v), hi):
-                        row = rows[i]
-                        free_c = row[4]
-                        if need_c > free_c:
-                            continue
-                        if monotone:  # NOTE: rows of a group ascend in free VRAM, so a row that is not
-                            if (
-                                free_c >= min_c
-                            ):  # tighter in compute than an earlier fitting one cannot cost less
-                                continue
-                            min_c = free_c
-                        c = cost(row[8], res)
-                        if best is None or c < best:
-                            best = c
-                verdict = (FIT, best, "") if best is not None else self._why_not(demand, node, rows)
-            memo[node] = verdict
-            append(verdict)
-        return out
-
-    def _why_not(self, demand: PodDemand, node: str, rows: tuple[_Row, ...]) -> tuple[int, int, str]:
-        need_v, need_c, kinds = demand.vram_mib, demand.compute_milli, demand.kinds
-        ever = reach = False
-        most_v = most_c = 0
-        largest = max((r[0] for r in rows), default=0)
-        for cap_v, cap_c, kind, free_v, free_c, pre_v, pre_c, _, _ in rows:
-            if need_v > cap_v or need_c > cap_c:
-                continue
-            if (kind not in kinds) if kinds else (kind is SliceKind.TIME_SLICE):
-                continue
-            ever = True
-            most_v, most_c = max((most_v, most_c), (free_v, free_c))
-            if need_v <= free_v + pre_v and need_c <= free_c + pre_c:
-                reach = True
-        want = f"{need_v} MiB and {_pct(need_c)} compute"
-        if not ever:
-            sick = any(
-                need_v <= cap_v
-                and need_c <= cap_c
-                and ((kind in kinds) if kinds else kind is not SliceKind.TIME_SLICE)
-                for cap_v, cap_c, kind in self._sick.get(node, ())
-            )
-            if sick:
-                return NEVER, 0, f"every card on {node} that could hold {want} is unhealthy"
-            what = f" of kind {sorted(k.value for k in kinds)}" if kinds else ""
-            return NEVER, 0, f"no card{what} on {node} could ever hold {want} (largest card: {largest} MiB)"
-        busy = f"no single card on {node} has {want} free (most free: {most_v} MiB, {_pct(most_c)})"
-        if reach and demand.priority >= 0:
-            return BUSY, 0, busy
-        return BUSY_HOPELESS, 0, busy + "; evicting preemptible pods would not make room"
-
-    def _evaluate_cards(self, demand: PodDemand, node: str, rows: tuple[_Row, ...]) -> tuple[int, int, str]:
-        n, need_v = demand.gpu_count, demand.vram_mib
-        able = free = reach = 0
-        for cap_v, cap_c, kind, free_v, free_c, pre_v, pre_c, num, _ in rows:
-            if kind is not SliceKind.WHOLE or need_v > cap_v:
-                continue
-            able += 1
-            if num == 0:
-                free += 1
-            elif pre_v == cap_v - free_v and pre_c == cap_c - free_c:
-                reach += 1
-        if free >= n:
-            return FIT, free - n, ""
-        if able < n:
-            return NEVER, 0, f"node {node} has {able} healthy whole card(s) with {need_v} MiB, pod needs {n}"
-        busy = f"node {node} has {free} free whole card(s), pod needs {n}"
-        if free + reach >= n and demand.priority >= 0:
-            return BUSY, 0, busy
-        return BUSY_HOPELESS, 0, busy + "; evicting preemptible pods would not free enough cards"
 
     # ------------------------------------------------------------------ preempt
     def preempt(self, demand: PodDemand, nodes: Iterable[str]) -> dict[str, list[str]]:
         """Minimal victim pod UIDs per node (core planner); nodes needing none or with no plan are omitted."""
-        request = demand.to_request()
-        out: dict[str, list[str]] = {}
-        with self._lock:
-            self._refresh()
-            led, leases = self.allocator.ledger, self.allocator.leases
-            for node in nodes:
-                if node not in self._nodes or self._evaluate(demand, node)[0] == FIT:
-                    continue
-                plan: preemption.PreemptionPlan | None = None
-                if demand.gpu_count > 1:
-                    cards = [
-                        (led.state(sid), leases.on_slice(sid)) for sid in led.whole_nodes().get(node, [])
-                    ]
-                    plan = preemption.plan_whole_node(node, cards, request)
-                else:
-                    for sid in self._nodes[node]:
-                        st = led.state(sid)
-                        if not st.healthy or not request.accepts(st.slice.kind):
-                            continue
-                        p = preemption.plan_slice(st, leases.on_slice(sid), request)
-                        if p is not None and (plan is None or p.cost_key() < plan.cost_key()):
-                            plan = p
-                if plan is not None and plan.victims:
-                    out[node] = [v.request.id for v in plan.victims]
-        return out
+        request, nodes = demand.to_request(), list(nodes)
+
+        def plans() -> dict[str, list[str]]:
+            out = {}
+            for node, plan in self.controller.cards.plans(request, nodes).items():
+                keys = [bind_key(v) for v in plan.victims]
+                if all(keys):
+                    out[node] = [k for k in keys if k]
+            return out
+
+        return self.owner.read(plans)
 
     # ------------------------------------------------------------------ bind / release / adopt
     def reserve(self, demand: PodDemand, node: str) -> Outcome:
-        """Commit a lease for the pod on ``node`` (best card there), re-validated on the current state."""
-        with self._lock:
-            held = self.lease_of(demand.uid)
-            if held is not None:
-                if held.node == node:
-                    return Outcome(OutcomeCode.GRANTED, lease=held, reason="already bound")
-                self.release_pod(demand.uid, reason=f"re-bound to {node}")
-            if node not in self._nodes:
-                return Outcome(OutcomeCode.UNRESOLVABLE, reason=f"node {node} has no gpupool GPUs")
-            out = self.allocator.allocate(
-                demand.to_request(nodes=frozenset({node}), ttl_s=self.ttl_s), preempt=False
-            )
-            if out.granted and out.lease is not None:
-                self._pod_lease[demand.uid] = out.lease.id
-            return out
+        """Commit a lease for the pod on ``node`` (best card there): the core's bind compare-and-set."""
+        request = demand.to_request(ttl_s=self.ttl_s)
+        return self.owner.write(lambda: self.controller.bind(demand.uid, request, node))
 
     def release_pod(self, uid: str, *, reason: str, lease_id: str | None = None) -> Lease | None:
         """End the pod's lease (idempotent). Returns the ended lease, or None if it held none.
 
         With ``lease_id``, only that lease: a pod that meanwhile holds another one keeps it."""
-        with self._lock:
-            lid = self._pod_lease.get(uid)
-            if lid is None or (lease_id is not None and lid != lease_id):
-                return None
-            del self._pod_lease[uid]
-            out = self.allocator.release(lid, reason=reason)
-            return out.lease if out.code is OutcomeCode.RELEASED else None
+        return self.owner.write(lambda: self.controller.unbind(uid, reason=reason, lease_id=lease_id))
 
     def renew_pod(self, uid: str) -> bool:
-        with self._lock:
-            lid = self._pod_lease.get(uid)
-            return lid is not None and self.allocator.renew(lid).code is OutcomeCode.RENEWED
+        return self.owner.write(lambda: self.controller.renew_bound(uid))
 
     def adopt(self, placement: Placement) -> Lease:
-        """Re-insert a lease read back from a pod annotation (restart). Raises `InvalidInput` on drift."""
-        with self._lock:
-            held = self.lease_of(placement.pod_uid)
+        """Reconciliation: re-insert a lease the store lacks, read back from a pod annotation.
+        Raises `InvalidInput` on drift."""
+        c = self.controller
+
+        def adopt() -> Lease:
+            held = c.bound(placement.pod_uid)
+            if held is not None and held.id == placement.lease_id:
+                return held
             if held is not None:
-                if held.id == placement.lease_id:
-                    return held
-                raise InvalidInput(
-                    "placement.lease", placement.lease_id, f"pod already holds lease {held.id}"
-                )
-            led = self.allocator.ledger
+                why = f"pod already holds lease {held.id}"
+                raise InvalidInput("placement.lease", placement.lease_id, why)
+            led = c.allocator.ledger
             for g in placement.grants:
                 if g.slice_id not in led:
                     raise InvalidInput("placement.grants.slice", g.slice_id, "no such slice in the pool")
                 if led.slice(g.slice_id).node != placement.node:
                     raise InvalidInput("placement.node", placement.node, f"slice {g.slice_id} is elsewhere")
-            lease = placement.to_lease(granted_at=self.allocator.clock.now(), ttl_s=self.ttl_s)
-            self.allocator.restore(lease)
-            self._pod_lease[placement.pod_uid] = lease.id
-            return lease
+            lease = placement.to_lease(granted_at=c.clock.now(), ttl_s=self.ttl_s)
+            return c.adopt_bound(placement.pod_uid, lease)
+
+        return self.owner.write(adopt)
 
     def check(self) -> None:
-        """Core invariants plus: every clean node's index rows equal the ledger."""
-        with self._lock:
-            self.allocator.check_invariants()
-            for node in self._rows:
-                if node not in self._dirty and self._rows[node] != self._build(node):
-                    raise InvariantViolation(f"extender index of node {node} is stale")
-            for (vram, compute, cards, kinds, may_preempt), memo in self._memo.items():
-                probe = PodDemand(
-                    "check", "check", "check", 0 if may_preempt else -1, vram, compute, cards, kinds
-                )
-                evaluate = self._evaluator(probe)
-                for node, verdict in memo.items():
-                    if node not in self._dirty and evaluate(node) != verdict:
-                        raise InvariantViolation(f"memoised verdict for {node} is stale: {verdict}")
+        """The controller's invariants, with the card index's (rows and memo equal the ledger)."""
 
-    # ------------------------------------------------------------------ internals
-    def _memo_of(self, demand: PodDemand) -> dict[str, tuple[int, int, str]]:
-        """Verdicts per node for this demand's shape; a node's entries go when its rows are rebuilt."""
-        key = (demand.vram_mib, demand.compute_milli, demand.gpu_count, demand.kinds, demand.priority >= 0)
-        memo = self._memo.get(key)
-        if memo is None:
-            memo = self._memo[key] = {}
-            while len(self._memo) > MEMO_SHAPES:
-                self._memo.popitem(last=False)
-        else:
-            self._memo.move_to_end(key)
-        return memo
+        def check() -> None:
+            self.controller.check_invariants()
+            self.controller.cards.check()
 
-    def _on_event(self, event: LeaseEvent) -> None:
-        self._touch(event.lease.node)
-        if event.lease.state.ended and self._pod_lease.get(event.lease.request.id) == event.lease.id:
-            del self._pod_lease[event.lease.request.id]
-
-    def _touch(self, node: str) -> None:
-        self._dirty.add(node)
-        self.generation += 1
-
-    def _refresh(self) -> None:
-        self.allocator.expire_due()
-        if self._dirty:
-            for memo in self._memo.values():
-                for node in self._dirty:
-                    memo.pop(node, None)
-        for node in self._dirty:
-            self._rows[node] = self._build(node)
-        self._dirty.clear()
-
-    def _build(self, node: str) -> tuple[_Row, ...]:
-        led = self.allocator.ledger
-        rows = []
-        sick = []
-        for sid in self._nodes[node]:
-            st = led.state(sid)
-            cap = st.slice.capacity
-            kind = st.slice.kind
-            if not st.healthy:
-                sick.append((cap.vram_mib, cap.compute_milli, kind))
-                continue
-            rows.append(
-                (
-                    cap.vram_mib,
-                    cap.compute_milli,
-                    kind,
-                    st.free.vram_mib,
-                    st.free.compute_milli,
-                    st.preemptible.vram_mib,
-                    st.preemptible.compute_milli,
-                    st.num_leases,
-                    st,
-                )
-            )
-        rows.sort(key=lambda r: (r[0], r[1], r[2], r[3], r[4], r[8].slice.id))
-        groups: list[_Group] = []
-        lo = 0
-        for i in range(1, len(rows) + 1):
-            if i == len(rows) or rows[i][:3] != rows[lo][:3]:
-                cap_v, cap_c, kind = rows[lo][0], rows[lo][1], rows[lo][2]
-                groups.append((cap_v, cap_c, kind, lo, i, tuple(r[3] for r in rows[lo:i])))
-                lo = i
-        self._groups[node] = tuple(groups)
-        self._sick[node] = tuple(sick)
-        return tuple(rows)
+        self.owner.read(check)
