@@ -33,6 +33,23 @@ demand is sized by a GPU capacity the CPU can never fill, so the reserve overrid
 than FGD (52.81 vs 52.40 %). With the CPU horizon the overrides fall to 1,565 and the run beats FGD
 (52.03 %).
 
+Servable demand (``servable=True``, the default policy's reserve): a group whose expected demand
+exceeds even the EMPTY cluster's slots for it cannot be served in full by any placement. Counting
+all of it makes the group short from the first pod on, and the reserve then overrides FGD on every
+placement that touches one of the group's slots, all run long, to close a gap no placement can
+close. (Variant ``multi50``: half the GPU request in multi-GPU pods makes the 1-card group with
+24.2 cores dominated by every multi-GPU shape with at least that CPU: expected 2,976 GPUs at the
+start against 2,830 slots; the CPU-horizon reserve reported a shortfall on 5,152 of 5,397
+placements and overrode FGD on 967, and lost to FGD, 2.83 vs 2.76 % unallocated.) So each group
+plans for at most the share of the horizon its slots served at the start:
+
+    share_g = min(D_g / demand, 1000 x k x slots_g(empty) / horizon(empty))
+
+and ``expected_g = share_g x horizon`` as before. A group the empty cluster can serve keeps its
+share (every published workload: nothing changes there); an oversubscribed one starts at shortfall 0
+and is defended only when its slots are lost faster than the cluster fills. No constant: the cap is
+the cluster's own empty-state slots.
+
 Kept in exact integers by multiplying through by ``demand``. No constants: the horizon is the cluster's
 own free capacity and the mix is the trace's shape distribution. ``slots[n, g]`` is kept per node and a
 placement changes one node (`refresh`), so ``supply`` is incremental; free GPU is read from the mirror.
@@ -49,7 +66,12 @@ from gpupool.sim.workload import TargetWorkload
 
 class WholeCardReserve:
     def __init__(
-        self, population: TargetWorkload, mirror: MirrorLedger, *, cpu_horizon: bool = False
+        self,
+        population: TargetWorkload,
+        mirror: MirrorLedger,
+        *,
+        cpu_horizon: bool = False,
+        servable: bool = False,
     ) -> None:
         self.mirror = mirror
         self.cpu_horizon = cpu_horizon
@@ -81,6 +103,19 @@ class WholeCardReserve:
         self.dominated_demand: np.ndarray = (dominates * group_demand[:, None]).sum(axis=0)
         self.slots = self._slots(self._full(mirror.gpu_free), mirror.cpu_free, mirror.model)
         self.supply: np.ndarray = self.slots.sum(axis=0)
+        if servable:
+            self.dominated_demand = np.minimum(self.dominated_demand, self._servable_cap())
+
+    def _servable_cap(self) -> np.ndarray:
+        """Per group, ``demand`` x the share of the horizon its slots serve on the EMPTY cluster
+        (every card free, every core free), rounded down: see "Servable demand" above."""
+        m = self.mirror
+        empty = self._slots(m.gpu_count, m.cpu_cap, m.model).sum(axis=0)
+        horizon = m.capacity_milli
+        if self.cpu_horizon:
+            horizon = min(horizon, int(m.cpu_cap.sum()) * self.demand // self.cpu_demand)
+        out: np.ndarray = empty * self.k * MILLI_PER_GPU * self.demand // max(horizon, 1)
+        return out
 
     @staticmethod
     def _full(gpu_free: np.ndarray) -> np.ndarray:

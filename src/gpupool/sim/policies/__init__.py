@@ -22,6 +22,7 @@ from gpupool.sim.policies.ours import (
     FGDCapacityPolicy,
     FGDReserveCpuPolicy,
     FGDReservePolicy,
+    FGDReserveServablePolicy,
     FragBestFitPolicy,
 )
 
@@ -37,10 +38,11 @@ SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     FGDReservePolicy.name: FGDReservePolicy,
     FragBestFitPolicy.name: FragBestFitPolicy,
     FGDReserveCpuPolicy.name: FGDReserveCpuPolicy,
+    FGDReserveServablePolicy.name: FGDReserveServablePolicy,
 }
 
 
-DEFAULT_SIM_POLICY = FGDReserveCpuPolicy.name
+DEFAULT_SIM_POLICY = FGDReserveServablePolicy.name
 """The simulator's default (``gpupool sim fgd``, the variant report); see `gpupool.sim.policies.ours`."""
 
 
