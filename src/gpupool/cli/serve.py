@@ -551,6 +551,20 @@ def serve(  # noqa: PLR0917 (typer options)
     etcd_max_txn_ops: int = typer.Option(
         128, "--etcd-max-txn-ops", help="etcd's --max-txn-ops: the most writes one group commit may carry."
     ),
+    tidal: bool = typer.Option(
+        True,
+        help="Run tidal time-sharing: DAY/NIGHT on measured P0+P1 demand, the DAY reservation for P0/P1, "
+        "the batch queue (/v1/batch/jobs). See docs/tidal/README.md.",
+    ),
+    tidal_config: Path | None = typer.Option(
+        None, "--tidal-config", help="YAML 'tidal: {setting: value}' (schedule, time zone, shares, GPUs)."
+    ),
+    timezone: str | None = typer.Option(
+        None, "--timezone", help="IANA time zone of the tidal schedule (default Asia/Shanghai)."
+    ),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="Run batch jobs on this existing Ray cluster (default: local processes)."
+    ),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
     for flag, v in (
@@ -573,6 +587,11 @@ def serve(  # noqa: PLR0917 (typer options)
         password=etcd_password,
         max_txn_ops=etcd_max_txn_ops,
     )
+    plane_cfg = None
+    if tidal:
+        from gpupool.cli.tidalplane import load_plane_config
+
+        plane_cfg = load_plane_config(tidal_config, timezone=timezone)
     table = _load_objectives_file(objectives) if objectives is not None else None
     backend_specs = _load_backends_file(backends) if backends is not None else None
     bundle = build(
@@ -598,6 +617,19 @@ def serve(  # noqa: PLR0917 (typer options)
     say(f"gpupool gateway on http://{host}:{port}  (store {store or data_dir / 'leases.db'})")
     if bundle.new_admin_token:
         say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")
+    extra: list[Any] = []
+    if plane_cfg is not None:
+        from gpupool.cli.tidalplane import attach_tidal, tidal_loop
+
+        rt = attach_tidal(
+            bundle,
+            config=plane_cfg,
+            data_dir=data_dir,
+            clock=bundle.controller.clock,
+            ray_address=ray_address,
+        )
+        extra.append(tidal_loop(rt))
+        say(f"tidal: {rt.plane.mode.value} now; next: {rt.plane.next_switch()['earliest_local']}")
     with contextlib.suppress(KeyboardInterrupt):
         opts = {"header_timeout_s": header_timeout_s, "max_connections": max_connections}
-        run_loop(serve_forever(bundle, host=host, port=port, server_options=opts))
+        run_loop(serve_forever(bundle, host=host, port=port, extra=extra, server_options=opts))

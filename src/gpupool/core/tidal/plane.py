@@ -1,0 +1,378 @@
+"""`TidalPlane`: the tidal mode machine running in the control plane on measured online demand.
+
+Role: the core half of ``gpupool serve``'s day/night time-sharing. It composes the pure
+`TidalController` (modes.py) with what the gateway measures and decides per request:
+
+- **Demand** (`DemandMeter`): every admission (`before_admit`) of a P0 or P1 request, from the
+  OpenAI proxy and the lease API alike, counts as one arrival of its model (``lease-api`` for a
+  placement lease without a model). `tick` feeds the controller the total P0+P1 arrivals per minute
+  over the last ``demand_window_s``; `view` shows them per model.
+- **DAY reservation** (admission): a P2 *placement* lease (not a request lease inside an online
+  engine's KV budget) is refused when P2 would then hold more than ``p2_share`` of the pool's VRAM
+  (DAY: ``1 - day_reserved_fraction``, 20 % by default; NIGHT: ``1 - night_reserved_fraction``).
+  The refusal is a reason string; the controller turns it into SHED (HTTP 429 + reason).
+- **NIGHT holdback**: a P0 arrival in NIGHT arms a holdback of ``holdback_s``: new P2 placement
+  leases are refused until it passes, so capacity that P2 work gives back goes to online work
+  first (the fastest path: no process is touched). `after_admit` classifies how that P0 request
+  got its capacity (``free`` | ``preempt`` | ``queued`` | ``refused``) and times arrival -> outcome
+  with the injected stopwatch; executors add ``pause`` and ``requeue`` timings (`record_path`).
+- **Schedule**: `next_switch` names the next mode boundary in the configured time zone (DAY: the
+  night window's start, where the traffic trigger may fire; NIGHT: the night window's end, and the
+  restore deadline planned back from the measured re-partition time: `restore_due`).
+
+Invariants: the plane never reads a clock (the `Clock` is injected); `before_admit` never changes
+the ledger (it only counts and answers); with ``enabled=False`` it counts demand but never refuses
+(the off switch); a transition is reported once, by the `tick` that caused it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gpupool.core.allocator import Allocator
+from gpupool.core.clock import Clock
+from gpupool.core.errors import InvalidInput
+from gpupool.core.model import Request
+from gpupool.core.outcome import Outcome, OutcomeCode
+from gpupool.core.priority import P0
+from gpupool.core.tidal.modes import Mode, TidalConfig, TidalController, TidalTransition
+
+LEASE_API_MODEL = "lease-api"
+"""The demand key of an online placement lease that names no model."""
+PATHS = ("free", "preempt", "queued", "refused", "pause", "requeue")
+"""How a night P0 arrival got its capacity, and what the displaced P2 work went through."""
+PATH_SAMPLES = 512
+"""Timings kept per path (the newest; quantiles are over these)."""
+
+
+def _finite(name: str, value: float, *, lo: float = 0.0) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"tidal.{name}", value, "must be a finite number")
+    if value < lo:
+        raise InvalidInput(f"tidal.{name}", value, f"must be >= {lo:g}")
+
+
+@dataclass(frozen=True, slots=True)
+class PlaneConfig:
+    """The control plane's tidal settings (YAML ``tidal:`` in ``gpupool serve --tidal-config``)."""
+
+    tidal: TidalConfig = field(default_factory=TidalConfig)
+    enabled: bool = True
+    """The per-cluster off switch: False counts demand and shows the mode but never refuses P2."""
+    holdback_s: float = 30.0
+    demand_window_s: float = 60.0
+    day_batch_concurrency: int = 1
+    """Batch jobs the queue runs at once by DAY (in the P2 share); NIGHT: no limit but capacity."""
+    repartition_gpus: tuple[str, ...] = ()
+    """MIG GPUs merged into large batch instances at NIGHT (drained, re-partitioned, restored)."""
+    restore_lead_min_s: float = 600.0
+    """Restore starts at least this long before the day window (more: twice the measured time)."""
+
+    def __post_init__(self) -> None:
+        if type(self.enabled) is not bool:
+            raise InvalidInput("tidal.enabled", self.enabled, "must be true or false")
+        _finite("holdback_s", self.holdback_s)
+        _finite("demand_window_s", self.demand_window_s, lo=1.0)
+        _finite("restore_lead_min_s", self.restore_lead_min_s)
+        if type(self.day_batch_concurrency) is not int or self.day_batch_concurrency < 0:
+            raise InvalidInput(
+                "tidal.day_batch_concurrency", self.day_batch_concurrency, "must be an integer >= 0"
+            )
+        for i, g in enumerate(self.repartition_gpus):
+            if not isinstance(g, str) or not g:
+                raise InvalidInput(f"tidal.repartition_gpus[{i}]", g, "must be a GPU id such as gpu-a/1")
+
+
+PLANE_KEYS = frozenset(PlaneConfig.__dataclass_fields__) - {"tidal"}
+TIDAL_KEYS = frozenset(TidalConfig.__dataclass_fields__)
+
+
+def plane_config(doc: object) -> PlaneConfig:
+    """A mapping of `PlaneConfig` and `TidalConfig` keys (one flat level) -> `PlaneConfig`.
+
+    Unknown keys and bad values raise `InvalidInput` naming ``tidal.<key>``."""
+    if doc is None:
+        return PlaneConfig()
+    if not isinstance(doc, dict):
+        raise InvalidInput("tidal", type(doc).__name__, "must be a mapping of settings")
+    for k in doc:
+        if k not in PLANE_KEYS and k not in TIDAL_KEYS:
+            raise InvalidInput(f"tidal.{k}", doc[k], "unknown setting")
+    tidal = {k: v for k, v in doc.items() if k in TIDAL_KEYS}
+    plane = {k: v for k, v in doc.items() if k in PLANE_KEYS}
+    if "repartition_gpus" in plane:
+        gpus = plane["repartition_gpus"]
+        if not isinstance(gpus, list | tuple):
+            raise InvalidInput("tidal.repartition_gpus", gpus, "must be a list of GPU ids")
+        plane["repartition_gpus"] = tuple(gpus)
+    try:
+        return PlaneConfig(tidal=TidalConfig(**tidal), **plane)
+    except TypeError as exc:  # a wrong type the dataclass itself rejects
+        raise InvalidInput("tidal", doc, str(exc)) from None
+
+
+class DemandMeter:
+    """P0+P1 arrivals per model over a sliding window (one timestamp per arrival, trimmed on read)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._arrivals: deque[tuple[float, str]] = deque()
+        self.total = 0
+
+    def record(self, model: str, at_s: float) -> None:
+        self._arrivals.append((at_s, model))
+        self.total += 1
+
+    def _trim(self, now_s: float) -> None:
+        cut = now_s - self.window_s
+        a = self._arrivals
+        while a and a[0][0] <= cut:
+            a.popleft()
+
+    def per_minute(self, now_s: float) -> float:
+        self._trim(now_s)
+        return len(self._arrivals) * 60.0 / self.window_s
+
+    def per_model_per_minute(self, now_s: float) -> dict[str, float]:
+        self._trim(now_s)
+        counts = Counter(m for _, m in self._arrivals)
+        return {m: round(n * 60.0 / self.window_s, 3) for m, n in sorted(counts.items())}
+
+
+@dataclass(slots=True)
+class PathStats:
+    count: int = 0
+    ms: deque[float] = field(default_factory=lambda: deque(maxlen=PATH_SAMPLES))
+
+    def add(self, ms: float) -> None:
+        self.count += 1
+        self.ms.append(ms)
+
+    def quantile(self, q: float) -> float | None:
+        if not self.ms:
+            return None
+        xs = sorted(self.ms)
+        return round(xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)], 3)
+
+
+P2Usage = Callable[[], tuple[int, int]]
+"""() -> (VRAM MiB held by P2 placement leases, pool VRAM capacity in MiB)."""
+
+
+class TidalPlane:
+    """See the module docstring. Wire `before_admit` / `after_admit` into admission, call `tick`."""
+
+    def __init__(
+        self,
+        config: PlaneConfig,
+        *,
+        clock: Clock,
+        p2_usage: P2Usage,
+        stopwatch: Callable[[], float] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.stopwatch = stopwatch or clock.now
+        """Seconds for path timings (the CLI: a monotonic counter; the schedule clock may be compressed)."""
+        self._arrived = 0.0
+        self.controller = TidalController(config.tidal)
+        self.meter = DemandMeter(config.demand_window_s)
+        self._p2_usage = p2_usage
+        self.holdback_until = -math.inf
+        self.paths: dict[str, PathStats] = {p: PathStats() for p in PATHS}
+        self.refusals: Counter[str] = Counter()
+        """``day-reservation`` | ``night-share`` | ``holdback`` -> P2 placement leases refused."""
+        self.mode_since: float | None = None
+        self.repartition_s: float | None = None
+        """The last measured re-partition duration (merge or restore), seconds."""
+        self.notes: dict[str, object] = {}
+        """Extra state for `view` (the re-partition driver's per-GPU status)."""
+
+    # ------------------------------------------------------------------ admission hooks
+    @property
+    def mode(self) -> Mode:
+        return self.controller.mode
+
+    def p2_share(self) -> float:
+        return self.controller.p2_share()
+
+    def p2_usage(self) -> tuple[int, int]:
+        """(VRAM MiB held by P2 placement leases, pool VRAM capacity in MiB)."""
+        return self._p2_usage()
+
+    def before_admit(self, request: Request, *, kv: bool) -> str | None:
+        """Count an online arrival; for P2 placement leases, the reason to refuse it (or None)."""
+        now = self.clock.now()
+        prio = request.priority
+        self._arrived = self.stopwatch()
+        if prio >= 0:
+            self.meter.record(request.model or LEASE_API_MODEL, now)
+            if prio >= P0 and self.mode is Mode.NIGHT:
+                self.holdback_until = max(self.holdback_until, now + self.config.holdback_s)
+            return None
+        if kv or not self.config.enabled:
+            return None
+        if self.mode is Mode.NIGHT and now < self.holdback_until:
+            self.refusals["holdback"] += 1
+            return (
+                f"tidal: NIGHT holdback: online P0 work arrived; new P2 work waits "
+                f"{self.holdback_until - now:.1f} s more"
+            )
+        held, cap = self._p2_usage()
+        want = request.demand.vram_mib * max(1, request.gpu_count)
+        share_mib = int(self.p2_share() * cap)
+        if held + want > share_mib:
+            key = "day-reservation" if self.mode is Mode.DAY else "night-share"
+            self.refusals[key] += 1
+            reserved = 1.0 - self.p2_share()
+            return (
+                f"tidal: {self.mode.value.upper()} reservation: P2 holds {held} MiB of its {share_mib} MiB "
+                f"share ({100 * self.p2_share():.0f} % of {cap} MiB); {want} MiB more would cut into the "
+                f"{100 * reserved:.0f} % kept for P0/P1"
+            )
+        return None
+
+    def after_admit(self, request: Request, out: Outcome) -> None:
+        """Classify and time a night P0 arrival (arrival -> outcome, on the injected stopwatch)."""
+        if request.priority < P0 or self.mode is not Mode.NIGHT:
+            return
+        ms = max(0.0, (self.stopwatch() - self._arrived) * 1000.0)
+        if out.granted:
+            path = "preempt" if out.victims else "free"
+        elif out.code is OutcomeCode.QUEUED:
+            path = "queued"
+        else:
+            path = "refused"
+        self.paths[path].add(ms)
+
+    def record_path(self, path: str, ms: float) -> None:
+        """An executor's part of a night path (``pause`` / ``requeue`` of displaced P2 work)."""
+        if path not in self.paths:
+            raise InvalidInput("path", path, f"must be one of {', '.join(PATHS)}")
+        self.paths[path].add(max(0.0, float(ms)))
+
+    # ------------------------------------------------------------------ the clock's side
+    def tick(self) -> TidalTransition | None:
+        """Feed the controller the measured demand now; returns the transition it caused, if any."""
+        now = self.clock.now()
+        if self.mode_since is None:
+            self.mode_since = now
+        tr = self.controller.observe(now, self.meter.per_minute(now))
+        if tr is not None:
+            self.mode_since = now
+            if tr.mode_to is Mode.DAY:
+                self.holdback_until = -math.inf
+        return tr
+
+    def max_batch_running(self) -> int | None:
+        """How many batch jobs may run at once now (None: as many as capacity allows)."""
+        return self.config.day_batch_concurrency if self.mode is Mode.DAY else None
+
+    def restore_lead_s(self) -> float:
+        measured = 2.0 * self.repartition_s if self.repartition_s is not None else 0.0
+        return max(self.config.restore_lead_min_s, measured)
+
+    def restore_due(self) -> bool:
+        """True when re-partitioned GPUs must go back now: DAY, or NIGHT within the lead of the day."""
+        if self.mode is Mode.DAY:
+            return True
+        now = self.clock.now()
+        day_start = self._next_local(now, self.controller.config.windows()[0])
+        return day_start - now <= self.restore_lead_s()
+
+    def _next_local(self, now: float, at: object) -> float:
+        local = self.controller.local_time(now)
+        for days in range(3):
+            d = (local + timedelta(days=days)).date()
+            cand = datetime.combine(d, at, tzinfo=local.tzinfo).timestamp()  # type: ignore[arg-type]
+            if cand > now:
+                return cand
+        raise AssertionError("a daily boundary is always within two days")  # pragma: no cover
+
+    def next_switch(self) -> dict[str, object]:
+        """The next boundary: what it is, when (Unix s and local time) and what gates it."""
+        now = self.clock.now()
+        d0, _, n0, n1 = self.controller.config.windows()
+        if self.mode is Mode.DAY:
+            night = self.controller.in_night_window(now)
+            at = now if night else self._next_local(now, n0)
+            cfg = self.controller.config
+            cond = (
+                f"smoothed P0+P1 demand below {100 * cfg.enter_ratio:g} % of the day baseline for "
+                f"{cfg.enter_hold_s / 60:g} min inside the night window"
+            )
+            to = Mode.NIGHT
+        else:
+            at = self._next_local(now, n1)
+            cond = "the night window ends (or demand above the exit ratio for the exit hold)"
+            to = Mode.DAY
+        out: dict[str, object] = {
+            "to": to.value,
+            "earliest_at_s": round(at, 3),
+            "earliest_local": self.controller.local_time(at).isoformat(timespec="minutes"),
+            "condition": cond,
+        }
+        if self.mode is Mode.NIGHT:
+            out["restore_by_local"] = self.controller.local_time(
+                self._next_local(now, d0) - self.restore_lead_s()
+            ).isoformat(timespec="minutes")
+        return out
+
+    def view(self) -> dict[str, object]:
+        """The JSON-ready tidal state for ``GET /v1/pool`` (key ``tidal``)."""
+        now = self.clock.now()
+        snap = self.controller.snapshot(now)
+        held, cap = self._p2_usage()
+        base = snap.baseline
+        return {
+            "enabled": self.config.enabled,
+            "mode": snap.mode.value,
+            "since_local": None
+            if self.mode_since is None
+            else self.controller.local_time(self.mode_since).isoformat(timespec="minutes"),
+            "local_time": self.controller.local_time(now).isoformat(timespec="seconds"),
+            "timezone": self.controller.config.timezone,
+            "next_switch": self.next_switch(),
+            "demand_per_min": round(self.meter.per_minute(now), 3),
+            "demand_per_min_by_model": self.meter.per_model_per_minute(now),
+            "smoothed_demand_per_min": round(snap.smoothed_demand, 3),
+            "baseline_per_min": None if base is None else round(base, 3),
+            "p2_share": round(self.p2_share(), 4),
+            "p2_held_mib": held,
+            "p2_share_mib": int(self.p2_share() * cap),
+            "holdback_active": now < self.holdback_until,
+            "refused": dict(self.refusals),
+            "night_paths": {
+                p: {"count": s.count, "p50_ms": s.quantile(0.5), "p99_ms": s.quantile(0.99)}
+                for p, s in self.paths.items()
+            },
+            "transitions": len(self.controller.transitions),
+            "repartition_s": None if self.repartition_s is None else round(self.repartition_s, 3),
+            **self.notes,
+        }
+
+
+def p2_usage_of(allocator: Allocator) -> P2Usage:
+    """A `P2Usage` over an allocator's slices and active leases (a scan: run for P2 admissions only)."""
+
+    def usage() -> tuple[int, int]:
+        cap = sum(st.slice.capacity.vram_mib for st in allocator.states())
+        held = sum(lease.total.vram_mib for lease in allocator.leases if lease.priority < 0)
+        return held, cap
+
+    return usage
+
+
+__all__ = [
+    "LEASE_API_MODEL",
+    "PATHS",
+    "DemandMeter",
+    "PlaneConfig",
+    "TidalPlane",
+    "p2_usage_of",
+    "plane_config",
+]
