@@ -200,6 +200,10 @@ class TidalPlane:
     def p2_share(self) -> float:
         return self.controller.p2_share()
 
+    def p2_share_mib(self, capacity_mib: int) -> int:
+        """The P2 share in MiB (rounded to 1e-6 first: 1 - 0.8 is 0.19999999999999996 in floats)."""
+        return int(round(self.p2_share() * capacity_mib, 6))
+
     def p2_usage(self) -> tuple[int, int]:
         """(VRAM MiB held by P2 placement leases, pool VRAM capacity in MiB)."""
         return self._p2_usage()
@@ -224,7 +228,7 @@ class TidalPlane:
             )
         held, cap = self._p2_usage()
         want = request.demand.vram_mib * max(1, request.gpu_count)
-        share_mib = int(self.p2_share() * cap)
+        share_mib = self.p2_share_mib(cap)
         if held + want > share_mib:
             key = "day-reservation" if self.mode is Mode.DAY else "night-share"
             self.refusals[key] += 1
@@ -343,7 +347,7 @@ class TidalPlane:
             "baseline_per_min": None if base is None else round(base, 3),
             "p2_share": round(self.p2_share(), 4),
             "p2_held_mib": held,
-            "p2_share_mib": int(self.p2_share() * cap),
+            "p2_share_mib": self.p2_share_mib(cap),
             "holdback_active": now < self.holdback_until,
             "refused": dict(self.refusals),
             "night_paths": {
