@@ -19,7 +19,7 @@ from gpupool.core.ids import seeded_lease_ids
 from gpupool.core.poolview import pool_view
 from gpupool.core.tidal.modes import Mode, TidalConfig
 from gpupool.core.tidal.plane import PlaneConfig, TidalPlane, p2_usage_of, plane_config
-from tests.builders import GIB, a_request, a_slice
+from tests.builders import a_request, a_slice
 
 ZONE = "Europe/Berlin"
 

@@ -1,7 +1,8 @@
 """`BatchRunner`: the loop that turns queued P2 jobs into running processes holding P2 leases.
 
 One `step(now)`:
-1. finished jobs -> DONE (exit 0) or FAILED, lease released;
+1. finished jobs -> DONE (exit 0) or FAILED, lease released; over ``max_running``, the newest
+   running jobs release their leases (handled as in 2.);
 2. running jobs whose lease ended (preempted by P0/P1, revoked, expired) -> paused (SIGSTOP, state
    PAUSED) when the job is checkpointable and the executor can pause, else stopped and requeued
    (state QUEUED, attempts counted): never silently dropped;
@@ -106,6 +107,7 @@ class BatchRunner:
 
     def step(self, now: float) -> None:
         self._reap(now)
+        self._shrink(now)
         self._on_lost_leases(now)
         self._resume_paused(now)
         self._start_queued(now)
@@ -166,6 +168,16 @@ class BatchRunner:
                 self._path("requeue", t0)
                 self.queue.transition(job_id, JobState.QUEUED, now=now, reason=f"{why}; requeued")
                 self._event(now, job_id, "requeued")
+
+    def _shrink(self, now: float) -> None:
+        """Over ``max_running`` (NIGHT -> DAY): the newest jobs give their leases back and are
+        paused or requeued like preempted ones (the oldest keep running)."""
+        limit = self.max_running()
+        if limit is None or len(self.running) <= limit:
+            return
+        for job_id in list(self.running)[limit:]:
+            r = self.running[job_id]
+            self.allocator.release(r.lease_id, reason=f"job {job_id}: batch concurrency is {limit} now")
 
     def _path(self, path: str, t0: float) -> None:
         if self.on_path is not None:

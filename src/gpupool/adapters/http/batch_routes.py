@@ -1,7 +1,7 @@
 """The batch queue's routes on the gateway (``gpupool serve`` / ``run`` mount them when tidal is on).
 
 - ``POST /v1/batch/jobs`` ``{"id"?, "command": [argv...], "vram_mib", "compute_pct"?, "checkpointable"?,
-  "deadline_s"?, "tenant"?}`` -> 201 the job (state ``queued``); 400 names a bad field, 409 a duplicate id;
+  "deadline_s"?, "tenant"?}`` -> 201 the job (state ``queued``); 422 names a bad field, 409 a duplicate id;
 - ``GET /v1/batch/jobs`` -> ``{"jobs": [...]}`` in queue order (``?state=queued|running|...``);
 - ``GET /v1/batch/jobs/{id}``; ``DELETE /v1/batch/jobs/{id}`` -> the job, now ``cancelled`` (its
   process stopped, its P2 lease released); 409 when it had already ended.
