@@ -52,7 +52,7 @@ async def _until(pred: object, what: str, tries: int = 200) -> None:
     raise AssertionError(f"not reached: {what}")
 
 
-async def _cycle(tmp: Path) -> None:  # noqa: PLR0915 (one story, told in order)
+async def _cycle(tmp: Path) -> None:
     bundle = build(data_dir=tmp, extra_tokens=[(TOKEN, "ops", "admin")])
     clock = ManualClock(at(12))
     cfg = PlaneConfig(
@@ -103,7 +103,7 @@ async def _cycle(tmp: Path) -> None:  # noqa: PLR0915 (one story, told in order)
             ]
             assert "gpu-a/1/mig-3g.40gb-4" not in sim._resident  # the standby replica was stopped
             pool = (await cl.get("/v1/pool")).json()
-            a1 = [g for n in pool["nodes"] for g in n["gpus"] if g["gpu_id"] == "gpu-a/1"][0]
+            a1 = next(g for n in pool["nodes"] for g in n["gpus"] if g["gpu_id"] == "gpu-a/1")
             assert [s["slice_id"] for s in a1["slices"]] == ["gpu-a/1/mig-7g.80gb-0"]
             assert not a1["drained"]
             rt.step()
@@ -154,7 +154,7 @@ async def _cycle(tmp: Path) -> None:  # noqa: PLR0915 (one story, told in order)
             ]
             assert sim._resident.get("gpu-a/1/mig-3g.40gb-4") == standby["gpu-a/1/mig-3g.40gb-4"]
             pool = (await cl.get("/v1/pool")).json()
-            a1 = [g for n in pool["nodes"] for g in n["gpus"] if g["gpu_id"] == "gpu-a/1"][0]
+            a1 = next(g for n in pool["nodes"] for g in n["gpus"] if g["gpu_id"] == "gpu-a/1")
             assert sorted(s["slice_id"] for s in a1["slices"]) == [
                 "gpu-a/1/mig-3g.40gb-4",
                 "gpu-a/1/mig-4g.40gb-0",
