@@ -49,17 +49,32 @@ def load_plane_config(path: Path | None, **overrides: Any) -> PlaneConfig:
 
 
 class SimulatedStandby:
-    """`Standby` on the simulated cluster: its placed replicas on a GPU stop and start again."""
+    """`Standby` on the simulated cluster: the placed replicas on a GPU stop (the drain has revoked
+    their instance leases, if they held any: P2 engines only, online ones refuse the plan) and start
+    again on the day layout, each instance lease placed again on its slice."""
 
-    def __init__(self, sim: Any) -> None:
+    def __init__(self, sim: Any, controller: Any) -> None:
         self.sim = sim
+        self.c = controller
 
     def stop(self, gpu_id: str) -> object:
-        return self.sim.stop_residents(gpu_id)
+        from gpupool.cli.serve import SYSTEM_TENANT
+
+        held = [
+            (lease.request, lease.slice_ids)
+            for lease in self.c.allocator.leases
+            if lease.request.tenant == SYSTEM_TENANT and any(g.gpu_id == gpu_id for g in lease.grants)
+        ]
+        return (self.sim.stop_residents(gpu_id), held)
 
     def start(self, gpu_id: str, stopped: object) -> None:
-        if isinstance(stopped, dict):
-            self.sim.start_residents(stopped)
+        if not isinstance(stopped, tuple):
+            return
+        residents, held = stopped
+        self.sim.start_residents(residents)
+        for request, slice_ids in held:
+            with contextlib.suppress(InvalidInput, KeyError):
+                self.c.place(request, slice_ids)
 
 
 @dataclass
@@ -92,6 +107,12 @@ class TidalRuntime:
             )
             say(f"tidal: {msg}")
             self.emit("tidal", msg)
+        c = self.bundle.controller
+        taken = plane.reclaim(c.allocator.leases)
+        for lease_id in taken:
+            c.revoke(lease_id, reason="tidal: DAY, P2 above its share gives capacity back to P0/P1")
+        if taken:
+            self.emit("tidal", f"DAY reclaimed {len(taken)} P2 leases above the P2 share")
         if self.night is not None:
             if plane.mode is Mode.NIGHT and not plane.restore_due():
                 done = self.night.merge_all()
@@ -202,7 +223,7 @@ def attach_tidal(
             actuator_of=lambda node: NvmlMigActuator(sim.mig_hardware(node), busy=busy),
             discover=lambda node: [s for s in sim.inventory() if s.node == node],
             clock=clock,
-            standby=SimulatedStandby(sim),
+            standby=SimulatedStandby(sim, c),
         )
     return rt
 
@@ -223,4 +244,87 @@ async def tidal_loop(rt: TidalRuntime, *, period_s: float = 0.5) -> None:
                 rt.batch.close()
 
 
-__all__ = ["SimulatedStandby", "TidalRuntime", "attach_tidal", "load_plane_config", "tidal_loop"]
+# --------------------------------------------------------------------------- `gpupool run`'s demo
+DEMO_START_HOUR = 18
+DEMO_TENANT = "tidal-batch"
+
+
+def demo_clock(speed: float, config: PlaneConfig) -> Any:
+    """A compressed clock from today's `DEMO_START_HOUR`:00 in the schedule's time zone."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    from gpupool.core.clock import FunctionClock
+    from gpupool.core.tidal.modes import CompressedClock
+
+    zone = ZoneInfo(config.tidal.timezone)
+    start = datetime.now(zone).replace(hour=DEMO_START_HOUR, minute=0, second=0, microsecond=0)
+    return CompressedClock(FunctionClock(time.monotonic), origin_s=start.timestamp(), speed=speed)
+
+
+def demo_config(speed: float, *, repartition_gpus: tuple[str, ...] = ()) -> PlaneConfig:
+    """The seed's schedule on a compressed clock: the demand window and the smoothing span two real
+    seconds (at x144, 288 simulated seconds) and the exit hold four, so that a few requests per
+    second measure a stable rate."""
+    from gpupool.core.tidal.modes import TidalConfig
+
+    return PlaneConfig(
+        tidal=TidalConfig(smooth_tau_s=max(300.0, 2.0 * speed), exit_hold_s=max(300.0, 4.0 * speed)),
+        demand_window_s=max(60.0, 2.0 * speed),
+        holdback_s=max(30.0, 2.0 * speed),
+        repartition_gpus=repartition_gpus,
+    )
+
+
+def demand_shape(rt: TidalRuntime) -> float:
+    """Online demand relative to its daily mean at the plane's (compressed) local time: the
+    synthetic traffic of `gpupool run` follows it, the plane measures it back."""
+    from gpupool.cli.tidal import live_demand
+
+    local = rt.plane.controller.local_time(rt.plane.clock.now())
+    return live_demand(local.hour + local.minute / 60)
+
+
+async def demo_batch_jobs(rt: TidalRuntime, *, seed: int = 11, period_s: float = 4.0, depth: int = 6) -> None:
+    """Keep ``depth`` real batch jobs queued or running (tenant ``tidal-batch``): each a Python child
+    process that runs for 20-60 s; every other one checkpointable (paused by SIGSTOP when displaced,
+    the others requeued)."""
+    import random
+    import sys
+
+    from gpupool.core.tidal.jobs import BatchJobSpec, JobState
+
+    rng = random.Random(seed)
+    n = 0
+    while rt.batch is not None:
+        active = sum(
+            1 for j in rt.batch.jobs() if j["state"] in (JobState.QUEUED, JobState.RUNNING, JobState.PAUSED)
+        )
+        if active < depth:
+            n += 1
+            run_s = rng.randint(20, 60)
+            code = f"import time\nend = time.time() + {run_s}\nwhile time.time() < end: time.sleep(0.1)\n"
+            spec = BatchJobSpec(
+                id=f"demo-{int(time.time())}-{n}",
+                vram_mib=rng.choice((8, 16, 24)) * 1024,
+                command=(sys.executable, "-c", code),
+                checkpointable=n % 2 == 0,
+                tenant=DEMO_TENANT,
+            )
+            with contextlib.suppress(InvalidInput):
+                rt.batch.submit(spec)
+        await asyncio.sleep(period_s)
+
+
+__all__ = [
+    "DEMO_TENANT",
+    "SimulatedStandby",
+    "TidalRuntime",
+    "attach_tidal",
+    "demand_shape",
+    "demo_batch_jobs",
+    "demo_clock",
+    "demo_config",
+    "load_plane_config",
+    "tidal_loop",
+]

@@ -161,3 +161,20 @@ def test_settings_name_the_bad_key() -> None:
         plane_config({"holdback_s": -1})
     cfg = plane_config({"timezone": "UTC", "day_reserved_fraction": 0.5, "repartition_gpus": ["gpu-a/1"]})
     assert cfg.tidal.timezone == "UTC" and cfg.repartition_gpus == ("gpu-a/1",)
+
+
+def test_back_in_day_p2_above_its_share_is_reclaimed_newest_first() -> None:
+    c, plane, clock = a_plane(at(20))
+    night(c, plane, clock)
+    ids = []
+    for i in range(4):
+        out = c.acquire(a_request(f"n{i}", vram_gib=25, priority=P2, ttl_s=36000))
+        assert out.granted and out.lease is not None
+        ids.append(out.lease.id)
+        clock.advance(1)
+    assert plane.reclaim(c.allocator.leases) == []  # NIGHT: 100 GiB is within 75 %
+    clock.advance(at(7, 0, day=3) - clock.now())
+    plane.tick()
+    assert plane.mode is Mode.DAY
+    # 100 GiB held, share 32 GiB: the three newest go, the oldest stays
+    assert plane.reclaim(c.allocator.leases) == ids[:0:-1]

@@ -5,8 +5,9 @@ Role: the control plane's driver of `gpupool.core.tidal.partition` plans. For ea
 the day layout back before DAY, in this order (both ways):
 
 1. check: every lease on the GPU is P2 (online work refuses the plan: `plan_merge`'s `Refusal`);
-2. drain: the GPU takes no new leases and its P2 leases are revoked (their holders pause or requeue:
-   the batch runner sees the lease end); its standby engines are stopped (`Standby` port);
+2. drain: its standby engines are stopped (`Standby` port: it notes what to bring back), the GPU
+   takes no new leases and its P2 leases are revoked (their holders pause or requeue: the batch
+   runner sees the lease end);
 3. apply: the node's `LayoutActuator` (NVML calls, on real or simulated devices) destroys and
    creates the instances; its ``busy`` hook is asked for leases still on them (none after 2.);
 4. sync: the GPU's slices in the ledger become what the node now holds (`discover`), the rest of
@@ -163,10 +164,10 @@ class NightRepartitioner:
         s0 = self._slices(gpu_id)[0]
         node, index = s0.node, s0.gpu_index
         why = f"tidal: {'NIGHT re-partition' if to_state == 'merged' else 'DAY restore'} of {gpu_id}"
-        self.c.drain_gpu(gpu_id, revoke=True, reason=why)
-        self._log(gpu_id, "drained", why)
         if not restart_standby and self.standby is not None:
             st.stopped = self.standby.stop(gpu_id)
+        self.c.drain_gpu(gpu_id, revoke=True, reason=why)
+        self._log(gpu_id, "drained", why)
         out = self.actuator_of(node).apply(node, {index: plan.target})
         if not out.ok:
             self.c.undrain_gpu(gpu_id)

@@ -10,7 +10,8 @@ Role: the core half of ``gpupool serve``'s day/night time-sharing. It composes t
 - **DAY reservation** (admission): a P2 *placement* lease (not a request lease inside an online
   engine's KV budget) is refused when P2 would then hold more than ``p2_share`` of the pool's VRAM
   (DAY: ``1 - day_reserved_fraction``, 20 % by default; NIGHT: ``1 - night_reserved_fraction``).
-  The refusal is a reason string; the controller turns it into SHED (HTTP 429 + reason).
+  The refusal is a reason string; the controller turns it into SHED (HTTP 429 + reason). Back in
+  DAY, `reclaim` names the P2 placement leases (newest first) that take P2 back under its share.
 - **NIGHT holdback**: a P0 arrival in NIGHT arms a holdback of ``holdback_s``: new P2 placement
   leases are refused until it passes, so capacity that P2 work gives back goes to online work
   first (the fastest path: no process is touched). `after_admit` classifies how that P0 request
@@ -29,14 +30,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gpupool.core.allocator import Allocator
 from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput
-from gpupool.core.model import Request
+from gpupool.core.model import Lease, Request
 from gpupool.core.outcome import Outcome, OutcomeCode
 from gpupool.core.priority import P0
 from gpupool.core.tidal.modes import Mode, TidalConfig, TidalController, TidalTransition
@@ -271,6 +272,28 @@ class TidalPlane:
             if tr.mode_to is Mode.DAY:
                 self.holdback_until = -math.inf
         return tr
+
+    def reclaim(self, leases: Iterable[Lease]) -> list[str]:
+        """DAY: the preemptible P2 placement leases to take back, newest grant first, until P2 holds no
+        more than its share again (work granted at NIGHT under the larger share). NIGHT or off: none.
+        Non-preemptible P2 leases (a P2 engine's instance) count in the share but are never taken."""
+        if self.mode is not Mode.DAY or not self.config.enabled:
+            return []
+        held, cap = self._p2_usage()
+        over = held - self.p2_share_mib(cap)
+        out: list[str] = []
+        if over <= 0:
+            return out
+        p2 = sorted(
+            (x for x in leases if x.priority < 0 and x.request.preemptible is not False),
+            key=lambda x: (-x.granted_at, x.id),
+        )
+        for lease in p2:
+            if over <= 0:
+                break
+            out.append(lease.id)
+            over -= lease.total.vram_mib
+        return out
 
     def max_batch_running(self) -> int | None:
         """How many batch jobs may run at once now (None: as many as capacity allows)."""
