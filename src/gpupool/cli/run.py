@@ -9,6 +9,10 @@ pool, the queues and backpressure are visibly alive:
 - P1 embeddings: ``/v1/embeddings`` to the embedding model (tenant ``retrieval``);
 - P2 batch: ``POST /v1/leases`` of 8-24 GiB held 10-20 s then released; 429s back off (tenant ``batch``).
 
+With ``--tidal-speed`` > 0 the tidal plane runs on a compressed clock (`gpupool.cli.tidalplane`): the
+P0/P1 loops follow the trace's demand shape at the compressed time of day, real batch jobs (tenant
+``tidal-batch``) are kept queued, and the first MIG GPU without an online backend is merged at NIGHT.
+
 Starts from an empty lease store (the previous run's leases would otherwise be recovered and hold
 the pool) unless ``--keep-state``. Prints the URL and the admin token, then a timestamped status line
 every 5 s. Ctrl-C stops everything at once: in-flight requests get ``serve.SHUTDOWN_GRACE_S``, then the
