@@ -107,6 +107,13 @@ class TidalRuntime:
             )
             say(f"tidal: {msg}")
             self.emit("tidal", msg)
+        for ch in plane.lending_changes:
+            self.emit(
+                "tidal",
+                f"day lending {ch.level_from:g} -> {ch.level_to:g} (P0 TTFT attainment {ch.attainment:.4f} "
+                f"over {ch.samples} requests)",
+            )
+        plane.lending_changes.clear()
         c = self.bundle.controller
         taken = plane.reclaim(c.allocator.leases)
         for lease_id in taken:
@@ -136,6 +143,19 @@ class TidalRuntime:
             self.seen_log = min(self.seen_log, len(log))
             plane.notes["batch_jobs"] = self.batch.counts()
         self.bundle.app.state.gateway.committer.kick()
+
+
+def _feed_ttft(metrics: Any, plane: TidalPlane, p0_models: set[str]) -> None:
+    """The lending guard's measurement: the TTFT of every proxied request to a P0 model (P2 requests
+    lent to it are among them: a slow one lowers the attainment, so the guard errs on the safe side)."""
+    inner = metrics.observe_proxy
+
+    def observe_proxy(model: str, status: int, ttft_s: float | None, latency_s: float) -> None:
+        inner(model, status, ttft_s, latency_s)
+        if model in p0_models and status == 200 and ttft_s is not None:
+            plane.observe_ttft(ttft_s)
+
+    metrics.observe_proxy = observe_proxy
 
 
 def attach_tidal(
@@ -172,6 +192,10 @@ def attach_tidal(
         from gpupool.adapters.metrics.tidal import TidalCollector
 
         gw.metrics.registry.register(TidalCollector(plane))
+    if gw.metrics is not None and config.day_policy == "lending":
+        _feed_ttft(
+            gw.metrics, plane, {w.model for w in bundle.workloads or () if w.model and w.priority == "P0"}
+        )
     if batch:
         from gpupool.adapters.batch.queue import BatchJobQueue
         from gpupool.adapters.batch.runner import BatchRunner, ControllerLeases, Executor

@@ -3,8 +3,9 @@
 - ``gpupool_tidal_mode{mode}`` 1 for the current mode (day | night), 0 for the other;
 - ``gpupool_tidal_demand_per_minute`` measured P0+P1 arrivals per minute (the controller's input);
 - ``gpupool_tidal_p2_share_ratio``, ``gpupool_tidal_p2_held_mib``: the P2 share and what P2 holds;
-- ``gpupool_tidal_refused_total{why}``: P2 placement leases refused (day-reservation | night-share |
-  holdback);
+- ``gpupool_tidal_refused_total{why}``: P2 admissions refused (placement leases: day-reservation |
+  night-share | holdback; requests to online engines: day-strict | day-lending | holdback);
+- ``gpupool_tidal_lending_level``: the day-lending guard's level (0 with ``day_policy: strict``);
 - ``gpupool_tidal_night_path_total{path}`` and ``gpupool_tidal_night_path_ms{path,quantile}``: how
   night P0 arrivals got capacity (free | preempt | queued | refused) and what displaced P2 work went
   through (pause | requeue), with p50/p99 over the newest samples.
@@ -43,10 +44,15 @@ class TidalCollector(Collector):
             "gpupool_tidal_p2_share_ratio", "Pool share P2 may hold now", value=p.p2_share()
         )
         yield GaugeMetricFamily("gpupool_tidal_p2_held_mib", "VRAM MiB held by P2 leases", value=held)
+        yield GaugeMetricFamily(
+            "gpupool_tidal_lending_level",
+            "Share of P2 requests lent to online engines by day",
+            value=p.guard.level,
+        )
         refused = CounterMetricFamily(
             "gpupool_tidal_refused", "P2 placement leases refused by tidal admission", labels=["why"]
         )
-        for why in ("day-reservation", "night-share", "holdback"):
+        for why in ("day-reservation", "night-share", "holdback", "day-strict", "day-lending"):
             refused.add_metric([why], p.refusals.get(why, 0))
         yield refused
         total = CounterMetricFamily(

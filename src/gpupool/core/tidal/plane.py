@@ -12,6 +12,10 @@ Role: the core half of ``gpupool serve``'s day/night time-sharing. It composes t
   (DAY: ``1 - day_reserved_fraction``, 20 % by default; NIGHT: ``1 - night_reserved_fraction``).
   The refusal is a reason string; the controller turns it into SHED (HTTP 429 + reason). Back in
   DAY, `reclaim` names the P2 placement leases (newest first) that take P2 back under its share.
+- **P2 requests to online engines** (request leases in their KV budgets): by DAY refused under
+  ``day_policy: strict`` (the seed), lent at the `LendingGuard`'s level under ``lending`` (the guard
+  is fed P0 TTFTs through `observe_ttft` and updated by `tick`); by NIGHT let in (but for the
+  holdback).
 - **NIGHT holdback**: a P0 arrival in NIGHT arms a holdback of ``holdback_s``: new P2 placement
   leases are refused until it passes, so capacity that P2 work gives back goes to online work
   first (the fastest path: no process is touched). `after_admit` classifies how that P0 request
@@ -40,12 +44,14 @@ from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Lease, Request
 from gpupool.core.outcome import Outcome, OutcomeCode
 from gpupool.core.priority import P0
+from gpupool.core.tidal.lending import GuardConfig, LendingGuard, LevelChange
 from gpupool.core.tidal.modes import Mode, TidalConfig, TidalController, TidalTransition
 
 LEASE_API_MODEL = "lease-api"
 """The demand key of an online placement lease that names no model."""
 PATHS = ("free", "preempt", "queued", "refused", "pause", "requeue")
 """How a night P0 arrival got its capacity, and what the displaced P2 work went through."""
+DAY_POLICIES = ("strict", "lending")
 PATH_SAMPLES = 512
 """Timings kept per path (the newest; quantiles are over these)."""
 
@@ -72,6 +78,10 @@ class PlaneConfig:
     """MIG GPUs merged into large batch instances at NIGHT (drained, re-partitioned, restored)."""
     restore_lead_min_s: float = 600.0
     """Restore starts at least this long before the day window (more: twice the measured time)."""
+    day_policy: str = "strict"
+    """``strict`` (the seed): by DAY no P2 request enters an online engine; ``lending``: a fraction
+    of them does, set by the SLO guard (`gpupool.core.tidal.lending`)."""
+    lending: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
         if type(self.enabled) is not bool:
@@ -83,13 +93,18 @@ class PlaneConfig:
             raise InvalidInput(
                 "tidal.day_batch_concurrency", self.day_batch_concurrency, "must be an integer >= 0"
             )
+        if self.day_policy not in DAY_POLICIES:
+            raise InvalidInput(
+                "tidal.day_policy", self.day_policy, f"must be one of {', '.join(DAY_POLICIES)}"
+            )
         for i, g in enumerate(self.repartition_gpus):
             if not isinstance(g, str) or not g:
                 raise InvalidInput(f"tidal.repartition_gpus[{i}]", g, "must be a GPU id such as gpu-a/1")
 
 
-PLANE_KEYS = frozenset(PlaneConfig.__dataclass_fields__) - {"tidal"}
+PLANE_KEYS = frozenset(PlaneConfig.__dataclass_fields__) - {"tidal", "lending"}
 TIDAL_KEYS = frozenset(TidalConfig.__dataclass_fields__)
+LENDING_KEYS = {f"lending_{k}": k for k in GuardConfig.__dataclass_fields__}
 
 
 def plane_config(doc: object) -> PlaneConfig:
@@ -101,17 +116,18 @@ def plane_config(doc: object) -> PlaneConfig:
     if not isinstance(doc, dict):
         raise InvalidInput("tidal", type(doc).__name__, "must be a mapping of settings")
     for k in doc:
-        if k not in PLANE_KEYS and k not in TIDAL_KEYS:
+        if k not in PLANE_KEYS and k not in TIDAL_KEYS and k not in LENDING_KEYS:
             raise InvalidInput(f"tidal.{k}", doc[k], "unknown setting")
     tidal = {k: v for k, v in doc.items() if k in TIDAL_KEYS}
-    plane = {k: v for k, v in doc.items() if k in PLANE_KEYS}
+    plane: dict[str, object] = {k: v for k, v in doc.items() if k in PLANE_KEYS}
+    guard = {LENDING_KEYS[k]: v for k, v in doc.items() if k in LENDING_KEYS}
     if "repartition_gpus" in plane:
         gpus = plane["repartition_gpus"]
         if not isinstance(gpus, list | tuple):
             raise InvalidInput("tidal.repartition_gpus", gpus, "must be a list of GPU ids")
         plane["repartition_gpus"] = tuple(gpus)
     try:
-        return PlaneConfig(tidal=TidalConfig(**tidal), **plane)
+        return PlaneConfig(tidal=TidalConfig(**tidal), lending=GuardConfig(**guard), **plane)  # type: ignore[arg-type]
     except TypeError as exc:  # a wrong type the dataclass itself rejects
         raise InvalidInput("tidal", doc, str(exc)) from None
 
@@ -190,6 +206,9 @@ class TidalPlane:
         self.mode_since: float | None = None
         self.repartition_s: float | None = None
         """The last measured re-partition duration (merge or restore), seconds."""
+        self.guard = LendingGuard(config.lending)
+        self.lending_changes: list[LevelChange] = []
+        """Guard level changes not yet reported (the runtime turns them into events and clears it)."""
         self.notes: dict[str, object] = {}
         """Extra state for `view` (the re-partition driver's per-GPU status)."""
 
@@ -219,8 +238,10 @@ class TidalPlane:
             if prio >= P0 and self.mode is Mode.NIGHT:
                 self.holdback_until = max(self.holdback_until, now + self.config.holdback_s)
             return None
-        if kv or not self.config.enabled:
+        if not self.config.enabled:
             return None
+        if kv:
+            return self._p2_request(now)
         if self.mode is Mode.NIGHT and now < self.holdback_until:
             self.refusals["holdback"] += 1
             return (
@@ -240,6 +261,28 @@ class TidalPlane:
                 f"{100 * reserved:.0f} % kept for P0/P1"
             )
         return None
+
+    def _p2_request(self, now: float) -> str | None:
+        """A P2 request to an online engine (a request lease in its KV budget)."""
+        if self.mode is Mode.NIGHT:
+            if now < self.holdback_until:
+                self.refusals["holdback"] += 1
+                return "tidal: NIGHT holdback: online P0 work arrived; P2 requests wait"
+            return None
+        if self.config.day_policy == "strict":
+            self.refusals["day-strict"] += 1
+            return "tidal: DAY (strict): P2 requests stay out of the online engines until NIGHT"
+        if self.guard.admit():
+            return None
+        self.refusals["day-lending"] += 1
+        return (
+            f"tidal: DAY lending at level {self.guard.level:g} (P0 TTFT attainment guard): "
+            "this P2 request is not lent now"
+        )
+
+    def observe_ttft(self, ttft_s: float) -> None:
+        """A P0 request's time to first token (the lending guard's measurement)."""
+        self.guard.observe(self.clock.now(), ttft_s)
 
     def after_admit(self, request: Request, out: Outcome) -> None:
         """Classify and time a night P0 arrival (arrival -> outcome, on the injected stopwatch)."""
@@ -267,6 +310,10 @@ class TidalPlane:
         if self.mode_since is None:
             self.mode_since = now
         tr = self.controller.observe(now, self.meter.per_minute(now))
+        if self.config.day_policy == "lending":
+            ch = self.guard.update(now)
+            if ch is not None:
+                self.lending_changes.append(ch)
         if tr is not None:
             self.mode_since = now
             if tr.mode_to is Mode.DAY:
@@ -349,6 +396,19 @@ class TidalPlane:
             ).isoformat(timespec="minutes")
         return out
 
+    def _lending_view(self, now: float) -> dict[str, object] | None:
+        if self.config.day_policy != "lending":
+            return None
+        a, n = self.guard.attainment(now)
+        return {
+            "level": self.guard.level,
+            "p0_ttft_attainment": None if a is None else round(a, 4),
+            "samples": n,
+            "target": self.config.lending.target,
+            "window_s": self.config.lending.window_s,
+            "changes": len(self.guard.changes),
+        }
+
     def view(self) -> dict[str, object]:
         """The JSON-ready tidal state for ``GET /v1/pool`` (key ``tidal``)."""
         now = self.clock.now()
@@ -377,6 +437,8 @@ class TidalPlane:
                 p: {"count": s.count, "p50_ms": s.quantile(0.5), "p99_ms": s.quantile(0.99)}
                 for p, s in self.paths.items()
             },
+            "day_policy": self.config.day_policy,
+            "lending": self._lending_view(now),
             "transitions": len(self.controller.transitions),
             "repartition_s": None if self.repartition_s is None else round(self.repartition_s, 3),
             **self.notes,
