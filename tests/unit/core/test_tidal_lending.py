@@ -5,6 +5,7 @@ plane's P2 request admission by DAY under ``strict`` and ``lending`` on a real `
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -87,12 +88,12 @@ def test_it_cannot_oscillate_faster_than_its_window(steps: list[tuple[float, int
             g.update(t)
     raises = [c.at for c in g.changes if c.level_to > c.level_from]
     falls = [c.at for c in g.changes if c.level_to < c.level_from]
-    assert all(b - a >= W for a, b in zip(raises, raises[1:], strict=False))
-    assert all(b - a >= W for a, b in zip(falls, falls[1:], strict=False))
+    assert all(b - a >= W for a, b in pairwise(raises))
+    assert all(b - a >= W for a, b in pairwise(falls))
     for f in falls:  # every raise after a back-off comes a full window later
         later = [r for r in raises if r > f]
         assert not later or later[0] - f >= W
-    for a, b in zip(g.changes, g.changes[1:], strict=False):  # no two changes in the same direction
+    for a, b in pairwise(g.changes):  # no two changes in the same direction
         assert (a.level_to > a.level_from) != (b.level_to > b.level_from) or b.at - a.at >= W
     assert all(c.level_to == 0.0 for c in g.changes if c.level_to < c.level_from)
 
