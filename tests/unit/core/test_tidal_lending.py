@@ -5,8 +5,8 @@ plane's P2 request admission by DAY under ``strict`` and ``lending`` on a real `
 from __future__ import annotations
 
 from dataclasses import replace
-from itertools import pairwise
 from datetime import datetime
+from itertools import pairwise
 from zoneinfo import ZoneInfo
 
 import pytest
