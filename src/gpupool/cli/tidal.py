@@ -1,4 +1,5 @@
-"""``gpupool sim tidal``: the 7-day tidal time-sharing simulation (issue 8), three strategies."""
+"""``gpupool sim tidal``: the 7-day tidal time-sharing simulation: dedicated, static-slicing, tidal and
+tidal-lending (SLO-guarded day lending), on the Alibaba arrival shape and Azure-format token sizes."""
 
 from __future__ import annotations
 
@@ -26,11 +27,21 @@ def sim_tidal(
     what_if: bool = typer.Option(
         False, "--what-if", help="Also run tidal+day-lending (P2 in idle online engines by day too)."
     ),
+    trace: Path | None = typer.Option(
+        None,
+        "--trace",
+        help="Token sizes from another Azure-format trace CSV (ContextTokens, GeneratedTokens).",
+    ),
+    lending_target: float = typer.Option(
+        0.99,
+        "--lending-target",
+        help="tidal-lending: P0 TTFT attainment target among requests that can meet it.",
+    ),
     out: Path | None = typer.Option(
         None, help="Write results.json, results.md and the PNG plots into this folder (e.g. docs/tidal)."
     ),
 ) -> None:
-    """Dedicated vs static slicing vs tidal on the Alibaba arrival shape and Azure token sizes."""
+    """Dedicated vs static slicing vs tidal vs tidal-lending (Alibaba arrival shape, Azure token sizes)."""
     from gpupool.sim.tidal import report
     from gpupool.sim.tidal.run import RunConfig, run
 
@@ -45,10 +56,17 @@ def sim_tidal(
             main_model=main_model,
             backlog_scale=backlog_scale,
             what_if=what_if,
+            trace=str(trace) if trace is not None else None,
+            lending_target=lending_target,
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    result = run(cfg)
+    if trace is not None and not trace.is_file():
+        raise UserError(f"--trace {trace}: no such file")
+    try:
+        result = run(cfg)
+    except ValueError as exc:  # a trace in the wrong format
+        raise UserError(str(exc)) from None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -44,6 +44,9 @@ class Availability:
     """Per request-lent instance and minute (from ``t0_s``): was lent P2 work running? None: assume
     yes (first pass); the second pass uses what the batch drain actually ran."""
     t0_s: float = 86400.0
+    day_level: npt.NDArray[np.float64] | None = None
+    """``tidal-lending``: the SLO guard's lending level per minute (from ``t0_s``); the P2 capacity a
+    day-lent instance offers is its idle time x the level. None: level 1 (the what-if)."""
 
     def p2_on(self, name: str, t: float) -> bool:
         if self.p2_active is None:
