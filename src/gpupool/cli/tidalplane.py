@@ -259,8 +259,8 @@ async def tidal_loop(rt: TidalRuntime, *, period_s: float = 0.5) -> None:
         while True:
             try:
                 rt.step()
-            except (InvalidInput, OSError) as exc:  # one bad step must not stop tidal
-                say(f"tidal: step failed: {exc}")
+            except Exception as exc:
+                say(f"tidal: step failed: {type(exc).__name__}: {exc}")
             await asyncio.sleep(period_s)
     finally:
         if rt.batch is not None:
