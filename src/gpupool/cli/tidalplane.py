@@ -259,7 +259,7 @@ async def tidal_loop(rt: TidalRuntime, *, period_s: float = 0.5) -> None:
         while True:
             try:
                 rt.step()
-            except Exception as exc:
+            except Exception as exc:  # one bad step must not stop tidal: it is reported, the next runs
                 say(f"tidal: step failed: {type(exc).__name__}: {exc}")
             await asyncio.sleep(period_s)
     finally:
