@@ -114,6 +114,9 @@ class TidalRuntime:
                 f"over {ch.samples} requests)",
             )
         plane.lending_changes.clear()
+        for path, ms in plane.path_log[-100:]:
+            self.emit("tidal", f"{plane.mode.value} path {path}: {ms:g} ms")
+        plane.path_log.clear()
         c = self.bundle.controller
         taken = plane.reclaim(c.allocator.leases)
         for lease_id in taken:

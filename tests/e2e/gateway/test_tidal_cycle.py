@@ -141,6 +141,9 @@ async def _cycle(tmp: Path) -> None:
             metrics = (await cl.get("/metrics")).text
             assert 'gpupool_tidal_night_path_total{path="preempt"} 1.0' in metrics
             assert 'gpupool_tidal_mode{mode="night"} 1.0' in metrics
+            reasons = [e.reason for e in rt.emitted if e.kind == "tidal"]
+            assert any(r.startswith("night path preempt: ") for r in reasons)
+            assert any(r.startswith(("night path pause: ", "night path requeue: ")) for r in reasons)
             assert (await cl.delete(f"/v1/leases/{p0}")).status_code == 200
 
             # ---------------------------------------------------------------- DAY again

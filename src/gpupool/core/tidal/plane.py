@@ -201,6 +201,8 @@ class TidalPlane:
         self._p2_usage = p2_usage
         self.holdback_until = -math.inf
         self.paths: dict[str, PathStats] = {p: PathStats() for p in PATHS}
+        self.path_log: list[tuple[str, float]] = []
+        """Night paths other than ``free`` (and executors' pause/requeue) not yet reported as events."""
         self.refusals: Counter[str] = Counter()
         """``day-reservation`` | ``night-share`` | ``holdback`` -> P2 placement leases refused."""
         self.mode_since: float | None = None
@@ -296,12 +298,15 @@ class TidalPlane:
         else:
             path = "refused"
         self.paths[path].add(ms)
+        if path != "free":
+            self.path_log.append((path, round(ms, 3)))
 
     def record_path(self, path: str, ms: float) -> None:
         """An executor's part of a night path (``pause`` / ``requeue`` of displaced P2 work)."""
         if path not in self.paths:
             raise InvalidInput("path", path, f"must be one of {', '.join(PATHS)}")
         self.paths[path].add(max(0.0, float(ms)))
+        self.path_log.append((path, round(max(0.0, float(ms)), 3)))
 
     # ------------------------------------------------------------------ the clock's side
     def tick(self) -> TidalTransition | None:
