@@ -258,9 +258,10 @@ def _run_lending(
     """``tidal-lending``: the core `LendingGuard` closes the loop minute by minute.
 
     Pass "off" serves with no day lending, pass "on" with lending everywhere by day (where the drain
-    ran P2). The guard then walks the minutes in order: a P0 request arriving in a minute whose
-    level is > 0 gets its TTFT from pass "on", else from pass "off" (the two worlds differ only in
-    the holdbacks lent P2 work causes); the guard observes each TTFT when its first token comes and
+    ran P2). The guard then walks the minutes in order: a P0 request arriving at level L meets lent
+    P2 work with probability L (P2 fills that share of the engine's idle time) and then gets its
+    TTFT from pass "on", else from pass "off" (the two worlds differ only in the holdbacks lent P2
+    work causes); the guard observes each TTFT when its first token comes and
     updates at each minute's end. Only requests that could meet the SLO at all (prefill alone within
     it: the physical bound) are measured. A last pass serves and drains at the guard's level."""
     served_off, _, _, _ = one_pass(make_avail(None, lend_by_day=False))
@@ -310,12 +311,14 @@ def _guard_levels(off: Served, on: Served, edges: np.ndarray, cfg: RunConfig) ->
     ttft_off, ttft_on = off.first_token - off.arrival, on.first_token - on.arrival
     feasible = (off.first_token - off.start) <= TTFT_SLO_S
     pending: list[tuple[float, float]] = []
+    rng = np.random.default_rng(cfg.seed + 11)
     for m in range(minutes):
         level[m] = guard.level
         for r in order[bounds[m] : bounds[m + 1]]:
             if not feasible[r]:
                 continue
-            ttft = float(ttft_on[r] if guard.level > 0 else ttft_off[r])
+            lent = guard.level > 0 and float(rng.random()) < guard.level  # meets lent P2 with prob. L
+            ttft = float(ttft_on[r] if lent else ttft_off[r])
             heapq.heappush(pending, (float(off.arrival[r]) + ttft, ttft))
         end = t0 + 60.0 * (m + 1)
         while pending and pending[0][0] <= end:
