@@ -187,3 +187,22 @@ async def _cycle(tmp: Path) -> None:
 
 def test_compressed_day_night_day_cycle(tmp_path: Path) -> None:
     asyncio.run(_cycle(tmp_path))
+
+
+def test_day_lending_is_fed_the_p0_models_ttft_from_the_proxy(tmp_path: Path) -> None:
+    from gpupool.core.tidal.plane import plane_config
+
+    bundle = build(data_dir=tmp_path, extra_tokens=[(TOKEN, "ops", "admin")])
+    cfg = plane_config({"timezone": "UTC", "day_policy": "lending", "lending_min_samples": 5})
+    rt = attach_tidal(bundle, config=cfg, data_dir=tmp_path, clock=ManualClock(at(12)), batch=False)
+    p0 = next(w.model for w in bundle.workloads if w.priority == "P0" and w.model)
+    p1 = next(w.model for w in bundle.workloads if w.priority == "P1" and w.model)
+    metrics = bundle.app.state.gateway.metrics
+    for _ in range(5):
+        metrics.observe_proxy(p0, 200, 0.2, 0.5)
+        metrics.observe_proxy(p1, 200, 9.0, 9.0)  # not a P0 model: not the guard's measurement
+    metrics.observe_proxy(p0, 502, None, 0.1)  # no first token: not measured
+    assert rt.plane.guard.attainment(rt.plane.clock.now()) == (1.0, 5)
+    rt.step()
+    assert rt.plane.guard.level == 0.25
+    assert "gpupool_proxy_requests_total" in metrics.render()[0].decode()  # the wrapped call still counts
