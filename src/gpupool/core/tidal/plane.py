@@ -37,6 +37,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from datetime import time as dtime
 
 from gpupool.core.allocator import Allocator
 from gpupool.core.clock import Clock
@@ -44,92 +45,16 @@ from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Lease, Request
 from gpupool.core.outcome import Outcome, OutcomeCode
 from gpupool.core.priority import P0
-from gpupool.core.tidal.lending import GuardConfig, LendingGuard, LevelChange
-from gpupool.core.tidal.modes import Mode, TidalConfig, TidalController, TidalTransition
+from gpupool.core.tidal.lending import LendingGuard, LevelChange
+from gpupool.core.tidal.modes import Mode, TidalController, TidalTransition
+from gpupool.core.tidal.settings import PlaneConfig, plane_config
 
 LEASE_API_MODEL = "lease-api"
 """The demand key of an online placement lease that names no model."""
 PATHS = ("free", "preempt", "queued", "refused", "pause", "requeue")
 """How a night P0 arrival got its capacity, and what the displaced P2 work went through."""
-DAY_POLICIES = ("strict", "lending")
 PATH_SAMPLES = 512
 """Timings kept per path (the newest; quantiles are over these)."""
-
-
-def _finite(name: str, value: float, *, lo: float = 0.0) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidInput(f"tidal.{name}", value, "must be a finite number")
-    if value < lo:
-        raise InvalidInput(f"tidal.{name}", value, f"must be >= {lo:g}")
-
-
-@dataclass(frozen=True, slots=True)
-class PlaneConfig:
-    """The control plane's tidal settings (YAML ``tidal:`` in ``gpupool serve --tidal-config``)."""
-
-    tidal: TidalConfig = field(default_factory=TidalConfig)
-    enabled: bool = True
-    """The per-cluster off switch: False counts demand and shows the mode but never refuses P2."""
-    holdback_s: float = 30.0
-    demand_window_s: float = 60.0
-    day_batch_concurrency: int = 1
-    """Batch jobs the queue runs at once by DAY (in the P2 share); NIGHT: no limit but capacity."""
-    repartition_gpus: tuple[str, ...] = ()
-    """MIG GPUs merged into large batch instances at NIGHT (drained, re-partitioned, restored)."""
-    restore_lead_min_s: float = 600.0
-    """Restore starts at least this long before the day window (more: twice the measured time)."""
-    day_policy: str = "strict"
-    """``strict`` (the seed): by DAY no P2 request enters an online engine; ``lending``: a fraction
-    of them does, set by the SLO guard (`gpupool.core.tidal.lending`)."""
-    lending: GuardConfig = field(default_factory=GuardConfig)
-
-    def __post_init__(self) -> None:
-        if type(self.enabled) is not bool:
-            raise InvalidInput("tidal.enabled", self.enabled, "must be true or false")
-        _finite("holdback_s", self.holdback_s)
-        _finite("demand_window_s", self.demand_window_s, lo=1.0)
-        _finite("restore_lead_min_s", self.restore_lead_min_s)
-        if type(self.day_batch_concurrency) is not int or self.day_batch_concurrency < 0:
-            raise InvalidInput(
-                "tidal.day_batch_concurrency", self.day_batch_concurrency, "must be an integer >= 0"
-            )
-        if self.day_policy not in DAY_POLICIES:
-            raise InvalidInput(
-                "tidal.day_policy", self.day_policy, f"must be one of {', '.join(DAY_POLICIES)}"
-            )
-        for i, g in enumerate(self.repartition_gpus):
-            if not isinstance(g, str) or not g:
-                raise InvalidInput(f"tidal.repartition_gpus[{i}]", g, "must be a GPU id such as gpu-a/1")
-
-
-PLANE_KEYS = frozenset(PlaneConfig.__dataclass_fields__) - {"tidal", "lending"}
-TIDAL_KEYS = frozenset(TidalConfig.__dataclass_fields__)
-LENDING_KEYS = {f"lending_{k}": k for k in GuardConfig.__dataclass_fields__}
-
-
-def plane_config(doc: object) -> PlaneConfig:
-    """A mapping of `PlaneConfig` and `TidalConfig` keys (one flat level) -> `PlaneConfig`.
-
-    Unknown keys and bad values raise `InvalidInput` naming ``tidal.<key>``."""
-    if doc is None:
-        return PlaneConfig()
-    if not isinstance(doc, dict):
-        raise InvalidInput("tidal", type(doc).__name__, "must be a mapping of settings")
-    for k in doc:
-        if k not in PLANE_KEYS and k not in TIDAL_KEYS and k not in LENDING_KEYS:
-            raise InvalidInput(f"tidal.{k}", doc[k], "unknown setting")
-    tidal = {k: v for k, v in doc.items() if k in TIDAL_KEYS}
-    plane: dict[str, object] = {k: v for k, v in doc.items() if k in PLANE_KEYS}
-    guard = {LENDING_KEYS[k]: v for k, v in doc.items() if k in LENDING_KEYS}
-    if "repartition_gpus" in plane:
-        gpus = plane["repartition_gpus"]
-        if not isinstance(gpus, list | tuple):
-            raise InvalidInput("tidal.repartition_gpus", gpus, "must be a list of GPU ids")
-        plane["repartition_gpus"] = tuple(gpus)
-    try:
-        return PlaneConfig(tidal=TidalConfig(**tidal), lending=GuardConfig(**guard), **plane)  # type: ignore[arg-type]
-    except TypeError as exc:  # a wrong type the dataclass itself rejects
-        raise InvalidInput("tidal", doc, str(exc)) from None
 
 
 class DemandMeter:
@@ -363,11 +288,11 @@ class TidalPlane:
         day_start = self._next_local(now, self.controller.config.windows()[0])
         return day_start - now <= self.restore_lead_s()
 
-    def _next_local(self, now: float, at: object) -> float:
+    def _next_local(self, now: float, at: dtime) -> float:
         local = self.controller.local_time(now)
         for days in range(3):
             d = (local + timedelta(days=days)).date()
-            cand = datetime.combine(d, at, tzinfo=local.tzinfo).timestamp()  # type: ignore[arg-type]
+            cand = datetime.combine(d, at, tzinfo=local.tzinfo).timestamp()
             if cand > now:
                 return cand
         raise AssertionError("a daily boundary is always within two days")  # pragma: no cover
