@@ -6,7 +6,7 @@ import typer
 
 from gpupool import __version__
 from gpupool.cli import agent as node_agent
-from gpupool.cli import bench, demo, doctor, emulate, plan, sim
+from gpupool.cli import batch, bench, demo, doctor, emulate, plan, sim
 from gpupool.cli import device_plugin as k8s_device_plugin
 from gpupool.cli import extender as k8s_extender
 from gpupool.cli import proxy as cli_proxy
@@ -53,6 +53,7 @@ app.command(
     "demo", help="Show the allocator on the seed's example pool: slices and leases around a P0 preemption."
 )(demo.demo)
 app.add_typer(bench.app, name="bench")
+app.add_typer(batch.app, name="batch")
 app.add_typer(sim.app, name="sim")
 app.add_typer(cli_store.app, name="store")
 app.command("plan", help="Partition a cluster for workloads (MIG/MPS layout, mig-parted).")(plan.plan)

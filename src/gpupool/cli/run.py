@@ -9,6 +9,10 @@ pool, the queues and backpressure are visibly alive:
 - P1 embeddings: ``/v1/embeddings`` to the embedding model (tenant ``retrieval``);
 - P2 batch: ``POST /v1/leases`` of 8-24 GiB held 10-20 s then released; 429s back off (tenant ``batch``).
 
+With ``--tidal-speed`` > 0 the tidal plane runs on a compressed clock (`gpupool.cli.tidalplane`): the
+P0/P1 loops follow the trace's demand shape at the compressed time of day, real batch jobs (tenant
+``tidal-batch``) are kept queued, and the first MIG GPU without an online backend is merged at NIGHT.
+
 Starts from an empty lease store (the previous run's leases would otherwise be recovered and hold
 the pool) unless ``--keep-state``. Prints the URL and the admin token, then a timestamped status line
 every 5 s. Ctrl-C stops everything at once: in-flight requests get ``serve.SHUTDOWN_GRACE_S``, then the
@@ -19,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +103,24 @@ def _models(bundle: Bundle) -> tuple[str | None, str | None]:
     return (chat[1] if chat else None), embed
 
 
-async def synthetic_workload(url: str, tokens: dict[str, str], bundle: Bundle, *, seed: int = 7) -> None:
+async def synthetic_workload(
+    url: str,
+    tokens: dict[str, str],
+    bundle: Bundle,
+    *,
+    seed: int = 7,
+    shape: Callable[[], float] | None = None,
+) -> None:
+    """``shape``: online demand relative to its mean now (the tidal demo's time of day); the P0 and
+    P1 loops wait ``1 / shape`` times longer between requests (at most 30 s: a quiet night)."""
     import httpx
 
     rng = random.Random(seed)
+
+    def pause(lo: float, hi: float) -> float:
+        f = 1.0 if shape is None else max(0.01, shape())
+        return min(30.0, rng.uniform(lo, hi) / f)
+
     chat_model, embed_model = _models(bundle)
 
     def hdr(tenant: str, prio: str) -> dict[str, str]:
@@ -124,7 +144,7 @@ async def synthetic_workload(url: str, tokens: dict[str, str], bundle: Bundle, *
                     ) as r:
                         async for _ in r.aiter_raw():
                             pass
-                await asyncio.sleep(rng.uniform(0.2, 0.8))
+                await asyncio.sleep(pause(0.2, 0.8))
 
         async def embed() -> None:
             while embed_model:
@@ -134,7 +154,7 @@ async def synthetic_workload(url: str, tokens: dict[str, str], bundle: Bundle, *
                 }
                 with contextlib.suppress(httpx.HTTPError):
                     await cl.post("/v1/embeddings", json=body, headers=hdr("retrieval", "P1"))
-                await asyncio.sleep(rng.uniform(0.1, 0.4))
+                await asyncio.sleep(pause(0.1, 0.4))
 
         async def batch(i: int) -> None:
             while True:
@@ -175,14 +195,30 @@ async def status_printer(bundle: Bundle, period_s: float = 5.0) -> None:
         cap, gr = v["capacity"], v["granted"]
         assert isinstance(cap, dict) and isinstance(gr, dict)
         pct = 100 * gr["vram_mib"] / max(1, cap["vram_mib"])
+        tidal = v.get("tidal")
+        mode = ""
+        if isinstance(tidal, dict):
+            mode = (
+                f", tidal {tidal['mode']} at {str(tidal['local_time'])[11:16]} "
+                f"(P2 {int(tidal['p2_held_mib']) // 1024}/{int(tidal['p2_share_mib']) // 1024} GiB, "
+                f"demand {tidal['demand_per_min']}/min, jobs {tidal.get('batch_jobs', {})})"
+            )
         say(
             f"pool: {gr['vram_mib'] // 1024}/{cap['vram_mib'] // 1024} GiB granted ({pct:.0f} %), "
             f"leases {v['active_leases']}, request leases {v['request_leases']}, queue {v['queue']}, "
-            f"paused GPUs {v['paused_gpus'] or 'none'}"
+            f"paused GPUs {v['paused_gpus'] or 'none'}{mode}"
         )
 
 
-STORE_FILES = ("leases.db", "leases.db-wal", "leases.db-shm")
+def standby_mig_gpus(bundle: Bundle) -> tuple[str, ...]:
+    """The MIG GPUs no online backend uses (only standby replicas and P2 engines): merged at NIGHT."""
+    prio = {w.model: w.priority_value for w in bundle.workloads or () if w.model}
+    used = {b.gpu_id for b in bundle.backends if prio.get(b.model, 0) >= 0}
+    mig = {st.slice.gpu_id for st in bundle.controller.allocator.states() if st.slice.kind.value == "mig"}
+    return tuple(sorted(mig - used))[:1]
+
+
+STORE_FILES = ("leases.db", "leases.db-wal", "leases.db-shm", "batch.db", "batch.db-wal", "batch.db-shm")
 """What a fresh `gpupool run` removes from --data-dir (the admin token stays: printed URLs keep working)."""
 
 
@@ -278,12 +314,24 @@ def run(  # noqa: PLR0917 (typer options)
         extra: list[Any] = [*servers, status_printer(bundle)]
         if kube is not None:
             extra.append(serve_k8s.run(bundle, kube, kube_opts))
-        if traffic:
-            extra.append(synthetic_workload(url, demo, bundle))
+        shape = None
         if tidal_speed > 0:
-            from gpupool.cli.tidal import tidal_live
+            from gpupool.cli import tidalplane as tp
 
-            extra.append(tidal_live(bundle, speed=tidal_speed))
+            cfg = tp.demo_config(tidal_speed, repartition_gpus=standby_mig_gpus(bundle))
+            rt = tp.attach_tidal(bundle, config=cfg, data_dir=data_dir, clock=tp.demo_clock(tidal_speed, cfg))
+            t = cfg.tidal
+            say(
+                f"tidal: compressed clock x{tidal_speed:g} from {tp.DEMO_START_HOUR}:00 {t.timezone}; "
+                f"day {t.day_start}-{t.day_end}, night {t.night_start}-{t.night_end}; NIGHT re-partition "
+                f"of {', '.join(cfg.repartition_gpus) or 'no GPU'}; batch jobs: {url}/v1/batch/jobs"
+            )
+            extra.append(tp.tidal_loop(rt))
+            if traffic:
+                extra.append(tp.demo_batch_jobs(rt))
+                shape = functools.partial(tp.demand_shape, rt)
+        if traffic:
+            extra.append(synthetic_workload(url, demo, bundle, shape=shape))
         if agents and bundle.sim is not None:
             from gpupool.agent.engines import Engine
             from gpupool.agent.runtime import start_simulated_agents

@@ -596,6 +596,20 @@ def serve(  # noqa: PLR0917 (typer options)
     kube_api: str = typer.Option("", "--kube-api", help="--kubernetes: API URL (default: in-cluster)."),
     kubeconfig: str = typer.Option("", "--kubeconfig", help="--kubernetes: kubeconfig file."),
     no_kube: bool = typer.Option(False, "--no-kube", help="--kubernetes without an API: bind only commits."),
+    tidal: bool = typer.Option(
+        True,
+        help="Run tidal time-sharing: DAY/NIGHT on measured P0+P1 demand, the DAY reservation for P0/P1, "
+        "the batch queue (/v1/batch/jobs). See docs/tidal/README.md.",
+    ),
+    tidal_config: Path | None = typer.Option(
+        None, "--tidal-config", help="YAML 'tidal: {setting: value}' (schedule, time zone, shares, GPUs)."
+    ),
+    timezone: str | None = typer.Option(
+        None, "--timezone", help="IANA time zone of the tidal schedule (default Asia/Shanghai)."
+    ),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="Run batch jobs on this existing Ray cluster (default: local processes)."
+    ),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
     for flag, v in (
@@ -627,6 +641,11 @@ def serve(  # noqa: PLR0917 (typer options)
             extender_host, extender_port, extender_prefix, domain, kube_api, kubeconfig, no_kube
         )
         kube = serve_k8s.check(kube_opts)
+    plane_cfg = None
+    if tidal:
+        from gpupool.cli.tidalplane import load_plane_config
+
+        plane_cfg = load_plane_config(tidal_config, timezone=timezone)
     table = _load_objectives_file(objectives) if objectives is not None else None
     backend_specs = _load_backends_file(backends) if backends is not None else None
 
@@ -684,6 +703,20 @@ def serve(  # noqa: PLR0917 (typer options)
     say(f"gpupool gateway on http://{host}:{port}  (store {store or data_dir / 'leases.db'})")
     if bundle.new_admin_token:
         say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")
+    extra: list[Any] = []
+    if plane_cfg is not None:
+        from gpupool.cli.tidalplane import attach_tidal, tidal_loop
+
+        rt = attach_tidal(
+            bundle,
+            config=plane_cfg,
+            data_dir=data_dir,
+            clock=bundle.controller.clock,
+            ray_address=ray_address,
+        )
+        extra.append(tidal_loop(rt))
+        say(f"tidal: {rt.plane.mode.value} now; next: {rt.plane.next_switch()['earliest_local']}")
     with contextlib.suppress(KeyboardInterrupt):
-        extra = [] if kube is None else [serve_k8s.run(bundle, kube, kube_opts)]
+        if kube is not None:
+            extra.append(serve_k8s.run(bundle, kube, kube_opts))
         run_loop(serve_forever(bundle, host=host, port=port, extra=extra, server_options=opts))

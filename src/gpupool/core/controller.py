@@ -43,8 +43,9 @@ The controller never reads a clock: all time comes from the injected `Clock`.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from gpupool.core import placement
 from gpupool.core.admission import NOTHING, AdmissionConfig, AdmissionQueue, Ticketed, Verdict
@@ -73,6 +74,15 @@ from gpupool.core.priority import P0, band
 from gpupool.core.tickets import MissMemo, TicketStatus, from_record, to_record
 from gpupool.core.watermarks import Reading, WatermarkBank, WatermarkConfig
 from gpupool.hardware.slices import Slice
+
+
+class AdmissionHook(Protocol):
+    """Asked before every admission (a reason string refuses it as SHED: HTTP 429 + reason) and told
+    its outcome right after (`gpupool.core.tidal.plane`)."""
+
+    def before_admit(self, request: Request, *, kv: bool) -> str | None: ...
+
+    def after_admit(self, request: Request, out: Outcome) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,21 +159,47 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
         self._ends = 0
         """Leases ended so far (a pump pass that ends some runs again)."""
         self._bound, self._cards = {}, None  # pod UID -> lease id, the card index: `PlacementBinds`
+        self.admission_hook: AdmissionHook | None = None
+        """Consulted first by `acquire` (the tidal plane: demand metering, DAY reservation)."""
+        self.views: dict[str, Callable[[], object]] = {}
+        """Extra sections of ``GET /v1/pool`` (name -> JSON-ready value), e.g. ``tidal``."""
 
     # ================================================================== leases
     def acquire(
-        self, request: Request, *, wait_s: float | None = None, gpu_id: str = "", prefer: str = ""
+        self,
+        request: Request,
+        *,
+        wait_s: float | None = None,
+        gpu_id: str = "",
+        prefer: str = "",
+        queue: bool = True,
     ) -> Outcome:
         """Admit ``request`` now, queue it, or say why not (see the module docstring). ``prefer``: a
-        KV slice for a model request, taken when it has room (`KvLane.grant`)."""
+        KV slice for a model request, taken when it has room (`KvLane.grant`). ``queue=False``: P2
+        work that finds no room is SHED instead of queued (the batch queue waits on its own)."""
         validate_request(request)
         if gpu_id and gpu_id not in self._gpus:
             raise InvalidInput("gpu_id", gpu_id, "no such GPU in the pool")
         if gpu_id and request.gpu_count > 1:
             raise InvalidInput("gpu_id", gpu_id, "a multi-GPU request cannot name one GPU")
-        if request.model and request.model in self.models():
-            return self._finish(self._admit(request, wait_s=wait_s, gpu_id="", kv=True, prefer=prefer))
-        return self._finish(self._admit(request, wait_s=wait_s, gpu_id=gpu_id, kv=False))
+        kv = bool(request.model) and request.model in self.models()
+        hook = self.admission_hook
+        if hook is not None:
+            why = hook.before_admit(request, kv=kv)
+            out = (
+                self._count(request, self._shed(why))
+                if why
+                else self._admit(
+                    request, wait_s=wait_s, gpu_id="" if kv else gpu_id, kv=kv, prefer=prefer, queue=queue
+                )
+            )
+            hook.after_admit(request, out)
+            return self._finish(out)
+        if kv:
+            return self._finish(
+                self._admit(request, wait_s=wait_s, gpu_id="", kv=True, prefer=prefer, queue=queue)
+            )
+        return self._finish(self._admit(request, wait_s=wait_s, gpu_id=gpu_id, kv=False, queue=queue))
 
     def place(self, request: Request, slice_ids: tuple[str, ...]) -> Outcome:
         """Grant on exactly these slices (model instances placed by the plan; Kubernetes bind)."""
@@ -339,7 +375,14 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
 
     # ================================================================== internals
     def _admit(
-        self, request: Request, *, wait_s: float | None, gpu_id: str, kv: bool, prefer: str = ""
+        self,
+        request: Request,
+        *,
+        wait_s: float | None,
+        gpu_id: str,
+        kv: bool,
+        prefer: str = "",
+        queue: bool = True,
     ) -> Outcome:
         cfg = self.config.admission
         if wait_s is not None and not 0 < wait_s <= cfg.max_wait_s:
@@ -374,7 +417,7 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
             if out.granted:
                 self.queue.record_grant(request.priority)
             return self._count(request, out)
-        if request.priority < 0 and not self.config.queue_sheddable:
+        if request.priority < 0 and not (self.config.queue_sheddable and queue):
             why = "no room now and sheddable work does not queue"
             return self._count(request, self._shed(why))
         wait = cfg.default_wait_s(request.priority) if wait_s is None else wait_s

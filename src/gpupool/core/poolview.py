@@ -66,6 +66,7 @@ def pool_view(c: LeaseController) -> dict[str, object]:
             "early_warning": c.bank.config.early_warning,
         },
         "kv_pools": kv,
+        **{name: view() for name, view in c.views.items()},
     }
 
 

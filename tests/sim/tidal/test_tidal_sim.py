@@ -41,7 +41,7 @@ def result():
 @needs_data
 def test_json_has_the_required_keys_and_sane_ranges(result):
     assert result["days"] == 2
-    assert set(result["strategies"]) == {"dedicated", "static-slicing", "tidal"}
+    assert set(result["strategies"]) == {"dedicated", "static-slicing", "tidal", "tidal-lending"}
     for name, s in result["strategies"].items():
         for k in REQUIRED:
             assert k in s, (name, k)
@@ -131,6 +131,7 @@ def test_bad_config_is_rejected_with_the_field():
         ({"days": 0}, "days"),
         ({"scale": -1.0}, "scale"),
         ({"main_model": "70b"}, "main_model"),
+        ({"lending_target": 0.0}, "lending_target"),
     ):
         with pytest.raises(ValueError, match=field):
             RunConfig(**kwargs)
@@ -143,7 +144,7 @@ def test_cli_json_and_report(tmp_path):
     )
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)
-    assert set(data["strategies"]) == {"dedicated", "static-slicing", "tidal"}
+    assert set(data["strategies"]) == {"dedicated", "static-slicing", "tidal", "tidal-lending"}
     for f in ("results.json", "results.md", "util_by_hour.png", "slo.png", "batch_throughput.png"):
         assert (tmp_path / f).stat().st_size > 0
     bad = CliRunner().invoke(app, ["sim", "tidal", "--days", "12"])
@@ -161,8 +162,8 @@ def test_live_demand_signal_follows_the_trace_shape():
 def test_without_batch_work_nothing_is_held_back_and_the_what_if_runs():
     r = run(RunConfig(days=1, scale=0.1, seed=5, backlog_scale=0.0, what_if=True))
     st = r["strategies"]
-    assert set(st) == {"dedicated", "static-slicing", "tidal", "tidal+day-lending"}
-    for name in ("tidal", "tidal+day-lending"):
+    assert set(st) == {"dedicated", "static-slicing", "tidal", "tidal-lending", "tidal+day-lending"}
+    for name in ("tidal", "tidal-lending", "tidal+day-lending"):
         assert st[name]["p2_request_holdbacks"] == 0  # P0 waits for P2 only where P2 really ran
         assert st[name]["batch_tokens_per_day"] == 0 and st[name]["batch_gpu_util"] == 0.0
     assert st["tidal+day-lending"]["capacity_bound_gpu_util"] > st["tidal"]["capacity_bound_gpu_util"]
@@ -185,3 +186,39 @@ def test_nights_lie_in_the_night_window_and_every_lent_engine_is_reclaimed(resul
             assert t["reason"] == "traffic-high" and (hhmm < "07:00" or hhmm >= "20:00"), t
     lent = sum(1 for i in platform.build("tidal").instances if i.lend == "engine") + 1  # + the 7g GPU
     assert result["strategies"]["tidal"]["preemptions"] == lent * len(result["night_intervals_h"])
+
+
+@needs_data
+def test_tidal_lending_lends_by_day_only_while_its_guard_allows():
+    # a saturating backlog: batch work is waiting by day, so day lending has something to run
+    r = run(RunConfig(days=1, scale=0.1, seed=4, backlog_scale=20))
+    st = r["strategies"]
+    lend, tidal = st["tidal-lending"], st["tidal"]
+    info = lend["lending"]
+    assert info["minutes_lending"] > 0 and info["level_changes"] > 0
+    assert 0.0 < info["mean_day_level"] <= 1.0
+    assert lend["batch_gpu_util"] > tidal["batch_gpu_util"]
+    assert lend["capacity_bound_gpu_util"] > tidal["capacity_bound_gpu_util"]
+    assert lend["p0_ttft_slo_attainment"] <= lend["p0_ttft_slo_bound"] + 1e-9
+    # the guard holds the attainment among the requests that can meet the SLO near its target
+    assert lend["p0_ttft_slo_attainment"] / lend["p0_ttft_slo_bound"] >= info["target"] - 0.01
+
+
+@needs_data
+def test_another_azure_format_trace_drives_the_token_sizes(tmp_path):
+    short = tmp_path / "short.csv"
+    short.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(f"0,{50 + i},{20 + i}\n" for i in range(50))
+    )
+    r = run(RunConfig(days=1, scale=0.05, seed=2, trace=str(short)))
+    base = run(RunConfig(days=1, scale=0.05, seed=2))
+    assert r["token_trace"] == "short.csv" and base["token_trace"] == "AzureLLMInferenceTrace_code.csv"
+    # short prompts: every P0 request can meet the TTFT SLO; the code trace's long ones cannot
+    assert r["strategies"]["dedicated"]["p0_ttft_slo_bound"] == 1.0
+    assert base["strategies"]["dedicated"]["p0_ttft_slo_bound"] < 1.0
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,Prompt\n0,12\n")
+    out = CliRunner().invoke(app, ["sim", "tidal", "--days", "1", "--scale", "0.05", "--trace", str(bad)])
+    assert out.exit_code == 2 and "ContextTokens" in out.output
+    missing = CliRunner().invoke(app, ["sim", "tidal", "--days", "1", "--trace", str(tmp_path / "nope.csv")])
+    assert missing.exit_code == 2 and "no such file" in missing.output

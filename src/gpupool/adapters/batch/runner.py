@@ -1,24 +1,36 @@
 """`BatchRunner`: the loop that turns queued P2 jobs into running processes holding P2 leases.
 
 One `step(now)`:
-1. finished jobs -> DONE (exit 0) or FAILED, lease released;
+1. finished jobs -> DONE (exit 0) or FAILED, lease released; over ``max_running``, the newest
+   running jobs release their leases (handled as in 2.);
 2. running jobs whose lease ended (preempted by P0/P1, revoked, expired) -> paused (SIGSTOP, state
    PAUSED) when the job is checkpointable and the executor can pause, else stopped and requeued
    (state QUEUED, attempts counted): never silently dropped;
 3. paused jobs get a new P2 lease when the pool has room again -> resumed (SIGCONT, RUNNING);
 4. queued jobs are claimed in the core's queue order while the allocator grants leases;
 5. running jobs' leases are renewed.
-The caller owns the clock (``now``) and the allocator; the runner never reads a clock itself.
+The caller owns the clock (``now``) and the lease port (an `Allocator`, or the gateway's
+`LeaseController` through `ControllerLeases`, so job leases pass the same admission, the same
+durable store and the same events as every other lease); the runner never reads a clock itself.
+
+``max_running`` (a callable: the tidal plane's DAY batch concurrency, None: no limit) bounds step 4;
+``on_path`` hears how displaced work was handled (``pause`` / ``requeue``) and how long the pauser
+took, timed by the injected ``stopwatch`` (seconds; `time.perf_counter` in the CLI).
+`cancel` stops a job's process (if any), releases its lease and marks it CANCELLED.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpupool.adapters.batch.queue import BatchJobQueue
-from gpupool.core import Allocator
-from gpupool.core.tidal.jobs import BatchJobSpec, JobState, lease_request
+from gpupool.adapters.batch.queue import BatchJobQueue, JobRecord
+from gpupool.core.controller import LeaseController
+from gpupool.core.errors import InvalidInput
+from gpupool.core.model import Lease, Request
+from gpupool.core.outcome import Outcome
+from gpupool.core.tidal.jobs import FINAL, BatchJobSpec, JobState, lease_request
 
 
 class Handle(Protocol):
@@ -26,6 +38,35 @@ class Handle(Protocol):
     def pause(self) -> bool: ...
     def resume(self) -> bool: ...
     def stop(self, *, grace_s: float = 2.0) -> int: ...
+
+
+class LeasePort(Protocol):
+    """What the runner needs of a lease owner (an `Allocator` has exactly these)."""
+
+    def allocate(self, request: Request, *, preempt: bool = True) -> Outcome: ...
+    def get(self, lease_id: str) -> Lease: ...
+    def release(self, lease_id: str, *, reason: str = "") -> Outcome: ...
+    def renew(self, lease_id: str, ttl_s: float | None = None) -> Outcome: ...
+
+
+class ControllerLeases:
+    """`LeasePort` over a `LeaseController`: ``allocate`` is an admission that never queues (P2 work
+    without room is refused at once: the batch queue itself is the waiting line)."""
+
+    def __init__(self, controller: LeaseController) -> None:
+        self.controller = controller
+
+    def allocate(self, request: Request, *, preempt: bool = True) -> Outcome:
+        return self.controller.acquire(request, queue=False)
+
+    def get(self, lease_id: str) -> Lease:
+        return self.controller.get(lease_id)
+
+    def release(self, lease_id: str, *, reason: str = "") -> Outcome:
+        return self.controller.release(lease_id, reason=reason)
+
+    def renew(self, lease_id: str, ttl_s: float | None = None) -> Outcome:
+        return self.controller.renew(lease_id, ttl_s=ttl_s)
 
 
 class Executor(Protocol):
@@ -42,24 +83,57 @@ class _Running:
     attempt: int
 
 
+def _no_limit() -> int | None:
+    return None
+
+
+def _no_time() -> float:
+    return 0.0
+
+
 @dataclass(slots=True)
 class BatchRunner:
     queue: BatchJobQueue
-    allocator: Allocator
+    allocator: LeasePort
     executor: Executor
     worker: str = "runner-0"
     lease_ttl_s: float = 60.0
     running: dict[str, _Running] = field(default_factory=dict)
     paused: dict[str, _Running] = field(default_factory=dict)
     log: list[tuple[float, str, str]] = field(default_factory=list)
+    max_running: Callable[[], int | None] = _no_limit
+    on_path: Callable[[str, float], None] | None = None
+    stopwatch: Callable[[], float] = _no_time
 
     def step(self, now: float) -> None:
         self._reap(now)
+        self._shrink(now)
         self._on_lost_leases(now)
         self._resume_paused(now)
         self._start_queued(now)
         for r in self.running.values():
             self.allocator.renew(r.lease_id)
+
+    def cancel(self, job_id: str, *, now: float, reason: str = "cancelled") -> JobRecord:
+        """Stop the job's process (if it has one), release its lease, mark it CANCELLED."""
+        rec = self.queue.get(job_id)
+        if rec.state in FINAL:
+            raise InvalidInput("job", job_id, f"is already {rec.state.value}")
+        r = self.running.pop(job_id, None) or self.paused.pop(job_id, None)
+        if r is not None:
+            r.handle.stop()
+            self.allocator.release(r.lease_id, reason=f"job {job_id} {reason}")
+        self._event(now, job_id, "cancelled")
+        return self.queue.transition(job_id, JobState.CANCELLED, now=now, reason=reason)
+
+    def stop_all(self, *, now: float) -> None:
+        """Shutdown: stop every process and requeue its job (the next start runs it again)."""
+        for job_id, r in [*self.running.items(), *self.paused.items()]:
+            r.handle.stop()
+            self.allocator.release(r.lease_id, reason="batch runner stopped")
+            self.queue.transition(job_id, JobState.QUEUED, now=now, reason="runner stopped; requeued")
+        self.running.clear()
+        self.paused.clear()
 
     def _event(self, now: float, job_id: str, what: str) -> None:
         self.log.append((now, job_id, what))
@@ -83,17 +157,37 @@ class BatchRunner:
             del self.running[job_id]
             spec = self.queue.get(job_id).spec
             why = f"lease {lease.state.value}: {lease.reason}"
+            t0 = self.stopwatch()
             if spec.checkpointable and r.handle.pause():
                 self.paused[job_id] = r
+                self._path("pause", t0)
                 self.queue.transition(job_id, JobState.PAUSED, now=now, reason=why)
                 self._event(now, job_id, "paused")
             else:
                 r.handle.stop()
+                self._path("requeue", t0)
                 self.queue.transition(job_id, JobState.QUEUED, now=now, reason=f"{why}; requeued")
                 self._event(now, job_id, "requeued")
 
+    def _shrink(self, now: float) -> None:
+        """Over ``max_running`` (NIGHT -> DAY): the newest jobs give their leases back and are
+        paused or requeued like preempted ones (the oldest keep running)."""
+        limit = self.max_running()
+        if limit is None or len(self.running) <= limit:
+            return
+        for job_id in list(self.running)[limit:]:
+            r = self.running[job_id]
+            self.allocator.release(r.lease_id, reason=f"job {job_id}: batch concurrency is {limit} now")
+
+    def _path(self, path: str, t0: float) -> None:
+        if self.on_path is not None:
+            self.on_path(path, (self.stopwatch() - t0) * 1000.0)
+
     def _resume_paused(self, now: float) -> None:
+        limit = self.max_running()
         for job_id, r in list(self.paused.items()):
+            if limit is not None and len(self.running) >= limit:
+                return
             spec = self.queue.get(job_id).spec
             attempt = r.attempt + 1
             out = self.allocator.allocate(
@@ -110,7 +204,10 @@ class BatchRunner:
     def _start_queued(self, now: float) -> None:
         """Every queued job in queue order that the pool can lease now (later ones may overtake
         a job that does not fit: work-conserving, still in the total order among those that fit)."""
+        limit = self.max_running()
         for rec in self.queue.jobs(JobState.QUEUED):
+            if limit is not None and len(self.running) >= limit:
+                return
             spec = rec.spec
             if not self.executor.accepts(spec):
                 continue

@@ -264,6 +264,25 @@ class SimulatedCluster:
         for sid in [k for k in self._resident if k not in self._slice_gpu]:
             del self._resident[sid]
 
+    # --- standby engines (tidal re-partition) ----------------------------------------------------
+    def stop_residents(self, gpu_id: str) -> dict[str, int]:
+        """Stop the placed replicas on ``gpu_id`` (their processes leave the slices); returns
+        slice id -> MiB for `start_residents`."""
+        st = self._state(gpu_id)
+        out: dict[str, int] = {}
+        for s in st.slices:
+            if s.id in self._resident:
+                out[s.id] = self._resident.pop(s.id)
+                self._activity.pop(s.id, None)
+        return out
+
+    def start_residents(self, residents: dict[str, int]) -> None:
+        """Start replicas again on the slices that exist (after the day layout is back)."""
+        for sid, mib in residents.items():
+            if sid in self._slice_gpu:
+                self._resident[sid] = mib
+                self._activity[sid] = DEFAULT_ACTIVITY_PCT
+
     # --- hooks -----------------------------------------------------------------------------------
     def grant(self, lease_id: str, slice_id: str, *, vram_mib: int, compute_milli: int = 0) -> None:
         """A lease now uses ``vram_mib`` / ``compute_milli`` of ``slice_id`` (idempotent per lease id)."""

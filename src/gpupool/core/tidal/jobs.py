@@ -8,7 +8,8 @@ Invariants:
 - A job runs either a ``command`` (argv list, no shell) or a ``ray_task`` (``module:function``),
   never both; ``vram_mib`` > 0; ``deadline_s`` (Unix seconds) is finite when given.
 - Every running job holds exactly one P2 lease (`lease_request`): preemptible, priority ``P2``.
-- State machine: QUEUED -> RUNNING -> {DONE, FAILED}; RUNNING <-> PAUSED (a pauser that keeps
+- State machine: QUEUED -> RUNNING -> {DONE, FAILED}; QUEUED|RUNNING|PAUSED -> CANCELLED (an
+  operator's cancel: its process is stopped and its lease released); RUNNING <-> PAUSED (a pauser that keeps
   state: SIGSTOP, vLLM sleep, cuda-checkpoint); RUNNING|PAUSED -> QUEUED (requeue when the pauser
   cannot keep state, or after a crash: never silently dropped). `check_transition` enforces it.
 - Queue order is total: earliest deadline first (no deadline sorts last), then submission time,
@@ -33,6 +34,7 @@ class JobState(StrEnum):
     PAUSED = "paused"
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 _ALLOWED = {
@@ -44,7 +46,12 @@ _ALLOWED = {
     (JobState.RUNNING, JobState.QUEUED),
     (JobState.PAUSED, JobState.QUEUED),
     (JobState.PAUSED, JobState.FAILED),
+    (JobState.QUEUED, JobState.CANCELLED),
+    (JobState.RUNNING, JobState.CANCELLED),
+    (JobState.PAUSED, JobState.CANCELLED),
 }
+FINAL = frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELLED})
+"""States a job never leaves."""
 
 
 def check_transition(job_id: str, old: JobState, new: JobState) -> None:
@@ -115,4 +122,12 @@ def lease_request(spec: BatchJobSpec, *, attempt: int, ttl_s: float) -> Request:
     )
 
 
-__all__ = ["BatchJobSpec", "JobState", "check_transition", "lease_request", "queue_key", "validate_job"]
+__all__ = [
+    "FINAL",
+    "BatchJobSpec",
+    "JobState",
+    "check_transition",
+    "lease_request",
+    "queue_key",
+    "validate_job",
+]

@@ -126,6 +126,10 @@ def drain(
             )
         if avail is not None and inst.name in avail.day_lending:
             idle = np.maximum(60.0 * awake[inst.name] - busy.get(inst.name, 0.0), 0.0)
+            if avail.day_level is not None:  # the guard's level by day; nights lend as `tidal` does
+                level = avail.day_level[:minutes]
+                night_idle = np.maximum(night_s * awake[inst.name] - busy.get(inst.name, 0.0), 0.0)
+                idle = np.where(night_s > 0, night_idle, idle * level)
             req_kinds = ("embed",) if inst.role == "embed" else kinds
             servers.append(_Server(f"p2-in-{inst.name}", inst.spec, idle, req_kinds))
         elif inst.lend == "request":

@@ -135,13 +135,16 @@ def build(strategy: str) -> Platform:
         return dedicated()
     if strategy in ("static-slicing", "tidal"):
         return sliced(strategy)
-    if strategy == WHAT_IF:
+    if strategy in (WHAT_IF, LENDING):
         p = sliced("tidal")
-        return Platform(WHAT_IF, p.instances, p.gpus)
-    raise ValueError(f"invalid strategy={strategy!r}: expected dedicated, static-slicing or tidal")
+        return Platform(strategy, p.instances, p.gpus)
+    raise ValueError(f"invalid strategy={strategy!r}: expected one of {', '.join(STRATEGIES)}")
 
 
-STRATEGIES = ("dedicated", "static-slicing", "tidal")
+LENDING = "tidal-lending"
+"""tidal + SLO-guarded day lending: P2 requests in the idle main/embedding engines by DAY at the level
+the core's `LendingGuard` sets from the measured P0 TTFT attainment (`gpupool.core.tidal.lending`)."""
+STRATEGIES = ("dedicated", "static-slicing", "tidal", LENDING)
 WHAT_IF = "tidal+day-lending"
 """Not one of the issue's strategies: tidal plus request-level P2 in idle main/embedding engines by
 DAY too (P0 pays the holdback). It shows what the seed's 72 % would need; see the report."""

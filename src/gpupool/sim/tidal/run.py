@@ -29,7 +29,7 @@ import numpy as np
 
 from gpupool.core.tidal import Mode, TidalConfig, TidalController
 from gpupool.sim.tidal import batch, perf, traces
-from gpupool.sim.tidal.platform import STRATEGIES, WHAT_IF, Platform, build
+from gpupool.sim.tidal.platform import LENDING, STRATEGIES, WHAT_IF, Platform, build
 from gpupool.sim.tidal.serve import PATHS, Availability, Served, coverage, serve
 
 TTFT_SLO_S = 0.8
@@ -51,6 +51,10 @@ class RunConfig:
     peak_p0_per_s: float | None = None
     what_if: bool = False
     """Also run `WHAT_IF` (request-level lending by day), reported apart from the three strategies."""
+    trace: str | None = None
+    """Token sizes from this Azure-format request trace (default: the Azure 2023 code trace)."""
+    lending_target: float = 0.99
+    """`tidal-lending`'s guard target: P0 TTFT attainment among requests that can meet the SLO."""
 
     def __post_init__(self) -> None:
         if type(self.days) is not int or not 1 <= self.days <= 9:
@@ -59,6 +63,8 @@ class RunConfig:
             raise ValueError(f"invalid scale={self.scale!r}: must be in (0, 10]")
         if self.main_model not in MAIN_MODELS:
             raise ValueError(f"invalid main_model={self.main_model!r}: expected one of {sorted(MAIN_MODELS)}")
+        if not 0 < self.lending_target <= 1:
+            raise ValueError(f"invalid lending_target={self.lending_target!r}: must be in (0, 1]")
         if not 0 <= self.backlog_scale <= 1000:
             raise ValueError(f"invalid backlog_scale={self.backlog_scale!r}: must be in [0, 1000]")
 
@@ -110,7 +116,9 @@ def _mode_timeline(
 
 def run(cfg: RunConfig) -> dict[str, Any]:
     t_begin = time.perf_counter()
-    tr = traces.load(cfg.days)
+    from pathlib import Path
+
+    tr = traces.load(cfg.days, token_trace=Path(cfg.trace) if cfg.trace else None)
     main = MAIN_MODELS[cfg.main_model]
     peak = (cfg.peak_p0_per_s or _sized_peak(main, tr)) * cfg.scale
     rng = np.random.default_rng(cfg.seed)
@@ -140,6 +148,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         "main_model": main.name,
         "peak_p0_per_s": round(peak, 4),
         "p0_requests": n,
+        "token_trace": Path(cfg.trace).name if cfg.trace else traces.AZURE.split("/")[-1],
         "phase_shift_h": tr.phase_shift_h,
         "night_intervals_h": [
             [round((a - 86400) / 3600, 3), round((b - 86400) / 3600, 3)] for a, b in nights
@@ -178,7 +187,12 @@ def _run_strategy(
         else:  # put the batch engine on the slice to sleep, then wake the online engine
             wake_cost[i.name] = perf.sleep_l1_s(main) + perf.sleep_l1_s(m)
 
-    def make_avail(p2_active: dict[str, np.ndarray] | None) -> Availability | None:
+    def make_avail(
+        p2_active: dict[str, np.ndarray] | None,
+        *,
+        lend_by_day: bool = True,
+        day_level: np.ndarray | None = None,
+    ) -> Availability | None:
         if not tidal:
             return None
         return Availability(
@@ -187,9 +201,12 @@ def _run_strategy(
             wake_cost_s=wake_cost,
             repartition_s=perf.RECONFIG_S,
             day_lending=frozenset(
-                i.name for i in plat.instances if plat.strategy == WHAT_IF and i.role in ("main", "embed")
+                i.name
+                for i in plat.instances
+                if plat.strategy in (WHAT_IF, LENDING) and lend_by_day and i.role in ("main", "embed")
             ),
             p2_active=p2_active,
+            day_level=day_level,
         )
 
     edges = np.arange(86400.0, t_end + 1.0, 60.0)
@@ -219,11 +236,96 @@ def _run_strategy(
         )
         return served, busy, kv_s, res
 
+    if plat.strategy == LENDING:
+        return _run_lending(plat, one_pass, make_avail, nights, edges=edges, main=main, cfg=cfg)
     # pass 1 assumes lent P2 work is always present; pass 2 holds P0 back only where the drain ran P2
     served, busy, kv_s, res = one_pass(make_avail(None))
     if tidal:
         served, busy, kv_s, res = one_pass(make_avail({k: v > 0 for k, v in res.p2_used_s.items()}))
     return _metrics(plat, served, busy, kv_s, res, nights, edges=edges, main=main)
+
+
+def _run_lending(
+    plat: Platform,
+    one_pass: Any,
+    make_avail: Any,
+    nights: list[tuple[float, float]],
+    *,
+    edges: np.ndarray,
+    main: perf.ModelSpec,
+    cfg: RunConfig,
+) -> dict[str, Any]:
+    """``tidal-lending``: the core `LendingGuard` closes the loop minute by minute.
+
+    Pass "off" serves with no day lending, pass "on" with lending everywhere by day (where the drain
+    ran P2). The guard then walks the minutes in order: a P0 request arriving at level L meets lent
+    P2 work with probability L (P2 fills that share of the engine's idle time) and then gets its
+    TTFT from pass "on", else from pass "off" (the two worlds differ only in the holdbacks lent P2
+    work causes); the guard observes each TTFT when its first token comes and
+    updates at each minute's end. Only requests that could meet the SLO at all (prefill alone within
+    it: the physical bound) are measured. A last pass serves and drains at the guard's level."""
+    served_off, _, _, _ = one_pass(make_avail(None, lend_by_day=False))
+    served_on, _, _, res_on = one_pass(make_avail(None))
+    served_on, _, _, res_on = one_pass(make_avail({k: v > 0 for k, v in res_on.p2_used_s.items()}))
+    level, changes = _guard_levels(served_off["main"], served_on["main"], edges, cfg)
+    day_on = level > 0
+    p2_active = {k: (v > 0) & day_on[: len(v)] for k, v in res_on.p2_used_s.items()}
+    served, busy, kv_s, res = one_pass(make_avail(p2_active, day_level=level))
+    out = _metrics(plat, served, busy, kv_s, res, nights, edges=edges, main=main)
+    out["lending"] = {
+        "target": cfg.lending_target,
+        "window_s": LENDING_WINDOW_S,
+        "level_changes": len(changes),
+        "mean_day_level": round(float(level[_day_minutes(edges, nights)].mean()), 4),
+        "minutes_lending": int(day_on.sum()),
+    }
+    return out
+
+
+LENDING_WINDOW_S = 300.0
+
+
+def _day_minutes(edges: np.ndarray, nights: list[tuple[float, float]]) -> np.ndarray:
+    mids = edges[:-1] + 30.0
+    night = np.zeros(len(mids), dtype=bool)
+    for a, b in nights:
+        night |= (mids >= a) & (mids < b)
+    return ~night
+
+
+def _guard_levels(off: Served, on: Served, edges: np.ndarray, cfg: RunConfig) -> tuple[np.ndarray, list[Any]]:
+    """Per-minute lending level from the core guard (see `_run_lending`)."""
+    import heapq
+
+    from gpupool.core.tidal.lending import GuardConfig, LendingGuard
+
+    guard = LendingGuard(
+        GuardConfig(window_s=LENDING_WINDOW_S, slo_ttft_s=TTFT_SLO_S, target=cfg.lending_target)
+    )
+    minutes = len(edges) - 1
+    level = np.zeros(minutes)
+    t0 = float(edges[0])
+    by_min = np.clip(((off.arrival - t0) // 60).astype(np.int64), 0, minutes - 1)
+    order = np.argsort(by_min, kind="stable")
+    bounds = np.searchsorted(by_min[order], np.arange(minutes + 1))
+    ttft_off, ttft_on = off.first_token - off.arrival, on.first_token - on.arrival
+    feasible = (off.first_token - off.start) <= TTFT_SLO_S
+    pending: list[tuple[float, float]] = []
+    rng = np.random.default_rng(cfg.seed + 11)
+    for m in range(minutes):
+        level[m] = guard.level
+        for r in order[bounds[m] : bounds[m + 1]]:
+            if not feasible[r]:
+                continue
+            lent = guard.level > 0 and float(rng.random()) < guard.level  # meets lent P2 with prob. L
+            ttft = float(ttft_on[r] if lent else ttft_off[r])
+            heapq.heappush(pending, (float(off.arrival[r]) + ttft, ttft))
+        end = t0 + 60.0 * (m + 1)
+        while pending and pending[0][0] <= end:
+            at, ttft = heapq.heappop(pending)
+            guard.observe(at, ttft)
+        guard.update(end)
+    return level, guard.changes
 
 
 def pauser_costs(main: perf.ModelSpec) -> dict[str, Any]:

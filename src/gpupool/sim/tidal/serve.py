@@ -44,6 +44,10 @@ class Availability:
     """Per request-lent instance and minute (from ``t0_s``): was lent P2 work running? None: assume
     yes (first pass); the second pass uses what the batch drain actually ran."""
     t0_s: float = 86400.0
+    day_level: npt.NDArray[np.float64] | None = None
+    """``tidal-lending``: the SLO guard's lending level per minute (from ``t0_s``); the P2 capacity a
+    day-lent instance offers is its idle time x the level, and a P0 arrival on an engine free of
+    online work meets lent P2 with probability = the level. None: level 1 (the what-if)."""
 
     def p2_on(self, name: str, t: float) -> bool:
         if self.p2_active is None:
@@ -51,6 +55,13 @@ class Availability:
         arr = self.p2_active.get(name)
         m = int((t - self.t0_s) // 60)
         return arr is not None and 0 <= m < len(arr) and bool(arr[m])
+
+    def level_at(self, t: float) -> float:
+        """The day-lending level at ``t`` (1 without a guard: the what-if lends all idle time)."""
+        if self.day_level is None:
+            return 1.0
+        m = int((t - self.t0_s) // 60)
+        return float(self.day_level[m]) if 0 <= m < len(self.day_level) else 0.0
 
     sleeps: dict[str, list[list[float]]] = field(default_factory=dict)
     """instance -> [[asleep_from, ready_again_at, woken_by_surge(0/1)], ...]."""
@@ -162,6 +173,10 @@ def serve(
         s = best_start
         p2_here = avail is not None and avail.p2_on(names[j], a)
         day_lent = avail is not None and not in_night and names[j] in avail.day_lending and p2_here
+        if day_lent and avail is not None and avail.day_level is not None:
+            # at level L, lent P2 fills the fraction L of the engine's idle time: a P0 arrival that
+            # finds the engine free of online work meets a running P2 chunk with probability L
+            day_lent = float(rng.random()) < avail.level_at(a)
         if day_lent and not (s > a and free_at[j] > a):
             s += perf.HOLDBACK_S + float(rng.random()) * float(p2_iter[j])
         if in_night and label < 0:

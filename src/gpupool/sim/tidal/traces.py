@@ -59,9 +59,11 @@ def _hourly_counts(path: Path) -> tuple[dict[datetime, int], int]:
     return counts, best
 
 
-def load(days: int, *, base: Path | None = None) -> Traces:
+def load(days: int, *, base: Path | None = None, token_trace: Path | None = None) -> Traces:
+    """``token_trace``: another request trace in the Azure LLM format (CSV with ``ContextTokens`` and
+    ``GeneratedTokens`` columns) instead of the code trace; `ValueError` names a missing column."""
     root = base or data_dir()
-    alibaba, azure = root / ALIBABA, root / AZURE
+    alibaba, azure = root / ALIBABA, token_trace or root / AZURE
     for p in (alibaba, azure):
         if not p.exists():
             raise FileNotFoundError(f"trace file {p} not found (set GPUPOOL_DATA_DIR)")
@@ -75,9 +77,18 @@ def load(days: int, *, base: Path | None = None) -> Traces:
     shape /= shape.max()
     ctx, gen = [], []
     with azure.open(newline="") as f:
-        for row in csv.DictReader(f):
-            ctx.append(int(row["ContextTokens"]))
-            gen.append(int(row["GeneratedTokens"]))
+        reader = csv.DictReader(f)
+        missing = {"ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"--trace {azure}: not the Azure LLM format: no column {sorted(missing)[0]}")
+        for i, row in enumerate(reader, start=2):
+            try:
+                ctx.append(int(row["ContextTokens"]))
+                gen.append(int(row["GeneratedTokens"]))
+            except (TypeError, ValueError):
+                raise ValueError(f"--trace {azure}: line {i}: token counts must be integers") from None
+    if not ctx:
+        raise ValueError(f"--trace {azure}: no requests")
     return Traces(shape, shift, np.array(ctx, dtype=np.int64), np.array(gen, dtype=np.int64))
 
 

@@ -1,0 +1,69 @@
+"""`BatchService`: the batch queue + its runner as one object the gateway serves (``/v1/batch/jobs``).
+
+Role: submit / list / get / cancel jobs (JSON-ready dicts) and `step` the runner. Every call runs on
+the gateway's event loop thread (the routes and the tidal loop), so the runner's process handles
+and the SQLite queue are never used from two threads. Time comes from the injected ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpupool.adapters.batch.queue import BatchJobQueue, JobRecord
+from gpupool.adapters.batch.runner import BatchRunner
+from gpupool.core.tidal.jobs import BatchJobSpec, JobState
+
+
+def job_json(rec: JobRecord) -> dict[str, Any]:
+    s = rec.spec
+    return {
+        "id": s.id,
+        "state": rec.state.value,
+        "command": list(s.command),
+        "vram_mib": s.vram_mib,
+        "compute_milli": s.compute_milli,
+        "checkpointable": s.checkpointable,
+        "deadline_s": s.deadline_s,
+        "tenant": s.tenant,
+        "submitted_at": rec.submitted_at,
+        "attempts": rec.attempts,
+        "lease_id": rec.lease_id or None,
+        "reason": rec.reason,
+        "returncode": rec.returncode,
+    }
+
+
+class BatchService:
+    def __init__(self, queue: BatchJobQueue, runner: BatchRunner, *, now: Callable[[], float]) -> None:
+        self.queue = queue
+        self.runner = runner
+        self.now = now
+
+    def submit(self, spec: BatchJobSpec) -> dict[str, Any]:
+        return job_json(self.queue.submit(spec, now=self.now()))
+
+    def jobs(self, state: JobState | None = None) -> list[dict[str, Any]]:
+        return [job_json(r) for r in self.queue.jobs(state)]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return job_json(self.queue.get(job_id))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return job_json(self.runner.cancel(job_id, now=self.now(), reason="cancelled by operator"))
+
+    def counts(self) -> dict[str, int]:
+        out = {s.value: 0 for s in JobState}
+        for r in self.queue.jobs():
+            out[r.state.value] += 1
+        return out
+
+    def step(self) -> None:
+        self.runner.step(self.now())
+
+    def close(self) -> None:
+        self.runner.stop_all(now=self.now())
+        self.queue.close()
+
+
+__all__ = ["BatchService", "job_json"]

@@ -1,0 +1,208 @@
+"""A compressed day -> night -> day cycle of the control plane on simulated devices, end to end.
+
+The gateway (`gpupool serve`'s `build` + `attach_tidal`) serves real HTTP on loopback; the batch
+jobs are real child processes in their own process groups holding P2 leases; the MIG re-partition
+goes through the node actuator's NVML calls on the simulated cluster. The schedule runs on a manual
+clock (the compressed day), the leases on the wall clock. Everything runs on one event loop, as in
+``gpupool serve``: the test's requests and `TidalRuntime.step` never overlap.
+
+Checked, in order: DAY runs one batch job at a time and refuses a P2 lease beyond the P2 share
+(429 naming the reservation); measured silence after 20:00 switches to NIGHT, gpu-a/1 is drained and
+merged into one 7g.80gb instance that batch work then uses, all jobs run; a P0 lease at night is
+served by preempting a job, which is paused (SIGSTOP: state T) and not resumed while the holdback
+lasts; 07:00 restores the day layout (and the standby replica), and the DAY concurrency applies again;
+cancel stops a job and a second cancel is 409.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from datetime import datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import httpx
+import pytest
+
+from gpupool.adapters.pause.procfs import proc_state
+from gpupool.cli.serve import build, free_port, uvicorn_server
+from gpupool.cli.tidalplane import attach_tidal
+from gpupool.core import ManualClock
+from gpupool.core.tidal.modes import Mode, TidalConfig
+from gpupool.core.tidal.plane import PlaneConfig
+from gpupool.hardware.mig import MigInstance
+
+pytestmark = pytest.mark.slow
+TOKEN = "tidal-e2e-admin"
+HDR = {"Authorization": f"Bearer {TOKEN}"}
+JOB = [sys.executable, "-c", "import time\nwhile True:\n    time.sleep(0.05)\n"]
+GIB = 1024
+
+
+def at(hh: int, mm: int = 0, day: int = 2) -> float:
+    return datetime(2026, 3, day, hh, mm, tzinfo=ZoneInfo("UTC")).timestamp()
+
+
+async def _until(pred: object, what: str, tries: int = 200) -> None:
+    for _ in range(tries):
+        if callable(pred) and pred():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not reached: {what}")
+
+
+async def _cycle(tmp: Path) -> None:
+    bundle = build(data_dir=tmp, extra_tokens=[(TOKEN, "ops", "admin")])
+    clock = ManualClock(at(12))
+    cfg = PlaneConfig(
+        tidal=TidalConfig(timezone="UTC", initial_baseline=60.0),
+        holdback_s=600.0,
+        repartition_gpus=("gpu-a/1",),
+    )
+    rt = attach_tidal(bundle, config=cfg, data_dir=tmp, clock=clock)
+    c, sim = bundle.controller, bundle.sim
+    port = free_port()
+    server = uvicorn_server(bundle.app, host="127.0.0.1", port=port)
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=HDR, timeout=10) as cl:
+            # ---------------------------------------------------------------- DAY
+            for i in range(3):
+                body = {"id": f"j{i}", "command": JOB, "vram_mib": 60 * GIB, "checkpointable": i < 2}
+                r = await cl.post("/v1/batch/jobs", json=body)
+                assert r.status_code == 201, r.text
+                assert r.json()["state"] == "queued"
+            r = await cl.post("/v1/batch/jobs", json={"command": JOB, "vram_mib": 0})
+            assert r.status_code == 422 and "vram_mib" in r.text
+            rt.step()
+            jobs = (await cl.get("/v1/batch/jobs")).json()["jobs"]
+            assert [j["state"] for j in jobs] == ["running", "queued", "queued"]  # DAY: one at a time
+            r = await cl.post("/v1/leases", json={"priority": "P2", "vram_mib": 30 * GIB})
+            assert r.status_code == 429 and "DAY reservation" in r.text
+            pool = (await cl.get("/v1/pool")).json()
+            assert pool["tidal"]["mode"] == "day" and pool["tidal"]["refused"] == {"day-reservation": 1}
+            assert pool["tidal"]["next_switch"]["to"] == "night"
+            standby = dict(sim._resident)  # the day's placed replicas (gpu-a/1 holds main-llm#2)
+            assert "gpu-a/1/mig-3g.40gb-4" in standby
+
+            # ---------------------------------------------------------------- NIGHT
+            clock.advance(at(20) - clock.now())
+            for _ in range(40):  # measured silence: no P0/P1 arrivals for 40 simulated minutes
+                rt.step()
+                clock.advance(60)
+            assert rt.plane.mode is Mode.NIGHT
+            assert rt.plane.controller.transitions[-1].reason == "traffic-low"
+            night = rt.night
+            assert night is not None and night.gpus["gpu-a/1"].state == "merged", night.view()
+            act = sim.mig_hardware("gpu-a")
+            assert sorted(MigInstance(g.profile, g.start) for g in act.gpu_instances(1)) == [
+                MigInstance("7g.80gb", 0)
+            ]
+            assert "gpu-a/1/mig-3g.40gb-4" not in sim._resident  # the standby replica was stopped
+            pool = (await cl.get("/v1/pool")).json()
+            a1 = next(g for n in pool["nodes"] for g in n["gpus"] if g["gpu_id"] == "gpu-a/1")
+            assert [s["slice_id"] for s in a1["slices"]] == ["gpu-a/1/mig-7g.80gb-0"]
+            assert not a1["drained"]
+            rt.step()
+            jobs = {j["id"]: j for j in (await cl.get("/v1/batch/jobs")).json()["jobs"]}
+            assert [jobs[f"j{i}"]["state"] for i in range(3)] == ["running"] * 3
+            on = {
+                (await cl.get(f"/v1/leases/{j['lease_id']}")).json()["grants"][0]["slice_id"]
+                for j in jobs.values()
+            }
+            assert "gpu-a/1/mig-7g.80gb-0" in on  # batch work runs on the merged instance
+
+            # a P0 arrival at night: served by preempting a job, which the runner pauses
+            r = await cl.post("/v1/leases", json={"priority": "P0", "vram_mib": 60 * GIB, "ttl_s": 600})
+            assert r.status_code == 201, r.text
+            p0 = r.json()["id"]
+            rt.step()
+            jobs = {j["id"]: j for j in (await cl.get("/v1/batch/jobs")).json()["jobs"]}
+            states = sorted(j["state"] for j in jobs.values())
+            assert states in (["paused", "running", "running"], ["queued", "running", "running"]), jobs
+            paths = rt.plane.paths
+            assert paths["preempt"].count == 1
+            displaced = next(j for j in jobs.values() if j["state"] != "running")
+            if displaced["state"] == "paused":
+                assert paths["pause"].count == 1
+                handle = rt.batch.runner.paused[displaced["id"]].handle
+                await _until(lambda: proc_state(handle.pid) == "T", "the paused job is stopped")
+            else:
+                assert paths["requeue"].count == 1
+            r = await cl.post("/v1/leases", json={"priority": "P2", "vram_mib": GIB})
+            assert r.status_code == 429 and "holdback" in r.text  # capacity goes to online work first
+            rt.step()
+            assert displaced["id"] not in rt.batch.runner.running  # held back: not resumed yet
+            pool = (await cl.get("/v1/pool")).json()
+            assert pool["tidal"]["night_paths"]["preempt"]["count"] == 1
+            metrics = (await cl.get("/metrics")).text
+            assert 'gpupool_tidal_night_path_total{path="preempt"} 1.0' in metrics
+            assert 'gpupool_tidal_mode{mode="night"} 1.0' in metrics
+            reasons = [e.reason for e in rt.emitted if e.kind == "tidal"]
+            assert any(r.startswith("night path preempt: ") for r in reasons)
+            assert any(r.startswith(("night path pause: ", "night path requeue: ")) for r in reasons)
+            assert (await cl.delete(f"/v1/leases/{p0}")).status_code == 200
+
+            # ---------------------------------------------------------------- DAY again
+            clock.advance(at(7, 0, day=3) - clock.now())
+            rt.step()
+            assert rt.plane.mode is Mode.DAY
+            assert night.gpus["gpu-a/1"].state == "day", night.view()
+            assert sorted(MigInstance(g.profile, g.start) for g in act.gpu_instances(1)) == [
+                MigInstance("3g.40gb", 4),
+                MigInstance("4g.40gb", 0),
+            ]
+            assert sim._resident.get("gpu-a/1/mig-3g.40gb-4") == standby["gpu-a/1/mig-3g.40gb-4"]
+            pool = (await cl.get("/v1/pool")).json()
+            a1 = next(g for n in pool["nodes"] for g in n["gpus"] if g["gpu_id"] == "gpu-a/1")
+            assert sorted(s["slice_id"] for s in a1["slices"]) == [
+                "gpu-a/1/mig-3g.40gb-4",
+                "gpu-a/1/mig-4g.40gb-0",
+            ]
+            rt.step()
+            running = [j for j in (await cl.get("/v1/batch/jobs")).json()["jobs"] if j["state"] == "running"]
+            assert len(running) == 1  # DAY concurrency again; the others paused or requeued
+            c.check_invariants()
+
+            # cancel: the process stops, the lease is released; a second cancel is 409
+            job = running[0]
+            pid = rt.batch.runner.running[job["id"]].handle.pid
+            r = await cl.delete(f"/v1/batch/jobs/{job['id']}")
+            assert r.status_code == 200 and r.json()["state"] == "cancelled"
+            assert (await cl.get(f"/v1/leases/{job['lease_id']}")).json()["state"] == "released"
+            await _until(lambda: proc_state(pid) in (None, "Z", "X"), "the cancelled job's process ended")
+            assert (await cl.delete(f"/v1/batch/jobs/{job['id']}")).status_code == 409
+            assert (await cl.delete("/v1/batch/jobs/nope")).status_code == 404
+            kinds = {e.kind for e in rt.emitted}
+            assert kinds == {"tidal", "batch"}
+    finally:
+        server.should_exit = True
+        await serving
+        if rt.batch is not None:
+            rt.batch.close()
+
+
+def test_compressed_day_night_day_cycle(tmp_path: Path) -> None:
+    asyncio.run(_cycle(tmp_path))
+
+
+def test_day_lending_is_fed_the_p0_models_ttft_from_the_proxy(tmp_path: Path) -> None:
+    from gpupool.core.tidal.plane import plane_config
+
+    bundle = build(data_dir=tmp_path, extra_tokens=[(TOKEN, "ops", "admin")])
+    cfg = plane_config({"timezone": "UTC", "day_policy": "lending", "lending_min_samples": 5})
+    rt = attach_tidal(bundle, config=cfg, data_dir=tmp_path, clock=ManualClock(at(12)), batch=False)
+    p0 = next(w.model for w in bundle.workloads if w.priority == "P0" and w.model)
+    p1 = next(w.model for w in bundle.workloads if w.priority == "P1" and w.model)
+    metrics = bundle.app.state.gateway.metrics
+    for _ in range(5):
+        metrics.observe_proxy(p0, 200, 0.2, 0.5)
+        metrics.observe_proxy(p1, 200, 9.0, 9.0)  # not a P0 model: not the guard's measurement
+    metrics.observe_proxy(p0, 502, None, 0.1)  # no first token: not measured
+    assert rt.plane.guard.attainment(rt.plane.clock.now()) == (1.0, 5)
+    rt.step()
+    assert rt.plane.guard.level == 0.25
+    assert "gpupool_proxy_requests_total" in metrics.render()[0].decode()  # the wrapped call still counts
