@@ -114,6 +114,14 @@ def test_every_port_option_is_checked() -> None:
     assert ("run", "--port") in found and ("extender", "--port") in found
     extra = {"extender": ["--cluster", CLUSTER, "--no-kube"], "agent": ["--node", "n"]}
     extra["emulate-backend"] = ["--model", "qwen2.5-0.5b"]
+    extra["proxy"] = [
+        "--leader",
+        "http://127.0.0.1:9",
+        "--auth-file",
+        "none.yaml",
+        "--leader-token",
+        "t" * 12,
+    ]
     for command, opt in found:
         out = gpupool(*command.split(), *extra.get(command, []), opt, "70000")
         assert_one_line_exit_2(out, f"invalid {opt}=70000")
