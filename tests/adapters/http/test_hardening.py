@@ -251,6 +251,21 @@ def test_put_watermarks_needs_every_field_and_patch_changes_only_what_it_names(
     assert c.bank.config.vram_high == 0.95 and c.bank.config.temp_low_c == 70
 
 
+
+def test_true_is_not_a_number_anywhere(gw: tuple[str, LeaseController]) -> None:
+    """JSON ``true`` is refused where a number of seconds or a fraction is expected (it was taken as 1)."""
+    url, c = gw
+    before = c.bank.config
+    with httpx.Client(base_url=url, headers=h(ADMIN), timeout=10) as cl:
+        for body in ({"early_warning": True}, {"vram_high": False}):
+            r = cl.patch("/v1/admin/watermarks", json=body)
+            assert r.status_code == 422 and r.json()["field"] == next(iter(body)), r.text
+        for body in ({"ttl_s": True}, {"queue_timeout_s": True}, {"wait_s": True}):
+            r = cl.post("/v1/leases", headers=h(A), json={"vram_mib": 100, **body})
+            assert r.status_code == 422 and r.json()["field"] == next(iter(body)), r.text
+    assert c.bank.config == before
+    assert not c.leases()
+
 # ---------------------------------------------------------------------- SSE ids / Last-Event-ID
 def read_events(url: str, tok: str, n: int, last_id: str | None = None) -> list[dict[str, Any]]:
     """The first ``n`` events of a fresh ``/v1/events`` stream (with ``Last-Event-ID``)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, StringConstraints
 
 from gpupool.core.model import MAX_GPU_COUNT, MAX_TTL_S, MAX_VRAM_MIB
 
@@ -44,7 +44,7 @@ class LeaseIn(_Strict):
     vram_mib: StrictInt | None = Field(None, ge=1, le=MAX_VRAM_MIB)
     compute_pct: StrictInt | None = Field(None, ge=0, le=100)
     compute_milli: StrictInt | None = Field(None, ge=0, le=1000)
-    ttl_s: float = Field(60.0, gt=0, le=MAX_TTL_S)
+    ttl_s: StrictFloat = Field(60.0, gt=0, le=MAX_TTL_S)
     kinds: list[Kind] = Field(default_factory=list, max_length=4)
     gpu_count: StrictInt = Field(1, ge=1, le=MAX_GPU_COUNT)
     gpu_id: StrictStr | None = Field(None, max_length=256)
@@ -53,8 +53,8 @@ class LeaseIn(_Strict):
     model: StrictStr | None = Field(None, min_length=1, max_length=256)
     prompt_tokens: StrictInt | None = Field(None, ge=0, le=MAX_TOKENS)
     max_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS)
-    queue_timeout_s: float | None = Field(None, gt=0, le=3600)
-    wait_s: float = Field(0.0, ge=0, le=60, description="long-poll: wait up to this long for a queued grant")
+    queue_timeout_s: StrictFloat | None = Field(None, gt=0, le=3600)
+    wait_s: StrictFloat = Field(0.0, ge=0, le=60, description="long-poll: wait up to this long for a queued grant")
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict,
         max_length=MAX_LABELS,
@@ -64,7 +64,7 @@ class LeaseIn(_Strict):
 
 
 class RenewIn(_Strict):
-    ttl_s: float | None = Field(None, gt=0, le=MAX_TTL_S)
+    ttl_s: StrictFloat | None = Field(None, gt=0, le=MAX_TTL_S)
 
 
 class GrantOut(BaseModel):
@@ -244,13 +244,13 @@ class NodeSlicesOut(BaseModel):
 class AgentEventIn(_Strict):
     seq: StrictInt = Field(..., ge=0)
     kind: StrictStr = Field(..., min_length=1, max_length=64)
-    at_s: float = 0.0
+    at_s: StrictFloat = 0.0
     gpu_id: StrictStr = Field("", max_length=256)
     lease_id: StrictStr = Field("", max_length=256)
     reason: StrictStr = Field("", max_length=2048)
     pauser: StrictStr = Field("", max_length=64)
     frees: StrictStr = Field("", max_length=64)
-    latency_ms: float = Field(0.0, ge=0)
+    latency_ms: StrictFloat = Field(0.0, ge=0)
 
 
 class AgentWorkloadIn(_Strict):
@@ -271,21 +271,21 @@ class NodeEventsIn(_Strict):
 class WatermarksIn(_Strict):
     """``PUT``: the whole configuration, every field required (``PATCH`` changes some)."""
 
-    vram_high: float = Field(..., ge=0, le=1, description="PAUSE at or above this VRAM fraction")
-    vram_low: float = Field(..., ge=0, le=1, description="RESUME at or below (< vram_high)")
+    vram_high: StrictFloat = Field(..., ge=0, le=1, description="PAUSE at or above this VRAM fraction")
+    vram_low: StrictFloat = Field(..., ge=0, le=1, description="RESUME at or below (< vram_high)")
     temp_high_c: StrictInt = Field(..., ge=0, le=150)
     temp_low_c: StrictInt = Field(..., ge=0, le=150, description="< temp_high_c")
-    early_warning: float = Field(..., ge=0, le=1)
+    early_warning: StrictFloat = Field(..., ge=0, le=1)
 
 
 class WatermarksPatch(_Strict):
     """``PATCH``: only the fields given change; the others keep their current values."""
 
-    vram_high: float | None = Field(None, ge=0, le=1)
-    vram_low: float | None = Field(None, ge=0, le=1)
+    vram_high: StrictFloat | None = Field(None, ge=0, le=1)
+    vram_low: StrictFloat | None = Field(None, ge=0, le=1)
     temp_high_c: StrictInt | None = Field(None, ge=0, le=150)
     temp_low_c: StrictInt | None = Field(None, ge=0, le=150)
-    early_warning: float | None = Field(None, ge=0, le=1)
+    early_warning: StrictFloat | None = Field(None, ge=0, le=1)
 
 
 class WatermarksOut(BaseModel):
