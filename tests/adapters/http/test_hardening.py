@@ -251,7 +251,6 @@ def test_put_watermarks_needs_every_field_and_patch_changes_only_what_it_names(
     assert c.bank.config.vram_high == 0.95 and c.bank.config.temp_low_c == 70
 
 
-
 def test_true_is_not_a_number_anywhere(gw: tuple[str, LeaseController]) -> None:
     """JSON ``true`` is refused where a number of seconds or a fraction is expected (it was taken as 1)."""
     url, c = gw
@@ -265,6 +264,7 @@ def test_true_is_not_a_number_anywhere(gw: tuple[str, LeaseController]) -> None:
             assert r.status_code == 422 and r.json()["field"] == next(iter(body)), r.text
     assert c.bank.config == before
     assert not c.leases()
+
 
 # ---------------------------------------------------------------------- SSE ids / Last-Event-ID
 def read_events(url: str, tok: str, n: int, last_id: str | None = None) -> list[dict[str, Any]]:

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+)
 
 from gpupool.core.model import MAX_GPU_COUNT, MAX_TTL_S, MAX_VRAM_MIB
 
@@ -54,7 +63,9 @@ class LeaseIn(_Strict):
     prompt_tokens: StrictInt | None = Field(None, ge=0, le=MAX_TOKENS)
     max_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS)
     queue_timeout_s: StrictFloat | None = Field(None, gt=0, le=3600)
-    wait_s: StrictFloat = Field(0.0, ge=0, le=60, description="long-poll: wait up to this long for a queued grant")
+    wait_s: StrictFloat = Field(
+        0.0, ge=0, le=60, description="long-poll: wait up to this long for a queued grant"
+    )
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict,
         max_length=MAX_LABELS,
