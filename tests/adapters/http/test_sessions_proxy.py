@@ -17,7 +17,7 @@ from gpupool.cli.demo import seed_example_pool
 from gpupool.cli.emulate import build_backend_app
 from gpupool.cli.serve import KvSizer
 from gpupool.core.clock import FunctionClock
-from gpupool.core.controller import LeaseController
+from gpupool.core.controller import ControllerConfig, LeaseController
 from gpupool.core.ports import Backend
 from gpupool.core.sessions import SessionTable
 from tests.adapters.http.servers import running
@@ -32,7 +32,12 @@ AUTH = {"Authorization": f"Bearer {TOK}"}
 def gateway() -> Iterator[tuple[str, LeaseController, SessionTable]]:
     slow = {"kv_budget_mib": BUDGET_MIB, "speed": 2.0}
     with running(build_backend_app(MODEL, **slow)) as u0, running(build_backend_app(MODEL, **slow)) as u1:
-        c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=MemoryLeaseStore())
+        c = LeaseController(
+            seed_example_pool(),
+            clock=FunctionClock(time.time),
+            store=MemoryLeaseStore(),
+            config=ControllerConfig(kv_red_line_pct=90),
+        )
         for name, u in (("be0", u0), ("be1", u1)):
             c.register_backend(
                 Backend(name, MODEL, u, node="gpu-b", gpu_id="gpu-b/0", kv_budget_mib=BUDGET_MIB)
