@@ -21,11 +21,14 @@ prefixes against the instance's KV budget like any lease, and they give way to r
   retained leases is least recently used first; the victims end PREEMPTED and their residency moves
   to the host tier (the engine moves the blocks there, LRU beyond ``host_mib`` per instance: dropped).
 
-Routing (`prefer`): the instance holding most of the session's prefix (GPU MiB, then host-tier MiB),
-unless admitting the request there would cross its *red line*: MiB held by requests now + the
-request's MiB (prompt + growth to ``max_tokens``) over the instance's KV capacity in the ledger, which
-the controller sets to its red line (``kv_red_line_pct`` of the budget). Retained prefixes do not count:
-they are reclaimed on admission. Then "" (no preference): the most free instance, recompute paid there.
+Routing (`route`, used by the proxy): among the instances the request would keep below their *red
+line* (MiB held by requests now + the request's MiB, i.e. prompt + growth to ``max_tokens``, at most
+the instance's KV capacity in the ledger, which the controller sets to ``kv_red_line_pct`` of the
+budget; retained prefixes do not count, they are reclaimed on admission), the one where its first
+token should come soonest: prompt tokens already waiting there for their first token + the tokens of
+this prompt the session's prefix there does not cover (the recompute). So a session returns to the
+instance holding its prefix unless the queue there costs more than recomputing elsewhere. `prefer`
+is the simpler rule: the instance holding most of the prefix, below its red line.
 
 Invariants (`check`): a retained lease exists exactly for the idle residencies with GPU MiB > 0 and
 holds exactly ``gpu_mib``; per instance the host MiB <= its host cap; every lookup is O(1) in the
@@ -35,7 +38,7 @@ number of sessions; no clock reads (``now`` is injected).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpupool.core import preemption
@@ -114,6 +117,8 @@ class SessionTable:
         self._sessions: OrderedDict[str, dict[str, Residency]] = OrderedDict()
         self._by_lease: dict[str, Residency] = {}
         self._seq = 0
+        self._pending: dict[str, int] = {}
+        """Instance -> prompt tokens admitted there still waiting for their first token."""
         self.red_line_hits = 0
         """Requests whose best instance was over its red line (routed elsewhere)."""
         self.prefix_routed = 0
@@ -136,7 +141,8 @@ class SessionTable:
 
     # ------------------------------------------------------------------ routing
     def prefer(self, session: str, need_mib: int, load: Callable[[str], tuple[int, int]]) -> str:
-        """The instance to send ``session``'s next turn to, or "" for no preference.
+        """The instance holding most of ``session``'s prefix (GPU MiB, then host-tier MiB) whose red
+        line the request would not cross, or "" for no preference.
 
         ``load(instance)`` gives (MiB held by requests now, capacity MiB = the red line) of an
         instance; only the instances holding the session's prefix are asked."""
@@ -161,6 +167,58 @@ class SessionTable:
         if best:
             self.prefix_routed += 1
         return best
+
+    def route(
+        self,
+        session: str,
+        need_mib: int,
+        prompt_tokens: int,
+        instances: Iterable[str],
+        load: Callable[[str], tuple[int, int]],
+    ) -> tuple[str, int]:
+        """(the instance where ``session``'s turn should see its first token soonest, the prompt
+        tokens it will compute there), or ("", prompt) when every instance is over its red line.
+
+        Estimated time to first token on an instance = prompt tokens waiting there for their first
+        token (`prefill_begin` / `prefill_done`) + this prompt's tokens not covered by the session's
+        prefix there (GPU or host tier: a host-tier hit costs a PCIe copy, not a recompute). Only
+        instances the request would keep below their red line (``load``: held MiB, capacity MiB)
+        qualify; ties go to the one with the most room, then by name."""
+        held = self._sessions.get(session) if session else None
+        best: tuple[int, int, str] | None = None
+        best_new = prompt_tokens
+        crossed = holds = False
+        top = max(held.values(), key=lambda r: (r.gpu_mib, r.host_mib), default=None) if held else None
+        for inst in instances:
+            used, cap = load(inst)
+            if cap <= 0:
+                continue
+            if used + need_mib > cap:
+                crossed = crossed or (top is not None and inst == top.instance)
+                continue
+            r = held.get(inst) if held else None
+            cached = 0
+            if r is not None and need_mib > 0:
+                cached = prompt_tokens * min(need_mib, r.gpu_mib + r.host_mib) // need_mib
+            new = prompt_tokens - cached
+            key = (self._pending.get(inst, 0) + new, used - cap, inst)
+            if best is None or key < best:
+                best, best_new, holds = key, new, r is not None and r.gpu_mib + r.host_mib > 0
+        if best is None:
+            return "", prompt_tokens
+        if crossed:
+            self.red_line_hits += 1
+        if holds:
+            self.prefix_routed += 1
+        return best[2], best_new
+
+    def prefill_begin(self, instance: str, tokens: int) -> None:
+        """``tokens`` of a prompt start waiting for their first token on ``instance``."""
+        self._pending[instance] = self._pending.get(instance, 0) + max(0, tokens)
+
+    def prefill_done(self, instance: str, tokens: int) -> None:
+        """The first token came (or the request ended): its prompt no longer waits there."""
+        self._pending[instance] = max(0, self._pending.get(instance, 0) - max(0, tokens))
 
     # ------------------------------------------------------------------ turns
     def begin(self, session: str, instance: str) -> None:

@@ -57,7 +57,7 @@ def test_bench_kv_reports_every_router(tmp_path: Path) -> None:
     for name in ("round-robin", "gpupool"):
         row = out["routers"][name]
         assert row["available"] is True and set(row) >= KEYS, (name, row)
-        assert row["ok"] + row["non_200"] == 4
+        assert row["served"] + row["shed"] + row["failed"] == 4
     assert out["routers"]["gpupool"]["ok"] == 4
     assert out["requests"] == 4 and out["sessions"] == 2
 

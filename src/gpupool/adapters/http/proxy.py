@@ -17,8 +17,10 @@ else P1; the tenant from the bearer token. vLLM's ``priority`` (lower = more urg
 embed, ``max_model_len``) come from `configure_model` or the hardware catalogue.
 
 Sessions: a request with a session id (``x-gpupool-session``, else ``user`` / ``prompt_cache_key``)
-prefers the KV slice holding most of that session's prefix, below its red line (`core.sessions`);
-when its turn ends the slice keeps the prefix as a retained (preemptible) lease of that session.
+and every request of a model with several backends goes to the backend where its first token should
+come soonest: prompt tokens already waiting there + what the session's prefix there does not cover,
+among the backends it keeps below their red line (`core.sessions.SessionTable.route`); when a turn
+ends its backend keeps the prefix as a retained (preemptible) lease of that session.
 Queueing: a request that finds no room waits in the admission queue for its band's default time,
 or ``x-gpupool-queue-timeout`` seconds (``0``: never queue, 429 at once); past it, 429.
 Truncation (opt-in, chat only): ``x-gpupool-truncate: oldest-turns`` drops the oldest turns of a
@@ -61,6 +63,7 @@ from gpupool.adapters.http.openai_request import (
 )
 from gpupool.adapters.http.truncate import TRUNCATE_HEADER, TRUNCATED_HEADER, drop_oldest_turns, truncate_mode
 from gpupool.core.errors import InvalidInput, UnknownId
+from gpupool.core.kvbackends import KV_PREFIX
 from gpupool.core.model import Request as CoreRequest
 from gpupool.core.outcome import OutcomeCode
 from gpupool.core.priority import to_vllm_priority
@@ -418,7 +421,9 @@ def add_proxy_routes(
         )
         t0 = time.perf_counter()
         sid = session_of(request.headers, body)
-        prefer = sessions.prefer(sid, mib, c.kv_load) if sid else ""
+        prefer, fresh = "", prompt
+        if len(backends) > 1:
+            prefer, fresh = sessions.route(sid, mib, prompt, [KV_PREFIX + b.id for b in backends], c.kv_load)
         try:
             if prefer or sid or wait_s:
                 out = c.acquire(req, prefer=prefer, session=sid, wait_s=wait_s or None)
@@ -448,14 +453,22 @@ def add_proxy_routes(
         assert lease is not None
         backend = c.backend_of(lease)
         lease_id = lease.id
-        kv_slice = lease.grants[0].slice_id if sid and lease.grants else ""
-        if kv_slice:
+        kv_slice = lease.grants[0].slice_id if lease.grants else ""
+        if sid and kv_slice:
             c.session_begin(sid, lease)
+        waiting = [fresh if kv_slice == prefer else prompt]  # prompt tokens waiting for a first token
+        sessions.prefill_begin(kv_slice, waiting[0])
+
+        def first_token() -> None:
+            if waiting[0]:
+                sessions.prefill_done(kv_slice, waiting[0])
+                waiting[0] = 0
 
         def release() -> None:
+            first_token()
             with contextlib.suppress(UnknownId):
                 c.release(lease_id, reason="request finished")
-            if kv_slice:
+            if sid and kv_slice:
                 c.session_end(sid, kv_slice, mib)
 
         if backend is None:
@@ -512,6 +525,7 @@ def add_proxy_routes(
                 async for chunk in upstream.aiter_raw():
                     if first is None:
                         first = time.perf_counter() - t0
+                        first_token()
                     if b'"prompt_tokens"' in chunk and (actual := usage_prompt_tokens(chunk)) is not None:
                         surf.correction.observe(model, est, actual)
                     yield chunk
