@@ -214,6 +214,16 @@ def serve_gateway(port: int, backends: list[str], host_tier_mib: int) -> None:
                 "red_line_hits": sessions.red_line_hits,
                 "prefix_routed": sessions.prefix_routed,
                 "reclaimed_prefixes": sessions.reclaimed,
+                "queued_now": len(c.queue),
+                "debug": {
+                    sid: [
+                        c.kv_load(sid),
+                        c.lane.usage(sid),
+                        sessions.usage(sid),
+                        c.kv.ledger.free(sid).vram_mib,
+                    ]
+                    for sid in c._kv_models
+                },
             }
         )
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from gpupool.core.admission import AdmissionQueue
+from gpupool.core.admission import AdmissionQueue, Ticketed
 from gpupool.core.allocator import Allocator, LeaseEvent
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.kvlane import KvLane
 from gpupool.core.model import Lease, LeaseState, Request
 from gpupool.core.outcome import Outcome, OutcomeCode
-from gpupool.core.ports import Backend
+from gpupool.core.ports import Backend, GatewayEvent
 from gpupool.hardware.slices import Slice, SliceKind
 from gpupool.hardware.units import Resources
 
@@ -45,6 +45,8 @@ class KvBackends:
     sessions: SessionTable
     config: ControllerConfig
     _begun: str
+    _granting: Ticketed | None
+    _events: list[GatewayEvent]
     queue: AdmissionQueue
     backends: dict[str, Backend]
     _models: dict[str, list[Backend]]
@@ -170,6 +172,19 @@ class KvBackends:
         self.sessions.end(session, slice_id, prefix_mib, make_room=self.lane.yield_all)
 
     def _on_kv(self, ev: LeaseEvent) -> None:
+        item = self._granting
+        if ev.kind == "granted" and item is not None and item.kv and ev.lease.request.id == item.request.id:
+            # request leases have no events of their own, but a queued request's waiter needs its grant
+            self._events.append(
+                GatewayEvent(
+                    kind="granted",
+                    at=ev.at,
+                    lease=ev.lease,
+                    ticket=item.ticket,
+                    tenant=ev.lease.request.tenant,
+                    wait_s=ev.at - item.enqueued_at,
+                )
+            )
         if ev.lease.state.ended:
             self._freed = True
             if self.lane.is_share(ev.lease.id):

@@ -17,7 +17,7 @@ from gpupool.core.controller import KV_PREFIX, ControllerConfig, LeaseController
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Lease, LeaseState, Request
 from gpupool.core.outcome import OutcomeCode
-from gpupool.core.ports import Backend
+from gpupool.core.ports import Backend, GatewayEvent
 from gpupool.core.preemption import victim_order
 from gpupool.core.sessions import RETAINED_PRIORITY, RETAINED_TENANT, is_retained, session_of
 from gpupool.hardware.units import Resources
@@ -220,3 +220,20 @@ def test_a_retained_prefix_without_room_reclaims_older_ones_or_goes_to_the_host_
     assert c.sessions.usage(A) == (0, 800)
     c.release(hold.id)
     c.check_invariants()
+
+
+def test_a_queued_request_lease_granted_by_the_pump_emits_its_tickets_granted_event() -> None:
+    # the proxy's waiter wakes on this event; without it a granted KV ticket waited for its deadline
+    events: list[GatewayEvent] = []
+    c = LeaseController(
+        seed_example_pool(), clock=ManualClock(1.0), store=MemoryLeaseStore(), sink=events.append
+    )
+    c.register_backend(Backend("be0", MODEL, "http://127.0.0.1:9", "gpu-b", "gpu-b/0", 1000))
+    first = c.acquire(_req(800)).lease
+    out = c.acquire(_req(800))
+    assert first is not None and out.code is OutcomeCode.QUEUED and out.ticket
+    c.release(first.id)
+    st = c.ticket(out.ticket)
+    assert st.state == "granted" and st.lease is not None
+    (ev,) = [e for e in events if e.ticket == out.ticket and e.kind == "granted"]
+    assert ev.lease is not None and ev.lease.id == st.lease.id
