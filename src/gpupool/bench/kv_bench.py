@@ -135,18 +135,31 @@ def _word(h: int, i: int) -> str:
     return "".join(chars)
 
 
+_BLOCKS: dict[int, str] = {}
+
+
+def _block(h: int) -> str:
+    """The text of hash id ``h``'s full 512-token block (cached: ids recur across a session)."""
+    text = _BLOCKS.get(h)
+    if text is None:
+        text = "".join(" " + _word(h, i) for i in range(BLOCK_TOKENS))
+        if len(_BLOCKS) < 200_000:
+            _BLOCKS[h] = text
+    return text
+
+
 def render(hash_ids: list[int], input_length: int) -> str:
     """Text of ``input_length`` emulated tokens (+ BOS) whose 512-token blocks follow ``hash_ids``."""
-    words: list[str] = []
+    parts: list[str] = []
     left = max(1, input_length)
     for h in hash_ids:
         n = min(BLOCK_TOKENS, left)
-        words.extend(" " + _word(h, i) for i in range(n))
+        parts.append(_block(h) if n == BLOCK_TOKENS else _block(h)[: 4 * n])  # 4 characters a token
         left -= n
         if left <= 0:
             break
-    words.extend(" " + _word(-1, i) for i in range(left))
-    return "".join(words)
+    parts.extend(" " + _word(-1, i) for i in range(left))
+    return "".join(parts)
 
 
 # ---------------------------------------------------------------------- the servers (own processes)
