@@ -227,16 +227,6 @@ def serve_gateway(port: int, backends: list[str], host_tier_mib: int) -> None:
                 "red_line_hits": sessions.red_line_hits,
                 "prefix_routed": sessions.prefix_routed,
                 "reclaimed_prefixes": sessions.reclaimed,
-                "queued_now": len(c.queue),
-                "debug": {
-                    sid: [
-                        c.kv_load(sid),
-                        c.lane.usage(sid),
-                        sessions.usage(sid),
-                        c.kv.ledger.free(sid).vram_mib,
-                    ]
-                    for sid in c._kv_models
-                },
             }
         )
 
@@ -340,7 +330,7 @@ def run(
     instances: int = 4,
     time_scale: float = 10.0,
     arrival: str = "as-is",
-    host_tier_mib: int = 32768,
+    host_tier_mib: int = 65536,
     stream_interval: int = 16,
     routers: tuple[str, ...] = ROUTERS,
     peers_venv: Path = Path(".gpupool/peers-venv"),

@@ -224,7 +224,11 @@ def kv(  # noqa: PLR0917 (typer options)
     arrival: str = typer.Option(
         "as-is", "--arrival", help="as-is, burst:S (each S-second window at once) or stretch:F (F x slower)."
     ),
-    host_tier_mib: int = typer.Option(32768, "--host-tier-mib", help="Host-tier KV per instance (MiB)."),
+    host_tier_mib: int = typer.Option(
+        65536,
+        "--host-tier-mib",
+        help="Host-tier KV per instance (MiB); default: half of a 1 TiB node over 8 instances.",
+    ),
     stream_interval: int = typer.Option(
         16, "--stream-interval", help="Tokens per streamed chunk of the emulated engines (CPU of the replay)."
     ),

@@ -24,10 +24,11 @@ prefixes against the instance's KV budget like any lease, and they give way to r
 Routing (`route`, used by the proxy): among the instances the request would keep below their *red
 line* (MiB held by requests now + the request's MiB, i.e. prompt + growth to ``max_tokens``, at most
 the instance's KV capacity in the ledger, which the controller sets to ``kv_red_line_pct`` of the
-budget; retained prefixes do not count, they are reclaimed on admission), the one where its first
-token should come soonest: prompt tokens already waiting there for their first token + the tokens of
-this prompt the session's prefix there does not cover (the recompute). So a session returns to the
-instance holding its prefix unless the queue there costs more than recomputing elsewhere. `prefer`
+budget; retained prefixes do not count, they are reclaimed on admission), the cheapest: prompt tokens
+already waiting there for their first token + twice the tokens of this prompt the session's prefix
+there does not cover (the recompute delays this request and every later one there). So a session
+returns to the instance holding its prefix unless the queue there costs more than recomputing
+elsewhere. `prefer`
 is the simpler rule: the instance holding most of the prefix, below its red line.
 
 Invariants (`check`): a retained lease exists exactly for the idle residencies with GPU MiB > 0 and
@@ -55,6 +56,9 @@ MAX_SESSION_ID_CHARS = 256
 RETAINED_TENANT = "gpupool-sessions"
 RETAINED_PRIORITY = PRIORITY_MIN
 RETAIN_TTL_S = 3600.0
+RECOMPUTE_WEIGHT = 2
+"""`route` counts the tokens a request must recompute on an instance this many times: once for its
+own wait, once for the work they put ahead of every request that arrives there after it."""
 
 
 def session_of(headers: Mapping[str, str], body: Mapping[str, object]) -> str:
@@ -179,8 +183,8 @@ class SessionTable:
         """(the instance where ``session``'s turn should see its first token soonest, the prompt
         tokens it will compute there), or ("", prompt) when every instance is over its red line.
 
-        Estimated time to first token on an instance = prompt tokens waiting there for their first
-        token (`prefill_begin` / `prefill_done`) + this prompt's tokens not covered by the session's
+        Cost on an instance = prompt tokens waiting there for their first token (`prefill_begin` /
+        `prefill_done`) + `RECOMPUTE_WEIGHT` x this prompt's tokens not covered by the session's
         prefix there (GPU or host tier: a host-tier hit costs a PCIe copy, not a recompute). Only
         instances the request would keep below their red line (``load``: held MiB, capacity MiB)
         qualify; ties go to the one with the most room, then by name."""
@@ -201,7 +205,7 @@ class SessionTable:
             if r is not None and need_mib > 0:
                 cached = prompt_tokens * min(need_mib, r.gpu_mib + r.host_mib) // need_mib
             new = prompt_tokens - cached
-            key = (self._pending.get(inst, 0) + new, used - cap, inst)
+            key = (self._pending.get(inst, 0) + RECOMPUTE_WEIGHT * new, used - cap, inst)
             if best is None or key < best:
                 best, best_new, holds = key, new, r is not None and r.gpu_mib + r.host_mib > 0
         if best is None:
