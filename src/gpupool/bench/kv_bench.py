@@ -20,17 +20,22 @@ Method:
    ``x-gpupool-session``; the other routers ignore it.
 4. Instances: ``instances`` emulated backends (own processes), each ``MODEL`` on a ``SLICE``
    (roofline timing at the slice's share of the GPU, KV budget = slice memory - weights - overhead,
-   a host tier of ``host_tier_mib``, PCIe from the GPU's host link). Fresh instances for each router
+   a host tier of ``host_tier_mib``, PCIe from the GPU's host link; ``stream_interval`` tokens per
+   streamed chunk after the first, to spare the replay's CPU). Fresh instances for each router
    (empty caches). Routers: ``round-robin`` (the client cycles over the instances), ``vllm-router-
    cache-aware`` (PyPI ``vllm-router``, ``--policy cache_aware``, installed on demand into
    ``--peers-venv``), ``gpupool`` (the gateway app with the instances registered at their KV budget,
-   in its own process; sessions and the red line on).
+   the red line at 90 %, the engines' host tier mirrored, in its own process). The client sends
+   gpupool ``x-gpupool-queue-timeout: 3600``: a request that finds no room waits at the gateway (as
+   it waits in an engine's queue behind the other routers) instead of taking a 429, and that wait
+   is part of its TTFT.
 5. Figures per router from the instances' vLLM metrics, summed: ``prefix_hit_rate`` (GPU + host-tier
    hit tokens / queried prompt tokens), ``gpu_hit_rate``, ``host_hit_rate``, ``recomputed_prompt_
    tokens``, ``engine_preemptions``, ``host_tier_loaded_bytes`` / ``host_tier_stored_bytes``; from
-   the client: ``ttft_p50_ms`` / ``ttft_p99_ms`` (trace time; 200 answers only), ``ok``, ``non_200``;
-   gpupool adds ``red_line_hits`` and ``prefix_routed``. A router that cannot start is reported
-   ``"available": false`` with the reason; nothing is estimated.
+   the client: ``ttft_p50_ms`` / ``ttft_p99_ms`` (trace time; 200 answers only), ``served`` (200),
+   ``shed`` (429), ``failed`` (anything else); gpupool adds ``red_line_hits``, ``prefix_routed`` and
+   ``reclaimed_prefixes``. A router that cannot start is reported ``"available": false`` with the
+   reason; nothing is estimated.
 """
 
 from __future__ import annotations
