@@ -17,9 +17,9 @@ else P1; the tenant from the bearer token. vLLM's ``priority`` (lower = more urg
 embed, ``max_model_len``) come from `configure_model` or the hardware catalogue.
 
 Sessions: a request with a session id (``x-gpupool-session``, else ``user`` / ``prompt_cache_key``)
-and every request of a model with several backends goes to the backend where its first token should
-come soonest: prompt tokens already waiting there + what the session's prefix there does not cover,
-among the backends it keeps below their red line (`core.sessions.SessionTable.route`); when a turn
+and every request of a model with several backends goes to the cheapest backend among those it keeps
+below their red line: prompt tokens already waiting there for a first token + a weighted count of
+the tokens the session's prefix there does not cover (`core.sessions.SessionTable.route`); when a turn
 ends its backend keeps the prefix as a retained (preemptible) lease of that session.
 Queueing: a request that finds no room waits in the admission queue for its band's default time,
 or ``x-gpupool-queue-timeout`` seconds (``0``: never queue, 429 at once); past it, 429.
