@@ -20,17 +20,22 @@ Method:
    ``x-gpupool-session``; the other routers ignore it.
 4. Instances: ``instances`` emulated backends (own processes), each ``MODEL`` on a ``SLICE``
    (roofline timing at the slice's share of the GPU, KV budget = slice memory - weights - overhead,
-   a host tier of ``host_tier_mib``, PCIe from the GPU's host link). Fresh instances for each router
+   a host tier of ``host_tier_mib``, PCIe from the GPU's host link; ``stream_interval`` tokens per
+   streamed chunk after the first, to spare the replay's CPU). Fresh instances for each router
    (empty caches). Routers: ``round-robin`` (the client cycles over the instances), ``vllm-router-
    cache-aware`` (PyPI ``vllm-router``, ``--policy cache_aware``, installed on demand into
    ``--peers-venv``), ``gpupool`` (the gateway app with the instances registered at their KV budget,
-   in its own process; sessions and the red line on).
+   the red line at 90 %, the engines' host tier mirrored, in its own process). The client sends
+   gpupool ``x-gpupool-queue-timeout: 3600``: a request that finds no room waits at the gateway (as
+   it waits in an engine's queue behind the other routers) instead of taking a 429, and that wait
+   is part of its TTFT.
 5. Figures per router from the instances' vLLM metrics, summed: ``prefix_hit_rate`` (GPU + host-tier
    hit tokens / queried prompt tokens), ``gpu_hit_rate``, ``host_hit_rate``, ``recomputed_prompt_
    tokens``, ``engine_preemptions``, ``host_tier_loaded_bytes`` / ``host_tier_stored_bytes``; from
-   the client: ``ttft_p50_ms`` / ``ttft_p99_ms`` (trace time; 200 answers only), ``ok``, ``non_200``;
-   gpupool adds ``red_line_hits`` and ``prefix_routed``. A router that cannot start is reported
-   ``"available": false`` with the reason; nothing is estimated.
+   the client: ``ttft_p50_ms`` / ``ttft_p99_ms`` (trace time; 200 answers only), ``served`` (200),
+   ``shed`` (429), ``failed`` (anything else); gpupool adds ``red_line_hits``, ``prefix_routed`` and
+   ``reclaimed_prefixes``. A router that cannot start is reported ``"available": false`` with the
+   reason; nothing is estimated.
 """
 
 from __future__ import annotations
@@ -59,6 +64,9 @@ BLOCK_TOKENS = 512
 TOKEN = "bench-kv-token-0001"
 ROUTERS = ("round-robin", "vllm-router-cache-aware", "gpupool")
 MIN_SESSION_BLOCKS = 2
+GPUPOOL_HEADERS = {"x-gpupool-queue-timeout": "3600"}
+"""The client waits for room rather than take a 429 (as it waits in the engines' queues behind the
+other routers); queue time counts in its TTFT."""
 
 
 def _log(msg: str) -> None:
@@ -132,22 +140,35 @@ def _word(h: int, i: int) -> str:
     return "".join(chars)
 
 
+_BLOCKS: dict[int, str] = {}
+
+
+def _block(h: int) -> str:
+    """The text of hash id ``h``'s full 512-token block (cached: ids recur across a session)."""
+    text = _BLOCKS.get(h)
+    if text is None:
+        text = "".join(" " + _word(h, i) for i in range(BLOCK_TOKENS))
+        if len(_BLOCKS) < 200_000:
+            _BLOCKS[h] = text
+    return text
+
+
 def render(hash_ids: list[int], input_length: int) -> str:
     """Text of ``input_length`` emulated tokens (+ BOS) whose 512-token blocks follow ``hash_ids``."""
-    words: list[str] = []
+    parts: list[str] = []
     left = max(1, input_length)
     for h in hash_ids:
         n = min(BLOCK_TOKENS, left)
-        words.extend(" " + _word(h, i) for i in range(n))
+        parts.append(_block(h) if n == BLOCK_TOKENS else _block(h)[: 4 * n])  # 4 characters a token
         left -= n
         if left <= 0:
             break
-    words.extend(" " + _word(-1, i) for i in range(left))
-    return "".join(words)
+    parts.extend(" " + _word(-1, i) for i in range(left))
+    return "".join(parts)
 
 
 # ---------------------------------------------------------------------- the servers (own processes)
-def serve_backend(port: int, speed: float, host_tier_mib: int) -> None:
+def serve_backend(port: int, speed: float, host_tier_mib: int, stream_interval: int = 1) -> None:
     import uvicorn
 
     from gpupool.adapters.backends import EmulatedEngine, Roofline, gpu_peaks, pcie_bytes_s
@@ -171,12 +192,13 @@ def serve_backend(port: int, speed: float, host_tier_mib: int) -> None:
         speed=speed,
         host_tier_mib=host_tier_mib,
         pcie_bytes_s=pcie_bytes_s(GPU),
+        stream_interval=stream_interval,
     )
     app = create_backend_app(engine, model=MODEL, max_model_len=arch.max_positions)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def serve_gateway(port: int, backends: list[str]) -> None:
+def serve_gateway(port: int, backends: list[str], host_tier_mib: int) -> None:
     import uvicorn
     from fastapi.responses import JSONResponse
 
@@ -186,20 +208,31 @@ def serve_gateway(port: int, backends: list[str]) -> None:
     from gpupool.cli.demo import seed_example_pool
     from gpupool.cli.serve import KvSizer
     from gpupool.core.clock import FunctionClock
-    from gpupool.core.controller import LeaseController
+    from gpupool.core.controller import KV_PREFIX, ControllerConfig, LeaseController
     from gpupool.core.ports import Backend
+    from gpupool.core.sessions import DEFAULT_RED_LINE_PCT
 
     sizer = KvSizer()
     budget = sizer.kv_budget_mib(MODEL, SLICE_VRAM_MIB)
-    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=MemoryLeaseStore())
+    c = LeaseController(
+        seed_example_pool(),
+        clock=FunctionClock(time.time),
+        store=MemoryLeaseStore(),
+        config=ControllerConfig(kv_red_line_pct=DEFAULT_RED_LINE_PCT),
+    )
     for i, url in enumerate(backends):
         c.register_backend(Backend(f"i{i}", MODEL, url, node="gpu-c", gpu_id="gpu-c/0", kv_budget_mib=budget))
+        c.sessions.set_host_tier(f"{KV_PREFIX}i{i}", host_tier_mib)  # the engines' host tier
     app = create_app(c, tokens=TokenTable([(TOKEN, "bench", "tenant")]), sizer=sizer)
     sessions = app.state.sessions
 
     async def stats() -> JSONResponse:
         return JSONResponse(
-            {"red_line_hits": sessions.red_line_hits, "prefix_routed": sessions.prefix_routed}
+            {
+                "red_line_hits": sessions.red_line_hits,
+                "prefix_routed": sessions.prefix_routed,
+                "reclaimed_prefixes": sessions.reclaimed,
+            }
         )
 
     app.add_api_route("/bench/sessions", stats, methods=["GET"])
@@ -237,7 +270,7 @@ async def _replay(
             "max_tokens": max(1, r["output_length"]),
             "stream": True,
         }
-        h = {**headers, "x-gpupool-session": sessions[i]} if session_header else headers
+        h = {**headers, "x-gpupool-session": sessions[i], **GPUPOOL_HEADERS} if session_header else headers
         start = time.monotonic()
         first: float | None = None
         status = 0
@@ -302,7 +335,8 @@ def run(
     instances: int = 4,
     time_scale: float = 10.0,
     arrival: str = "as-is",
-    host_tier_mib: int = 32768,
+    host_tier_mib: int = 65536,
+    stream_interval: int = 16,
     routers: tuple[str, ...] = ROUTERS,
     peers_venv: Path = Path(".gpupool/peers-venv"),
     install_peers: bool = True,
@@ -345,6 +379,8 @@ def run(
                                 str(time_scale),
                                 "--host-tier-mib",
                                 str(host_tier_mib),
+                                "--stream-interval",
+                                str(stream_interval),
                             ],
                             log,
                         )
@@ -370,7 +406,8 @@ def run(
                     wait_http(gw + "/health", procs[-1], timeout_s=start_timeout_s, what=router)
                 elif router == "gpupool":
                     port = free_port()
-                    procs.append(_spawn(["gateway", "--port", str(port), *urls], log))
+                    gw_args = ["gateway", "--port", str(port), "--host-tier-mib", str(host_tier_mib), *urls]
+                    procs.append(_spawn(gw_args, log))
                     gw = f"http://127.0.0.1:{port}"
                     wait_http(gw + "/healthz", procs[-1], timeout_s=start_timeout_s, what=router)
                     headers = {**headers, "authorization": f"Bearer {TOKEN}"}
@@ -401,8 +438,9 @@ def run(
                     "engine_preemptions": int(m["preemptions"]),
                     "host_tier_loaded_bytes": int(m["host_loaded"]),
                     "host_tier_stored_bytes": int(m["host_stored"]),
-                    "ok": statuses.get("200", 0),
-                    "non_200": sum(v for k, v in statuses.items() if k != "200"),
+                    "served": statuses.get("200", 0),
+                    "shed": statuses.get("429", 0),
+                    "failed": sum(v for k, v in statuses.items() if k not in {"200", "429"}),
                     "wall_s": round(time.monotonic() - t, 1),
                 }
                 if router == "gpupool":
@@ -444,15 +482,17 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--port", type=int, required=True)
     b.add_argument("--speed", type=float, required=True)
     b.add_argument("--host-tier-mib", type=int, required=True)
+    b.add_argument("--stream-interval", type=int, default=1)
     g = sub.add_parser("gateway")
     g.add_argument("--port", type=int, required=True)
+    g.add_argument("--host-tier-mib", type=int, required=True)
     g.add_argument("backends", nargs="+")
     a = p.parse_args(argv)
     exit_on_sigterm()
     if a.cmd == "backend":
-        serve_backend(a.port, a.speed, a.host_tier_mib)
+        serve_backend(a.port, a.speed, a.host_tier_mib, a.stream_interval)
     else:
-        serve_gateway(a.port, a.backends)
+        serve_gateway(a.port, a.backends, a.host_tier_mib)
 
 
 if __name__ == "__main__":

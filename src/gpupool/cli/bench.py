@@ -252,7 +252,14 @@ def kv(  # noqa: PLR0917 (typer options)
     arrival: str = typer.Option(
         "as-is", "--arrival", help="as-is, burst:S (each S-second window at once) or stretch:F (F x slower)."
     ),
-    host_tier_mib: int = typer.Option(32768, "--host-tier-mib", help="Host-tier KV per instance (MiB)."),
+    host_tier_mib: int = typer.Option(
+        65536,
+        "--host-tier-mib",
+        help="Host-tier KV per instance (MiB); default: half of a 1 TiB node over 8 instances.",
+    ),
+    stream_interval: int = typer.Option(
+        16, "--stream-interval", help="Tokens per streamed chunk of the emulated engines (CPU of the replay)."
+    ),
     routers: str = typer.Option(
         "round-robin,vllm-router-cache-aware,gpupool", help="Comma-separated subset of the routers."
     ),
@@ -276,6 +283,8 @@ def kv(  # noqa: PLR0917 (typer options)
             raise InvalidInput(name, value, "must be >= 0")
     if instances < 1:
         raise InvalidInput("--instances", instances, "must be >= 1")
+    if stream_interval < 1:
+        raise InvalidInput("--stream-interval", stream_interval, "must be >= 1")
     if not time_scale > 0:
         raise InvalidInput("--time-scale", time_scale, "must be > 0")
     if arrival != "as-is":
@@ -294,6 +303,7 @@ def kv(  # noqa: PLR0917 (typer options)
             time_scale=time_scale,
             arrival=arrival,
             host_tier_mib=host_tier_mib,
+            stream_interval=stream_interval,
             routers=names,
             peers_venv=peers_venv,
             install_peers=install_peers,
@@ -309,7 +319,8 @@ def kv(  # noqa: PLR0917 (typer options)
             continue
         typer.echo(
             f"{name:<24} hit {r['prefix_hit_rate']:.3f}  recomputed {r['recomputed_prompt_tokens']}  "
-            f"TTFT p50 {r['ttft_p50_ms']} ms p99 {r['ttft_p99_ms']} ms  preemptions {r['engine_preemptions']}"
+            f"TTFT p50 {r['ttft_p50_ms']} ms p99 {r['ttft_p99_ms']} ms  "
+            f"preemptions {r['engine_preemptions']}  served {r['served']} shed {r['shed']}"
         )
 
 

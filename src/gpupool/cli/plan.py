@@ -2,7 +2,9 @@
 
 Formats: ``table`` (rich tables: per-GPU layout with reasons, placements, unplaced), ``json`` (the
 ``plan_to_dict`` object), ``mig-parted`` (a mig-parted v1 YAML document, one config per node) and ``mps``
-(control-daemon commands and client environments per MPS GPU). Bad input exits 2 with one line.
+(control-daemon commands and client environments per MPS GPU) and ``vllm`` (the ``vllm serve`` arguments of
+each placed model instance: memory share, context, prefix caching, and with ``--host-ram-gib`` the KV
+host tier, `gpupool.hardware.vllmargs`). Bad input exits 2 with one line.
 ``--actuator`` shows (and with ``--apply`` makes) the MIG changes on the nodes (`gpupool.cli.planapply`).
 """
 
@@ -24,6 +26,8 @@ from gpupool.hardware.migparted import to_mig_parted
 from gpupool.hardware.mps import mps_commands
 from gpupool.hardware.planner import plan as make_plan
 from gpupool.hardware.plantypes import Plan, plan_to_dict
+from gpupool.hardware.spec import WorkloadSet
+from gpupool.hardware.vllmargs import OFFLOAD_BACKENDS, host_tier_gib, vllm_args
 
 
 class PlanFormat(StrEnum):
@@ -31,6 +35,7 @@ class PlanFormat(StrEnum):
     JSON = "json"
     MIG_PARTED = "mig-parted"
     MPS = "mps"
+    VLLM = "vllm"
 
 
 def render_table(p: Plan, console: Console) -> None:
@@ -68,6 +73,38 @@ def render_table(p: Plan, console: Console) -> None:
     )
 
 
+def vllm_lines(p: Plan, wset: WorkloadSet, host_ram_gib: int, host_tier_pct: int, offload: str) -> list[str]:
+    """One ``# node gpu slice`` comment + ``vllm serve`` line per placed model instance."""
+    import shlex
+
+    def decoder(name: str) -> bool:
+        arch = wset.by_name(name).arch
+        return arch is None or arch.is_decoder
+
+    per_node: dict[str, int] = {}  # decoder instances per node share its host tier
+    for pl in p.placements:
+        if wset.by_name(pl.workload).model and decoder(pl.workload):
+            per_node[pl.node] = per_node.get(pl.node, 0) + 1
+    out: list[str] = []
+    for pl in p.placements:
+        w = wset.by_name(pl.workload)
+        if not w.model:
+            continue
+        args = vllm_args(
+            model=w.model,
+            kind=pl.kind,
+            slice_vram_mib=pl.vram_mib,
+            gpu_memory_mib=p.gpu(pl.gpu_id).model.memory_mib,
+            max_context=w.max_context,
+            decoder=decoder(pl.workload),
+            offload_backend=offload,
+            offload_gib=host_tier_gib(host_ram_gib, per_node.get(pl.node, 1), host_tier_pct),
+        )
+        out.append(f"# {pl.workload}#{pl.replica} on {pl.gpu_id} {pl.slice} ({pl.vram_mib} MiB)")
+        out.append(shlex.join(args))
+    return out or ["# no model instances in this plan"]
+
+
 @user_errors
 def plan(  # noqa: PLR0917 (typer options)
     cluster: Path = typer.Option(..., "--cluster", "-c", help="Cluster spec YAML (nodes and their GPUs)."),
@@ -90,6 +127,13 @@ def plan(  # noqa: PLR0917 (typer options)
     kube_api: str = typer.Option(
         "", "--kube-api", help="API server URL for mig-manager (default: in-cluster)."
     ),
+    host_ram_gib: int = typer.Option(
+        0, "--host-ram-gib", help="Host RAM per node (GiB), for the vllm format's KV host tier (0: none)."
+    ),
+    host_tier_pct: int = typer.Option(
+        50, "--host-tier-pct", help="Share of that RAM for KV host tiers, split over the node's instances."
+    ),
+    kv_offload: str = typer.Option("native", "--kv-offload", help="vllm format: native | lmcache."),
     mig_namespace: str = typer.Option("gpu-operator", "--mig-namespace", help="GPU Operator namespace."),
     mig_config_map: str = typer.Option(
         "custom-mig-config",
@@ -102,6 +146,12 @@ def plan(  # noqa: PLR0917 (typer options)
     Example: gpupool plan --cluster examples/cluster-a100-l40s.yaml
     --workloads examples/workloads-agent-platform.yaml --format mig-parted
     """
+    if host_ram_gib < 0:
+        raise UserError(f"--host-ram-gib: {host_ram_gib} must be >= 0")
+    if not 0 <= host_tier_pct <= 100:
+        raise UserError(f"--host-tier-pct: {host_tier_pct} must be in [0, 100]")
+    if kv_offload not in OFFLOAD_BACKENDS:
+        raise UserError(f"--kv-offload: {kv_offload!r} must be native or lmcache")
     cluster_spec, workload_set = load_specs(cluster, workloads)
     p = make_plan(cluster_spec, workload_set)
     if apply and actuator is None:
@@ -122,6 +172,8 @@ def plan(  # noqa: PLR0917 (typer options)
         typer.echo(json.dumps(plan_to_dict(p), indent=2))
     elif fmt is PlanFormat.MIG_PARTED:
         typer.echo(yaml.safe_dump(to_mig_parted(p), sort_keys=False, default_flow_style=False).rstrip())
+    elif fmt is PlanFormat.VLLM:
+        typer.echo("\n".join(vllm_lines(p, workload_set, host_ram_gib, host_tier_pct, kv_offload)))
     elif fmt is PlanFormat.MPS:
         typer.echo("\n".join(mps_commands(p)).rstrip() or "# no MPS GPUs in this plan")
     else:

@@ -35,10 +35,11 @@ from gpupool.cli.errors import UserError, check_port, check_range, user_errors
 from gpupool.cli.stopping import catch_early_stop, stop_requested
 from gpupool.cli.store_options import store_settings
 from gpupool.core.clock import FunctionClock
-from gpupool.core.controller import LeaseController
+from gpupool.core.controller import ControllerConfig, LeaseController
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Request
 from gpupool.core.ports import Backend, GatewayEvent
+from gpupool.core.sessions import DEFAULT_RED_LINE_PCT
 from gpupool.core.watermarks import Reading
 from gpupool.hardware.slices import Slice
 from gpupool.hardware.units import Resources
@@ -177,7 +178,12 @@ def build(
         raise
     except (OSError, sqlite3.Error, GpupoolError) as exc:
         raise UserError(f"cannot open the lease store {url}: {exc}") from None
-    controller = LeaseController(slices, clock=FunctionClock(time.time), store=store)
+    controller = LeaseController(
+        slices,
+        clock=FunctionClock(time.time),
+        store=store,
+        config=ControllerConfig(kv_red_line_pct=DEFAULT_RED_LINE_PCT),
+    )
     saved = store.get_meta("watermarks")
     if saved:
         import json

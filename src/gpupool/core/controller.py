@@ -71,6 +71,7 @@ from gpupool.core.ports import (
     Write,
 )
 from gpupool.core.priority import P0, band
+from gpupool.core.sessions import SessionTable
 from gpupool.core.tickets import MissMemo, TicketStatus, from_record, to_record
 from gpupool.core.watermarks import Reading, WatermarkBank, WatermarkConfig
 from gpupool.hardware.slices import Slice
@@ -92,6 +93,11 @@ class ControllerConfig:
     """P2 work that finds no room waits in the queue (False: it is shed at once with 429)."""
     retry_after_s: float = 1.0
     ended_retention_s: float = 3600.0
+    kv_red_line_pct: int = 100
+    """A model instance's KV slice in the ledger holds this share of its KV budget: requests are
+    admitted while their predicted use (held + prompt + growth to ``max_tokens``) stays at or below
+    it; the rest is the engine's margin for estimate error, so it never preempts silently. The
+    gateway (`gpupool serve` / `run`) runs at `DEFAULT_RED_LINE_PCT` (90); 100 is no margin."""
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     watermarks: WatermarkConfig = field(default_factory=WatermarkConfig)
 
@@ -131,6 +137,8 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
         self.kv = Allocator((), clock=clock, lease_ids=lease_ids, on_event=self._on_kv, ended_capacity=4096)
         self.lane = KvLane(self.kv, now=clock.now, lease_ids=lease_ids)
         """Request leases granted inside shares of the KV budgets (`gpupool.core.kvlane`)."""
+        self.sessions = SessionTable(self.kv, now=clock.now)
+        """Sessions' retained prefixes: preemptible leases on the KV budgets (`gpupool.core.sessions`)."""
         self.queue = AdmissionQueue(self.config.admission)
         self.bank = WatermarkBank(self.config.watermarks)
         self.backends: dict[str, Backend] = {}
@@ -163,6 +171,12 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
         """Consulted first by `acquire` (the tidal plane: demand metering, DAY reservation)."""
         self.views: dict[str, Callable[[], object]] = {}
         """Extra sections of ``GET /v1/pool`` (name -> JSON-ready value), e.g. ``tidal``."""
+        self._begun = ""
+        """The KV slice the last `acquire` pinned its session on (`KvBackends.session_begin`)."""
+        if not 1 <= self.config.kv_red_line_pct <= 100 or type(self.config.kv_red_line_pct) is not int:
+            raise InvalidInput(
+                "kv_red_line_pct", self.config.kv_red_line_pct, "must be an integer in [1, 100]"
+            )
 
     # ================================================================== leases
     def acquire(
@@ -173,11 +187,16 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
         gpu_id: str = "",
         prefer: str = "",
         queue: bool = True,
+        session: str = "",
     ) -> Outcome:
         """Admit ``request`` now, queue it, or say why not (see the module docstring). ``prefer``: a
         KV slice for a model request, taken when it has room (`KvLane.grant`). ``queue=False``: P2
-        work that finds no room is SHED instead of queued (the batch queue waits on its own)."""
+        work that finds no room is SHED instead of queued (the batch queue waits on its own).
+        Taking ``prefer`` may reclaim other sessions' retained prefixes there first
+        (`KvBackends._lane_grant`); ``session``: the request's session, whose own retained prefix
+        is never reclaimed for it."""
         validate_request(request)
+        self._begun = ""
         if gpu_id and gpu_id not in self._gpus:
             raise InvalidInput("gpu_id", gpu_id, "no such GPU in the pool")
         if gpu_id and request.gpu_count > 1:
@@ -190,14 +209,22 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
                 self._count(request, self._shed(why))
                 if why
                 else self._admit(
-                    request, wait_s=wait_s, gpu_id="" if kv else gpu_id, kv=kv, prefer=prefer, queue=queue
+                    request,
+                    wait_s=wait_s,
+                    gpu_id="" if kv else gpu_id,
+                    kv=kv,
+                    prefer=prefer,
+                    queue=queue,
+                    session=session if kv else "",
                 )
             )
             hook.after_admit(request, out)
             return self._finish(out)
         if kv:
             return self._finish(
-                self._admit(request, wait_s=wait_s, gpu_id="", kv=True, prefer=prefer, queue=queue)
+                self._admit(
+                    request, wait_s=wait_s, gpu_id="", kv=True, prefer=prefer, queue=queue, session=session
+                )
             )
         return self._finish(self._admit(request, wait_s=wait_s, gpu_id=gpu_id, kv=False, queue=queue))
 
@@ -372,6 +399,7 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
         self.allocator.check_invariants()
         self.kv.check_invariants()
         self.lane.check()
+        self.sessions.check()
 
     # ================================================================== internals
     def _admit(
@@ -383,6 +411,7 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
         kv: bool,
         prefer: str = "",
         queue: bool = True,
+        session: str = "",
     ) -> Outcome:
         cfg = self.config.admission
         if wait_s is not None and not 0 < wait_s <= cfg.max_wait_s:
@@ -392,12 +421,14 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
             self._lane_expire()
         if kv and KvLane.eligible(request):
             held = self.queue.avoid(request.priority) if len(self.queue) else NOTHING
-            lease = self.lane.grant(request, held, prefer)
+            lease = self._lane_grant(request, held, prefer, session)
             if lease is not None:
                 self.queue.record_grant(request.priority)
                 return self._count(request, Outcome(OutcomeCode.GRANTED, lease=lease))
         if kv:
             self.lane.yield_all()  # the allocator's path must see the true free room
+            if not KvLane.eligible(request):
+                self._reclaim_for(request, self.queue.avoid(request.priority) if len(self.queue) else NOTHING)
         if kv and not len(self.queue):
             # Request leases with nothing queued: try the placement first; a grant proves a slice in
             # scope could hold the request, which is all `unresolvable` would establish (same outcome,
@@ -491,6 +522,8 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
         self._granting = item
         why = None
         try:
+            if item.kv:
+                self._reclaim_for(item.request, avoid)
             out = self._place(item.request, item.gpu_id, kv=item.kv, avoid=avoid)
             if not out.granted:
                 why = placement.unresolvable(alloc, item.request, gpu_id=item.gpu_id, kv_models=kv_models)

@@ -7,21 +7,34 @@ controller's ``__init__`` creates every attribute declared below). Invariants ar
 the lane's: a backend's budget is one KV slice ``kv/<backend id>`` in the KV allocator; the lane's
 shares never show as request leases; a lane lease that ends frees its room for the queue first
 (``give_back`` when anything is queued), and every end counts in ``_ends`` so pump passes rerun.
+
+Sessions' retained prefixes (`gpupool.core.sessions`) are preemptible leases on the same KV slices;
+they are not request leases (not listed or counted as such). A KV slice's capacity is the backend's
+budget x ``kv_red_line_pct`` (the red line). Admission of a request lease that finds no room: first
+the retained prefixes of other sessions on the preferred slice are reclaimed (LRU, through the
+preemption planner), then the most free slice is taken, then retained prefixes are reclaimed on the
+slice with the most room, and only then does the request queue (`_lane_grant`, `_reclaim_for`; queued
+ones reclaim the same way when pumped).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from gpupool.core.admission import AdmissionQueue
+from gpupool.core.admission import AdmissionQueue, Ticketed
 from gpupool.core.allocator import Allocator, LeaseEvent
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.kvlane import KvLane
-from gpupool.core.model import Lease, LeaseState
+from gpupool.core.model import Lease, LeaseState, Request
 from gpupool.core.outcome import Outcome, OutcomeCode
-from gpupool.core.ports import Backend
+from gpupool.core.ports import Backend, GatewayEvent
 from gpupool.hardware.slices import Slice, SliceKind
 from gpupool.hardware.units import Resources
+
+if TYPE_CHECKING:
+    from gpupool.core.controller import ControllerConfig
+    from gpupool.core.sessions import SessionTable
 
 KV_PREFIX = "kv/"
 REPLICA_SHARE_TENANT = "gpupool-kv-replica"
@@ -31,6 +44,11 @@ REPLICA_SHARE_TENANT = "gpupool-kv-replica"
 class KvBackends:
     kv: Allocator
     lane: KvLane
+    sessions: SessionTable
+    config: ControllerConfig
+    _begun: str
+    _granting: Ticketed | None
+    _events: list[GatewayEvent]
     queue: AdmissionQueue
     backends: dict[str, Backend]
     _models: dict[str, list[Backend]]
@@ -46,19 +64,20 @@ class KvBackends:
             raise InvalidInput("backend.id", b.id, "already registered")
         if b.kv_budget_mib < 1:
             raise InvalidInput("backend.kv_budget_mib", b.kv_budget_mib, "must be >= 1")
+        cap = max(1, b.kv_budget_mib * self.config.kv_red_line_pct // 100)
         self.kv.add_slice(
             Slice(
                 id=KV_PREFIX + b.id,
                 node=b.node,
                 gpu_id=b.gpu_id,
                 kind=SliceKind.MPS,
-                capacity=Resources(b.kv_budget_mib, 1000),
+                capacity=Resources(cap, 1000),
                 profile=f"kv:{b.model}",
             )
         )
         self.backends[b.id] = b
         self._kv_models[KV_PREFIX + b.id] = b.model
-        self.lane.add_slice(KV_PREFIX + b.id, model=b.model, budget_mib=b.kv_budget_mib)
+        self.lane.add_slice(KV_PREFIX + b.id, model=b.model, budget_mib=cap)
         self._freed = True
         self._models = {}
         for x in sorted(self.backends.values(), key=lambda x: x.id):
@@ -76,19 +95,117 @@ class KvBackends:
         (the lane's, and those delegated to proxy replicas: `gpupool.core.kvshares`)."""
         yield from self.lane.active()
         for x in self.kv.leases:
-            if not self.lane.is_share(x.id) and x.request.tenant != REPLICA_SHARE_TENANT:
+            if (
+                not self.lane.is_share(x.id)
+                and not self.sessions.owns(x.id)
+                and x.request.tenant != REPLICA_SHARE_TENANT
+            ):
                 yield x
 
     def request_lease_count(self) -> int:
         replica_shares = sum(1 for x in self.kv.leases if x.request.tenant == REPLICA_SHARE_TENANT)
-        return len(self.lane) + len(self.kv.leases) - self.lane.shares() - replica_shares
+        return (
+            len(self.lane)
+            + len(self.kv.leases)
+            - self.lane.shares()
+            - self.sessions.leases()
+            - replica_shares
+        )
+
+    # ------------------------------------------------------------------ sessions and the red line
+    def kv_load(self, slice_id: str) -> tuple[int, int]:
+        """(MiB held by request leases, capacity MiB = the red line) of one KV slice; retained
+        prefixes are not counted (they are reclaimed for requests). (0, 0) if unknown."""
+        if slice_id not in self._kv_models:
+            return (0, 0)
+        st = self.kv.ledger.state(slice_id)
+        share, used, _ = self.lane.usage(slice_id)
+        cap = st.slice.capacity.vram_mib
+        retained = self.sessions.usage(slice_id)[0]
+        return (cap - st.free.vram_mib - share + used - retained, cap)
+
+    def _room(self, slice_id: str) -> tuple[int, int]:
+        """(MiB a lane grant could take now, unused MiB of the slice's lane share)."""
+        share, used, _ = self.lane.usage(slice_id)
+        return share - used + self.kv.ledger.free(slice_id).vram_mib, share - used
+
+    def _lane_grant(self, request: Request, held: frozenset[str], prefer: str, session: str) -> Lease | None:
+        """A lane lease: on ``prefer`` after reclaiming other sessions' prefixes there if that makes
+        room (the session's own prefix there is taken back by its turn), else on the most free
+        slice, else on a slice where reclaiming makes room."""
+        need = request.demand.vram_mib
+        if prefer and prefer not in held and self.kv.ledger.is_healthy(prefer):
+            room, spare = self._room(prefer)
+            if room < need:
+                own = self.sessions.residency(session, prefer) if session else None
+                mine = own.gpu_mib if own is not None and own.lease_id else 0
+                if room + mine + self.sessions.reclaimable_mib(prefer, keep=session) >= need:
+                    self.sessions.begin(session, prefer)
+                    self._begun = prefer
+                    self.sessions.reclaim(prefer, need - spare, keep=session)
+        lease = self.lane.grant(request, held, prefer)
+        if self._begun and (lease is None or lease.grants[0].slice_id != prefer):
+            self._begun = ""  # cannot happen (the room was counted first); undo the pin all the same
+            r = self.sessions.residency(session, prefer)
+            self.sessions.end(session, prefer, r.gpu_mib if r is not None else 0)
+        if lease is None and self._reclaim_for(request, held, session):
+            lease = self.lane.grant(request, held)
+        return lease
+
+    def _reclaim_for(self, request: Request, avoid: frozenset[str], session: str = "") -> bool:
+        """Make room for ``request`` on one of its model's KV slices outside ``avoid`` by reclaiming
+        retained prefixes (the slice with the most room already, fewest reclaims); True when a
+        slice has room (now or after), False (nothing ended) when none could."""
+        need = request.demand.vram_mib
+        best: tuple[int, str] | None = None
+        for sid, model in self._kv_models.items():
+            if model != request.model or sid in avoid or not self.kv.ledger.is_healthy(sid):
+                continue
+            room, _ = self._room(sid)
+            if room >= need:
+                return True
+            if room + self.sessions.reclaimable_mib(sid, keep=session) >= need and (
+                best is None or (room, sid) > best
+            ):
+                best = (room, sid)
+        if best is None:
+            return False
+        return self.sessions.reclaim(best[1], need - self._room(best[1])[1], keep=session)
+
+    def session_begin(self, session: str, lease: Lease) -> None:
+        """``session``'s turn holds ``lease`` (a request lease on a KV slice): pin the session there,
+        unless the admission that granted it already did (it reclaimed on that slice)."""
+        sid = lease.grants[0].slice_id if lease.grants else ""
+        begun, self._begun = self._begun, ""
+        if session and sid and sid != begun:
+            self.sessions.begin(session, sid)
+
+    def session_end(self, session: str, slice_id: str, prefix_mib: int) -> None:
+        """``session``'s turn on ``slice_id`` ended (its request lease released first): the slice now
+        retains ``prefix_mib`` of its prefix, as a preemptible lease (`SessionTable.end`)."""
+        self.sessions.end(session, slice_id, prefix_mib, make_room=self.lane.yield_all)
 
     def _on_kv(self, ev: LeaseEvent) -> None:
+        item = self._granting
+        if ev.kind == "granted" and item is not None and item.kv and ev.lease.request.id == item.request.id:
+            # request leases have no events of their own, but a queued request's waiter needs its grant
+            self._events.append(
+                GatewayEvent(
+                    kind="granted",
+                    at=ev.at,
+                    lease=ev.lease,
+                    ticket=item.ticket,
+                    tenant=ev.lease.request.tenant,
+                    wait_s=ev.at - item.enqueued_at,
+                )
+            )
         if ev.lease.state.ended:
             self._freed = True
             if self.lane.is_share(ev.lease.id):
                 self.lane.on_share_ended(ev.lease.id, ev.lease.reason)
             else:
+                if self.sessions.owns(ev.lease.id):
+                    self.sessions.on_ended(ev.lease)
                 self._ends += 1
 
     def _lane_expire(self) -> None:

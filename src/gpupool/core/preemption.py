@@ -3,7 +3,9 @@ slice (or, for N-GPU requests, on N whole cards of ONE node). Pure: it reads sta
 
 Victim rules:
 - only leases whose request is preemptible AND whose priority is strictly lower than the request's;
-- victim order (total): 1. lowest priority first; 2. youngest first (latest ``granted_at``);
+- victim order (total): 1. lowest priority first; 2. youngest first (latest ``granted_at``), except
+  retained session prefixes (first label `RETAINED_LABEL`, `gpupool.core.sessions`): least recently
+  used first (earliest ``granted_at``: such a lease is granted when its session's turn ends);
   3. lease id ascending;
 - take victims in that order until the request fits, then drop any earlier-chosen victim that is not
   needed after all (latest-chosen first), so no lease is evicted for nothing.
@@ -35,8 +37,14 @@ class PreemptionPlan:
         return (len(self.victims), top, vram, self.slice_ids)
 
 
+RETAINED_LABEL = "gpupool.io/retained-session"
+"""First label of a retained session prefix (a preemptible KV lease; `gpupool.core.sessions`)."""
+
+
 def victim_order(lease: Lease) -> tuple[int, float, str]:
-    return (lease.priority, -lease.granted_at, lease.id)
+    labels = lease.request.labels
+    lru = bool(labels) and labels[0][0] == RETAINED_LABEL
+    return (lease.priority, lease.granted_at if lru else -lease.granted_at, lease.id)
 
 
 def can_preempt(victim: Lease, request: Request) -> bool:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpupool.core.clock import Clock
@@ -47,6 +47,33 @@ class ReplicaConfig:
     max_wait_s: float = 2.0
     """Longest wait for room in a share before a request is shed (429)."""
 
+    @property
+    def admission(self) -> ReplicaConfig:
+        """The proxy reads ``config.admission.max_wait_s`` of either core (a controller's or this)."""
+        return self
+
+
+class NoSessions:
+    """A replica keeps no session residency: prefix-aware routing among instances and retained
+    prefixes live in the leader's ledger (`core.sessions`). A replica takes the instance with the most
+    room in its shares; a load balancer in front of replicas should keep a session on one replica."""
+
+    def route(
+        self,
+        session: str,
+        need_mib: int,
+        prompt_tokens: int,
+        instances: Iterable[str],
+        load: Callable[[str], tuple[int, int]],
+    ) -> tuple[str, int]:
+        return "", prompt_tokens
+
+    def prefill_begin(self, instance: str, tokens: int) -> None:
+        return None
+
+    def prefill_done(self, instance: str, tokens: int) -> None:
+        return None
+
 
 class ProxyReplica:
     def __init__(
@@ -62,6 +89,7 @@ class ProxyReplica:
         self.config = config or ReplicaConfig()
         self.sink = sink
         self.lane = ReplicaShares(now=clock.now, lease_ids=lease_ids)
+        self.sessions = NoSessions()
         self._ticket_ids = ticket_ids
         self._models: dict[str, list[Backend]] = {}
         self._waiting: dict[str, tuple[int, int, TicketStatus, str]] = {}
@@ -109,9 +137,26 @@ class ProxyReplica:
         sid = lease.grants[0].slice_id if lease.grants else ""
         return self.lane.backends().get(sid[len(KV_PREFIX) :]) if sid.startswith(KV_PREFIX) else None
 
+    def kv_load(self, slice_id: str) -> tuple[int, int]:
+        """(MiB in use, MiB of this replica's share) of one KV slice."""
+        return self.lane.load(slice_id)
+
+    def session_begin(self, session: str, lease: Lease) -> None:
+        return None  # (`NoSessions`)
+
+    def session_end(self, session: str, slice_id: str, prefix_mib: int) -> None:
+        return None  # (`NoSessions`)
+
     def acquire(
-        self, request: Request, *, wait_s: float | None = None, gpu_id: str = "", prefer: str = ""
+        self,
+        request: Request,
+        *,
+        wait_s: float | None = None,
+        gpu_id: str = "",
+        prefer: str = "",
+        session: str = "",
     ) -> Outcome:
+        """``session`` is accepted and not tracked here (`NoSessions`)."""
         validate_request(request)
         self.lane.expire_due()
         backends = self._models.get(request.model)

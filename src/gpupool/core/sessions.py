@@ -1,39 +1,66 @@
-"""`SessionTable`: where each session's prefix KV lives, per model instance, for prefix-aware routing.
+"""`SessionTable`: where each session's prefix KV lives, per model instance, as leases in the KV ledger.
 
 Role: the gateway's view of the engines' prefix caches. A *session* (an agent conversation: the
 ``x-gpupool-session`` header, else OpenAI's ``user`` / ``prompt_cache_key``) sends turns that share a
 growing prefix; the instance that served its last turn still holds that prefix's KV (on the GPU, or on
 its host tier after the engine evicted it), so sending the next turn there saves the recompute.
 
-Per instance (a KV slice id) the table keeps, for every session it served, a `Residency`: MiB of the
-prefix on the GPU and on the host tier, last use, and whether a turn is running (*pinned*). Idle
-residencies form an LRU per instance. When the residencies on an instance outgrow its GPU budget the
-least recently used idle ones move to the host tier (``host_mib`` per instance; beyond it they are
-dropped): the same LRU the engine applies to its idle cached blocks, so `reclaim_order` is the victim
-order and what routing can still expect to hit.
+Per instance (a KV slice id of the controller's KV allocator) the table keeps, for every session it
+served, a `Residency`: MiB of the prefix on the GPU and on the host tier, last use, and how many of
+its turns run there now (*pinned*). What an idle session keeps on the GPU is a *retained lease* in the
+same KV allocator as the request leases: tenant `RETAINED_TENANT`, priority `RETAINED_PRIORITY` (below
+every request), preemptible, labelled `RETAINED_LABEL` = the session. So the ledger counts retained
+prefixes against the instance's KV budget like any lease, and they give way to requests:
 
-Routing (`prefer`): the instance holding most of the session's prefix (GPU MiB, then host-tier MiB),
-unless admitting the request there would cross its *red line*: predicted KV use after the request
-(MiB in use now + the request's MiB, which covers its prompt and growth to ``max_tokens``) over
-``red_line_pct`` % of the instance's budget (default 90). Then "" (no preference): the caller's own
-choice (most free) decides, and the recompute is paid there.
+- a turn that starts (`begin`) takes its own retained lease back (its request lease covers its whole
+  prompt, prefix included);
+- a turn that ends (`end`) leaves a retained lease of its prefix; when the ledger has no room for it,
+  older retained leases on that instance are reclaimed first (the engine keeps the newest idle blocks);
+- a request that needs room (`reclaim`) ends retained leases of *other* sessions on one instance,
+  chosen by the preemption planner (`core.preemption.plan_slice`) in its victim order, which for
+  retained leases is least recently used first; the victims end PREEMPTED and their residency moves
+  to the host tier (the engine moves the blocks there, LRU beyond ``host_mib`` per instance: dropped).
 
-Invariants: per instance, GPU residency (pinned included) <= budget or only pinned residencies remain;
-host residency <= ``host_mib``; every lookup is O(1) in the number of sessions (a dict per session
-over the few instances it touched); no clock reads: ``now`` is injected.
+Routing (`route`, used by the proxy): among the instances the request would keep below their *red
+line* (MiB held by requests now + the request's MiB, i.e. prompt + growth to ``max_tokens``, at most
+the instance's KV capacity in the ledger, which the controller sets to ``kv_red_line_pct`` of the
+budget; retained prefixes do not count, they are reclaimed on admission), the cheapest: prompt tokens
+already waiting there for their first token + 16 x the tokens of this prompt the session's prefix
+there does not cover (the recompute delays this request and every later one there). So a session
+returns to the instance holding its prefix unless the queue there costs more than recomputing
+elsewhere. `prefer`
+is the simpler rule: the instance holding most of the prefix, below its red line.
+
+Invariants (`check`): a retained lease exists exactly for the idle residencies with GPU MiB > 0 and
+holds exactly ``gpu_mib``; per instance the host MiB <= its host cap; every lookup is O(1) in the
+number of sessions; no clock reads (``now`` is injected).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpupool.core.errors import InvalidInput
+from gpupool.core import preemption
+from gpupool.core.allocator import Allocator
+from gpupool.core.errors import InvalidInput, InvariantViolation
+from gpupool.core.model import Lease, LeaseState, Request
+from gpupool.core.preemption import RETAINED_LABEL
+from gpupool.core.priority import PRIORITY_MIN
+from gpupool.hardware.units import Resources
 
 DEFAULT_RED_LINE_PCT = 90
 SESSION_HEADER = "x-gpupool-session"
 MAX_SESSION_ID_CHARS = 256
+RETAINED_TENANT = "gpupool-sessions"
+RETAINED_PRIORITY = PRIORITY_MIN
+RETAIN_TTL_S = 3600.0
+RECOMPUTE_WEIGHT = 16
+"""`route` counts the tokens a request must recompute on an instance this many times: once for its
+own wait, and more for the work they put ahead of every request that arrives there after it (and
+the prefix cache space they take). Measured (`gpupool bench kv`, BENCHMARKS.md): 2 and 3 recomputed
+about as much as vllm-router's cache_aware, 8 about 1 % less, each with a far lower TTFT p99."""
 
 
 def session_of(headers: Mapping[str, str], body: Mapping[str, object]) -> str:
@@ -47,6 +74,10 @@ def session_of(headers: Mapping[str, str], body: Mapping[str, object]) -> str:
     return sid[:MAX_SESSION_ID_CHARS]
 
 
+def is_retained(lease: Lease) -> bool:
+    return lease.request.tenant == RETAINED_TENANT and lease.request.priority == RETAINED_PRIORITY
+
+
 @dataclass(slots=True)
 class Residency:
     session: str
@@ -56,16 +87,17 @@ class Residency:
     last_use_s: float = 0.0
     pinned: int = 0
     """Turns of this session running on this instance now."""
+    lease_id: str = ""
+    """Its retained lease while idle with GPU MiB ("" otherwise)."""
 
 
 @dataclass(slots=True)
 class _Instance:
-    budget_mib: int
     host_cap_mib: int
-    gpu_mib: int = 0
     host_mib: int = 0
+    retained_mib: int = 0
     idle: OrderedDict[str, Residency] = field(default_factory=OrderedDict)
-    """Idle residencies, least recently used first."""
+    """Idle residencies with a retained lease, least recently used first."""
     host_lru: OrderedDict[str, Residency] = field(default_factory=OrderedDict)
     """Residencies with host-tier MiB, oldest first."""
 
@@ -73,48 +105,53 @@ class _Instance:
 class SessionTable:
     def __init__(
         self,
+        kv: Allocator,
         *,
         now: Callable[[], float],
-        red_line_pct: int = DEFAULT_RED_LINE_PCT,
         host_mib: int = 0,
         max_sessions: int = 100_000,
+        retain_ttl_s: float = RETAIN_TTL_S,
     ) -> None:
-        if type(red_line_pct) is not int or not 1 <= red_line_pct <= 100:
-            raise InvalidInput("red_line_pct", red_line_pct, "must be an integer in [1, 100]")
         if type(host_mib) is not int or host_mib < 0:
             raise InvalidInput("host_mib", host_mib, "must be an integer >= 0")
+        self.kv = kv
         self._now = now
-        self.red_line_pct = red_line_pct
         self.host_mib = host_mib
         self.max_sessions = max_sessions
+        self.retain_ttl_s = retain_ttl_s
         self._instances: dict[str, _Instance] = {}
         self._sessions: OrderedDict[str, dict[str, Residency]] = OrderedDict()
+        self._by_lease: dict[str, Residency] = {}
+        self._seq = 0
+        self._pending: dict[str, int] = {}
+        """Instance -> prompt tokens admitted there still waiting for their first token."""
         self.red_line_hits = 0
         """Requests whose best instance was over its red line (routed elsewhere)."""
         self.prefix_routed = 0
         """Requests sent to the instance holding their session's prefix."""
+        self.reclaimed = 0
+        """Retained leases ended to make room (their prefixes moved to the host tier)."""
 
     # ------------------------------------------------------------------ instances
-    def add_instance(self, instance: str, *, budget_mib: int, host_mib: int | None = None) -> None:
-        if type(budget_mib) is not int or budget_mib < 1:
-            raise InvalidInput("budget_mib", budget_mib, "must be an integer >= 1")
-        inst = self._instances.get(instance)
-        cap = self.host_mib if host_mib is None else host_mib
-        if inst is None:
-            self._instances[instance] = _Instance(budget_mib, cap)
-        else:
-            inst.budget_mib, inst.host_cap_mib = budget_mib, cap
+    def set_host_tier(self, instance: str, host_mib: int) -> None:
+        """The host tier of one instance (default: ``host_mib`` of the table)."""
+        if type(host_mib) is not int or host_mib < 0:
+            raise InvalidInput("host_mib", host_mib, "must be an integer >= 0")
+        self._inst(instance).host_cap_mib = host_mib
 
-    def over_red_line(self, used_mib: int, need_mib: int, budget_mib: int) -> bool:
-        """Would ``used_mib + need_mib`` cross ``red_line_pct`` % of ``budget_mib``?"""
-        return (used_mib + need_mib) * 100 > self.red_line_pct * budget_mib
+    def _inst(self, instance: str) -> _Instance:
+        inst = self._instances.get(instance)
+        if inst is None:
+            inst = self._instances[instance] = _Instance(self.host_mib)
+        return inst
 
     # ------------------------------------------------------------------ routing
     def prefer(self, session: str, need_mib: int, load: Callable[[str], tuple[int, int]]) -> str:
-        """The instance to send ``session``'s next turn to, or "" for no preference.
+        """The instance holding most of ``session``'s prefix (GPU MiB, then host-tier MiB) whose red
+        line the request would not cross, or "" for no preference.
 
-        ``load(instance)`` gives (MiB in use now, budget MiB) of an instance; only the instances
-        holding the session's prefix are asked."""
+        ``load(instance)`` gives (MiB held by requests now, capacity MiB = the red line) of an
+        instance; only the instances holding the session's prefix are asked."""
         held = self._sessions.get(session)
         if not held:
             return ""
@@ -124,10 +161,10 @@ class SessionTable:
             key = (r.gpu_mib, r.host_mib)
             if key <= best_key:
                 continue
-            used, budget = load(r.instance)
-            if budget <= 0:
+            used, cap = load(r.instance)
+            if cap <= 0:
                 continue
-            if self.over_red_line(used, need_mib, budget):
+            if used + need_mib > cap:
                 crossed = True
                 continue
             best, best_key = r.instance, key
@@ -137,50 +174,159 @@ class SessionTable:
             self.prefix_routed += 1
         return best
 
+    def route(
+        self,
+        session: str,
+        need_mib: int,
+        prompt_tokens: int,
+        instances: Iterable[str],
+        load: Callable[[str], tuple[int, int]],
+    ) -> tuple[str, int]:
+        """(the instance where ``session``'s turn should see its first token soonest, the prompt
+        tokens it will compute there), or ("", prompt) when every instance is over its red line.
+
+        Cost on an instance = prompt tokens waiting there for their first token (`prefill_begin` /
+        `prefill_done`) + `RECOMPUTE_WEIGHT` x this prompt's tokens not covered by the session's
+        prefix there (GPU or host tier: a host-tier hit costs a PCIe copy, not a recompute). Only
+        instances the request would keep below their red line (``load``: held MiB, capacity MiB)
+        qualify; ties go to the one with the most room, then by name."""
+        held = self._sessions.get(session) if session else None
+        best: tuple[int, int, str] | None = None
+        best_new = prompt_tokens
+        crossed = holds = False
+        top = max(held.values(), key=lambda r: (r.gpu_mib, r.host_mib), default=None) if held else None
+        if top is not None and not top.gpu_mib + top.host_mib:
+            top = None  # it holds nothing any more
+        for inst in instances:
+            used, cap = load(inst)
+            if cap <= 0:
+                continue
+            if used + need_mib > cap:
+                crossed = crossed or (top is not None and inst == top.instance)
+                continue
+            r = held.get(inst) if held else None
+            cached = 0
+            if r is not None and need_mib > 0:
+                cached = prompt_tokens * min(need_mib, r.gpu_mib + r.host_mib) // need_mib
+            new = prompt_tokens - cached
+            key = (self._pending.get(inst, 0) + RECOMPUTE_WEIGHT * new, used - cap, inst)
+            if best is None or key < best:
+                best, best_new, holds = key, new, r is not None and r.gpu_mib + r.host_mib > 0
+        if best is None:
+            return "", prompt_tokens
+        if crossed:
+            self.red_line_hits += 1
+        if holds:
+            self.prefix_routed += 1
+        return best[2], best_new
+
+    def prefill_begin(self, instance: str, tokens: int) -> None:
+        """``tokens`` of a prompt start waiting for their first token on ``instance``."""
+        self._pending[instance] = self._pending.get(instance, 0) + max(0, tokens)
+
+    def prefill_done(self, instance: str, tokens: int) -> None:
+        """The first token came (or the request ended): its prompt no longer waits there."""
+        self._pending[instance] = max(0, self._pending.get(instance, 0) - max(0, tokens))
+
     # ------------------------------------------------------------------ turns
-    def begin(self, session: str, instance: str, *, budget_mib: int) -> None:
-        """A turn of ``session`` starts on ``instance`` (of ``budget_mib`` KV, registered on first
-        sight): its residency there is pinned (not a victim)."""
+    def begin(self, session: str, instance: str) -> None:
+        """A turn of ``session`` starts on ``instance``: its residency there is pinned (not a victim)
+        and its retained lease there, if any, is released (the turn's request lease holds it now)."""
         if not session:
             return
-        inst = self._instances.get(instance)
-        if inst is None:
-            self.add_instance(instance, budget_mib=max(1, budget_mib))
-            inst = self._instances[instance]
+        inst = self._inst(instance)
         r = self._residency(session, instance)
         r.pinned += 1
         r.last_use_s = self._now()
-        inst.idle.pop(session, None)
+        self._drop_lease(inst, r)
 
-    def end(self, session: str, instance: str, prefix_mib: int) -> None:
-        """The turn ended: the instance now holds ``prefix_mib`` of the session's prefix on the GPU."""
-        inst = self._instances.get(instance)
-        if inst is None or not session:
+    def end(
+        self, session: str, instance: str, prefix_mib: int, *, make_room: Callable[[], None] | None = None
+    ) -> None:
+        """The turn ended: the instance now holds ``prefix_mib`` of the session's prefix on the GPU,
+        kept as a retained lease (older retained prefixes there are reclaimed for it when needed;
+        ``make_room`` is asked first, e.g. to shrink request-lease shares). Without room it goes to
+        the host tier."""
+        if not session or instance not in self._instances:
             return
+        inst = self._instances[instance]
         r = self._residency(session, instance)
         r.pinned = max(0, r.pinned - 1)
         r.last_use_s = self._now()
         self._set_host(inst, r, 0)
-        inst.gpu_mib += max(0, prefix_mib) - r.gpu_mib
-        r.gpu_mib = max(0, prefix_mib)
-        if not r.pinned:
-            inst.idle[session] = r
-            inst.idle.move_to_end(session)
-        self._fit(inst)
+        mib = max(0, prefix_mib)
+        self._drop_lease(inst, r)
+        r.gpu_mib = 0
+        if r.pinned or not mib:
+            r.gpu_mib = mib if r.pinned else 0
+            return
+        lease = self._grant(r, mib)
+        if lease is None and make_room is not None:
+            make_room()
+            lease = self._grant(r, mib)
+        if lease is None and self._reclaim(instance, mib, exclude=session):
+            lease = self._grant(r, mib)
+        if lease is None:
+            self._to_host(inst, r, mib)
+            return
+        r.gpu_mib, r.lease_id = mib, lease.id
+        self._by_lease[lease.id] = r
+        inst.retained_mib += mib
+        inst.idle[session] = r
+        inst.idle.move_to_end(session)
+
+    def reclaim(self, instance: str, need_mib: int, *, keep: str = "") -> bool:
+        """End retained leases on ``instance`` (not ``keep``'s), chosen by the preemption planner (LRU
+        first), until ``need_mib`` fits its free room in the ledger; False, ending nothing, when even
+        all of them would not make it fit."""
+        return self._reclaim(instance, need_mib, exclude=keep)
+
+    def reclaimable_mib(self, instance: str, *, keep: str = "") -> int:
+        inst = self._instances.get(instance)
+        if inst is None:
+            return 0
+        own = inst.idle.get(keep)
+        return inst.retained_mib - (own.gpu_mib if own is not None else 0)
+
+    def on_ended(self, lease: Lease) -> None:
+        """A retained lease ended outside `begin`/`end` (reclaimed, expired, slice revoked): its prefix
+        leaves the GPU; preempted, it moves to the host tier."""
+        r = self._by_lease.pop(lease.id, None)
+        if r is None:
+            return
+        inst = self._instances[r.instance]
+        mib = r.gpu_mib
+        inst.retained_mib -= mib
+        inst.idle.pop(r.session, None)
+        r.gpu_mib, r.lease_id = 0, ""
+        if lease.state is LeaseState.PREEMPTED:
+            self.reclaimed += 1
+            self._to_host(inst, r, mib)
+
+    # ------------------------------------------------------------------ reading
+    def owns(self, lease_id: str) -> bool:
+        return lease_id in self._by_lease
+
+    def leases(self) -> int:
+        """Retained leases active now."""
+        return len(self._by_lease)
 
     def reclaim_order(self, instance: str) -> list[str]:
         """Idle sessions on ``instance`` holding GPU MiB, first victim first (least recently used)."""
         inst = self._instances.get(instance)
-        return [] if inst is None else [s for s, r in inst.idle.items() if r.gpu_mib]
+        if inst is None:
+            return []
+        leases = [self.kv.leases.require(r.lease_id) for r in inst.idle.values()]
+        return [lease.request.labels[0][1] for lease in sorted(leases, key=preemption.victim_order)]
 
     def residency(self, session: str, instance: str) -> Residency | None:
         held = self._sessions.get(session)
         return None if held is None else held.get(instance)
 
     def usage(self, instance: str) -> tuple[int, int]:
-        """(GPU MiB, host-tier MiB) of session prefixes on ``instance``."""
+        """(retained GPU MiB, host-tier MiB) of session prefixes on ``instance``."""
         inst = self._instances.get(instance)
-        return (0, 0) if inst is None else (inst.gpu_mib, inst.host_mib)
+        return (0, 0) if inst is None else (inst.retained_mib, inst.host_mib)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -188,12 +334,79 @@ class SessionTable:
     def check(self) -> None:
         for name, inst in self._instances.items():
             rs = [r for held in self._sessions.values() for r in held.values() if r.instance == name]
-            assert inst.gpu_mib == sum(r.gpu_mib for r in rs), name
-            assert inst.host_mib == sum(r.host_mib for r in rs) <= inst.host_cap_mib, name
-            if inst.gpu_mib > inst.budget_mib:  # only pinned prefixes may keep it over
-                assert not any(r.gpu_mib for r in inst.idle.values()), name
+            if inst.host_mib != sum(r.host_mib for r in rs) or inst.host_mib > inst.host_cap_mib:
+                raise InvariantViolation(f"sessions on {name}: host tier {inst.host_mib} MiB")
+            if inst.retained_mib != sum(r.gpu_mib for r in inst.idle.values()):
+                raise InvariantViolation(f"sessions on {name}: retained {inst.retained_mib} MiB")
+            for r in rs:
+                has = bool(r.lease_id)
+                if has != (not r.pinned and r.gpu_mib > 0) or has != (r.session in inst.idle):
+                    raise InvariantViolation(f"session {r.session} on {name}: lease {r.lease_id!r}")
+                if has:
+                    lease = self.kv.leases.active(r.lease_id)
+                    if lease is None or lease.total.vram_mib != r.gpu_mib or lease.slice_ids != (name,):
+                        raise InvariantViolation(f"session {r.session} on {name}: retained lease lost")
 
     # ------------------------------------------------------------------ internals
+    def _grant(self, r: Residency, mib: int) -> Lease | None:
+        self._seq += 1
+        req = Request(
+            id=f"retained:{self._seq}",
+            tenant=RETAINED_TENANT,
+            priority=RETAINED_PRIORITY,
+            demand=Resources(mib, 0),
+            ttl_s=self.retain_ttl_s,
+            preemptible=True,
+            labels=((RETAINED_LABEL, r.session),),
+        )
+        st = self.kv.ledger.state(r.instance)
+        if not st.healthy or not req.demand.fits_in(st.free):
+            return None
+        out = self.kv.place(req, (r.instance,))
+        return out.lease if out.granted else None
+
+    def _drop_lease(self, inst: _Instance, r: Residency) -> None:
+        if not r.lease_id:
+            return
+        lid = r.lease_id
+        self._by_lease.pop(lid, None)
+        inst.retained_mib -= r.gpu_mib
+        inst.idle.pop(r.session, None)
+        r.lease_id = ""
+        if self.kv.leases.active(lid) is not None:
+            self.kv.release(lid, reason="session turn started" if r.pinned else "session prefix replaced")
+
+    def _reclaim(self, instance: str, need_mib: int, *, exclude: str) -> bool:
+        inst = self._instances.get(instance)
+        if inst is None or not inst.idle:
+            return False
+        st = self.kv.ledger.state(instance)
+        if st.free.vram_mib >= need_mib:
+            return True
+        victims_pool = [self.kv.leases.require(r.lease_id) for s, r in inst.idle.items() if s != exclude]
+        probe = Request(
+            id="reclaim-probe",
+            tenant=RETAINED_TENANT,
+            priority=RETAINED_PRIORITY + 1,
+            demand=Resources(need_mib, 0),
+            ttl_s=1.0,
+        )
+        plan = preemption.plan_slice(st, victims_pool, probe)
+        if plan is None:
+            return False
+        for v in plan.victims:
+            self.kv.revoke(v.id, state=LeaseState.PREEMPTED, reason="retained prefix reclaimed for a request")
+        return True
+
+    def _to_host(self, inst: _Instance, r: Residency, mib: int) -> None:
+        keep = min(mib, inst.host_cap_mib)
+        while inst.host_mib - r.host_mib + keep > inst.host_cap_mib and inst.host_lru:
+            old = next(iter(inst.host_lru.values()))
+            if old is r:
+                break
+            self._set_host(inst, old, 0)
+        self._set_host(inst, r, min(keep, inst.host_cap_mib - (inst.host_mib - r.host_mib)))
+
     def _residency(self, session: str, instance: str) -> Residency:
         held = self._sessions.get(session)
         if held is None:
@@ -210,9 +423,8 @@ class SessionTable:
     def _forget(self, session: str) -> None:
         for r in self._sessions.pop(session, {}).values():
             inst = self._instances[r.instance]
-            inst.gpu_mib -= r.gpu_mib
+            self._drop_lease(inst, r)
             self._set_host(inst, r, 0)
-            inst.idle.pop(session, None)
 
     def _set_host(self, inst: _Instance, r: Residency, mib: int) -> None:
         inst.host_mib += mib - r.host_mib
@@ -222,21 +434,3 @@ class SessionTable:
             inst.host_lru.move_to_end(r.session)
         else:
             inst.host_lru.pop(r.session, None)
-
-    def _fit(self, inst: _Instance) -> None:
-        """Move LRU idle prefixes to the host tier until the GPU residency fits the budget."""
-        for session in list(inst.idle):
-            if inst.gpu_mib <= inst.budget_mib:
-                break
-            r = inst.idle[session]
-            if not r.gpu_mib:
-                continue
-            moved, r.gpu_mib = r.gpu_mib, 0
-            inst.gpu_mib -= moved
-            keep = min(moved + r.host_mib, inst.host_cap_mib)
-            while inst.host_mib - r.host_mib + keep > inst.host_cap_mib and inst.host_lru:
-                old = next(iter(inst.host_lru.values()))
-                if old is r:
-                    break
-                self._set_host(inst, old, 0)
-            self._set_host(inst, r, min(keep, inst.host_cap_mib - (inst.host_mib - r.host_mib)))

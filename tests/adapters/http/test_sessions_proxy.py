@@ -1,11 +1,13 @@
 """Sessions through the OpenAI proxy: a session's next turn goes back to the instance that served it
 (not to the most free one), unless that instance would cross its red line; requests without a
-session id keep the most-free choice."""
+session id keep the most-free choice; a full gateway queues (or answers 429 at once when asked), and
+an ended turn leaves a retained (preemptible) lease."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -17,7 +19,7 @@ from gpupool.cli.demo import seed_example_pool
 from gpupool.cli.emulate import build_backend_app
 from gpupool.cli.serve import KvSizer
 from gpupool.core.clock import FunctionClock
-from gpupool.core.controller import LeaseController
+from gpupool.core.controller import ControllerConfig, LeaseController
 from gpupool.core.ports import Backend
 from gpupool.core.sessions import SessionTable
 from tests.adapters.http.servers import running
@@ -32,7 +34,12 @@ AUTH = {"Authorization": f"Bearer {TOK}"}
 def gateway() -> Iterator[tuple[str, LeaseController, SessionTable]]:
     slow = {"kv_budget_mib": BUDGET_MIB, "speed": 2.0}
     with running(build_backend_app(MODEL, **slow)) as u0, running(build_backend_app(MODEL, **slow)) as u1:
-        c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=MemoryLeaseStore())
+        c = LeaseController(
+            seed_example_pool(),
+            clock=FunctionClock(time.time),
+            store=MemoryLeaseStore(),
+            config=ControllerConfig(kv_red_line_pct=90),
+        )
         for name, u in (("be0", u0), ("be1", u1)):
             c.register_backend(
                 Backend(name, MODEL, u, node="gpu-b", gpu_id="gpu-b/0", kv_budget_mib=BUDGET_MIB)
@@ -101,4 +108,54 @@ def test_a_session_returns_to_its_instance_unless_over_the_red_line(
     while c.request_lease_count():  # bounded: the closed stream's lease is released as the proxy notices
         assert time.monotonic() < deadline, "a request lease outlived its closed stream"
         time.sleep(0.02)
+    sessions.check()
+
+
+def test_a_full_gateway_queues_the_request_unless_it_asks_not_to(
+    gateway: tuple[str, LeaseController, SessionTable],
+) -> None:
+    url, c, _ = gateway
+    sizer = KvSizer()
+    hold_tokens, turn_tokens = 2400, 2500
+    hold, turn = sizer.request_mib(MODEL, hold_tokens + 2), sizer.request_mib(MODEL, turn_tokens + 2)
+    cap = BUDGET_MIB * 90 // 100
+    assert hold + turn > cap >= turn, (hold, turn, cap)  # a held stream leaves no room for a turn
+    body = {"model": MODEL, "prompt": "hold", "max_tokens": hold_tokens, "stream": True}
+    turn_body = {"model": MODEL, "prompt": "hello", "max_tokens": turn_tokens}
+    with (
+        httpx.Client(base_url=url, timeout=20) as cl,
+        httpx.Client(base_url=url, timeout=30) as s0,
+        httpx.Client(base_url=url, timeout=30) as s1,
+        s0.stream("POST", "/v1/completions", headers=AUTH, json=body) as h0,
+        s1.stream("POST", "/v1/completions", headers=AUTH, json=body) as h1,
+    ):
+        assert {h0.headers["x-gpupool-backend"], h1.headers["x-gpupool-backend"]} == {"be0", "be1"}
+        r = cl.post("/v1/completions", headers={**AUTH, "x-gpupool-queue-timeout": "0"}, json=turn_body)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "shed", r.text
+        r = cl.post("/v1/completions", headers={**AUTH, "x-gpupool-queue-timeout": "soon"}, json=turn_body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "x-gpupool-queue-timeout", r.text
+        assert c.request_lease_count() == 2
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(cl.post, "/v1/completions", headers=AUTH, json=turn_body)
+            while not len(c.queue):  # bounded by the client's timeout below
+                assert not waiting.done(), waiting.result().text
+                time.sleep(0.01)
+            h0.close()
+            # it is answered once the held stream's room is free (well before its 30 s queue deadline)
+            assert waiting.result().status_code == 200
+
+
+def test_an_ended_turn_leaves_a_retained_lease_that_is_not_a_request_lease(
+    gateway: tuple[str, LeaseController, SessionTable],
+) -> None:
+    url, c, sessions = gateway
+    with httpx.Client(base_url=url, timeout=30) as cl:
+        where = _ask(cl, 2, {"x-gpupool-session": "conv-1"})
+    deadline = time.monotonic() + 20
+    while c.request_lease_count() or not sessions.leases():  # the stream's end is noticed promptly
+        assert time.monotonic() < deadline, "the turn's lease was not turned into a retained lease"
+        time.sleep(0.02)
+    r = sessions.residency("conv-1", "kv/" + where)
+    assert r is not None and r.lease_id and r.gpu_mib > 0 and not r.pinned
+    assert all(x.request.tenant != "gpupool-sessions" for x in c.leases())
     sessions.check()

@@ -57,8 +57,8 @@ def test_bench_kv_reports_every_router(tmp_path: Path) -> None:
     for name in ("round-robin", "gpupool"):
         row = out["routers"][name]
         assert row["available"] is True and set(row) >= KEYS, (name, row)
-        assert row["ok"] + row["non_200"] == 4
-    assert out["routers"]["gpupool"]["ok"] == 4
+        assert row["served"] + row["shed"] + row["failed"] == 4
+    assert out["routers"]["gpupool"]["served"] == 4
     assert out["requests"] == 4 and out["sessions"] == 2
 
 
@@ -70,6 +70,7 @@ def test_bench_kv_bad_options_exit_2(tmp_path: Path) -> None:
         ["--time-scale", "0"],
         ["--arrival", "soon"],
         ["--arrival", "burst:x"],
+        ["--stream-interval", "0"],
     ):
         r = subprocess.run(
             [*base, str(trace), *extra], capture_output=True, text=True, timeout=60, check=False

@@ -1,6 +1,8 @@
-"""Sessions (`core/sessions.py`) and the KV lane's preferred slice: the session id's sources, routing to
-the instance holding most of a session's prefix, the red-line prediction, the LRU victim order and
-the host tier that evicted prefixes move to."""
+"""Sessions (`core/sessions.py`) in the controller's KV ledger: the session id's sources, routing to
+the instance holding most of a session's prefix, the red-line prediction, retained prefixes as
+preemptible leases reclaimed least recently used first through the preemption planner, the host tier
+reclaimed prefixes move to, and the admission order (reclaim on the preferred instance, then another
+instance with room, then reclaim elsewhere, then queue)."""
 
 from __future__ import annotations
 
@@ -11,27 +13,63 @@ import pytest
 from gpupool.adapters.store import MemoryLeaseStore
 from gpupool.cli.demo import seed_example_pool
 from gpupool.core.clock import ManualClock
-from gpupool.core.controller import KV_PREFIX, LeaseController
+from gpupool.core.controller import KV_PREFIX, ControllerConfig, LeaseController
 from gpupool.core.errors import InvalidInput
-from gpupool.core.model import Request
-from gpupool.core.ports import Backend
-from gpupool.core.sessions import SessionTable, session_of
+from gpupool.core.model import Lease, LeaseState, Request
+from gpupool.core.outcome import OutcomeCode
+from gpupool.core.ports import Backend, GatewayEvent
+from gpupool.core.preemption import victim_order
+from gpupool.core.sessions import RETAINED_PRIORITY, RETAINED_TENANT, is_retained, session_of
 from gpupool.hardware.units import Resources
 
 MODEL = "qwen2.5-0.5b"
+A, B = KV_PREFIX + "be0", KV_PREFIX + "be1"
 _ids = itertools.count()
 
 
-def _table(**kw: int) -> tuple[SessionTable, ManualClock]:
-    clock = ManualClock(100.0)
-    return SessionTable(now=clock.now, **kw), clock
+def _controller(budget: int = 1000, red: int = 90, backends: int = 2) -> tuple[LeaseController, ManualClock]:
+    clock = ManualClock(1000.0)
+    c = LeaseController(
+        seed_example_pool(),
+        clock=clock,
+        store=MemoryLeaseStore(),
+        config=ControllerConfig(kv_red_line_pct=red),
+    )
+    for i in range(backends):
+        c.register_backend(Backend(f"be{i}", MODEL, "http://127.0.0.1:9", "gpu-b", "gpu-b/0", budget))
+    return c, clock
 
 
-def _turn(t: SessionTable, clock: ManualClock, session: str, inst: str, mib: int, budget: int = 100) -> None:
-    t.begin(session, inst, budget_mib=budget)
+def _req(mib: int, priority: int = 50) -> Request:
+    return Request(
+        id=f"r{next(_ids)}", tenant="t", priority=priority, demand=Resources(mib, 0), ttl_s=60.0, model=MODEL
+    )
+
+
+def _start(c: LeaseController, session: str, mib: int) -> Lease:
+    prefer = c.sessions.prefer(session, mib, c.kv_load)
+    out = c.acquire(_req(mib), prefer=prefer, session=session)
+    assert out.granted and out.lease is not None, out
+    c.session_begin(session, out.lease)
+    c.check_invariants()
+    return out.lease
+
+
+def _finish(c: LeaseController, clock: ManualClock, session: str, lease: Lease, mib: int) -> None:
     clock.advance(1.0)
-    t.end(session, inst, mib)
-    t.check()
+    c.release(lease.id)
+    c.session_end(session, lease.grants[0].slice_id, mib)
+    c.check_invariants()
+
+
+def _turn(c: LeaseController, clock: ManualClock, session: str, mib: int) -> str:
+    lease = _start(c, session, mib)
+    _finish(c, clock, session, lease, mib)
+    return lease.grants[0].slice_id
+
+
+def _retained(c: LeaseController, slice_id: str) -> list[Lease]:
+    return sorted((x for x in c.kv.leases if is_retained(x) and x.slice_ids == (slice_id,)), key=victim_order)
 
 
 def test_session_id_header_then_user_then_prompt_cache_key() -> None:
@@ -44,92 +82,158 @@ def test_session_id_header_then_user_then_prompt_cache_key() -> None:
     assert session_of({}, {}) == ""
 
 
-def test_routes_to_the_instance_holding_most_of_the_prefix() -> None:
-    t, clock = _table()
-    _turn(t, clock, "s", "a", 10)
-    _turn(t, clock, "s", "b", 30)
-    idle = {"a": (0, 100), "b": (0, 100)}
-    assert t.prefer("s", 5, idle.__getitem__) == "b"
-    assert t.prefer("unknown", 5, idle.__getitem__) == ""
-    assert t.prefix_routed == 1
-
-
-def test_red_line_counts_current_use_plus_the_request() -> None:
-    t, _ = _table(red_line_pct=90)
-    assert not t.over_red_line(80, 10, 100)  # 90 % exactly: at the line, not over
-    assert t.over_red_line(80, 11, 100)
-    assert t.over_red_line(0, 91, 100)
-
-
-def test_a_prefix_over_its_red_line_is_not_preferred() -> None:
-    t, clock = _table(red_line_pct=90)
-    _turn(t, clock, "s", "a", 40)
-    _turn(t, clock, "s", "b", 10)
-    # a holds more, but 60 in use + 40 for this turn would take it to 100 % > 90 %
-    load = {"a": (60, 100), "b": (0, 100)}
-    assert t.prefer("s", 40, load.__getitem__) == "b"
-    assert t.red_line_hits == 0  # another holder was below its line
-    load = {"a": (60, 100), "b": (55, 100)}
-    assert t.prefer("s", 40, load.__getitem__) == ""
-    assert t.red_line_hits == 1
-
-
-def test_idle_sessions_are_reclaimed_least_recently_used_first() -> None:
-    t, clock = _table()
-    for s in ("s1", "s2", "s3"):
-        _turn(t, clock, s, "a", 10)
-    assert t.reclaim_order("a") == ["s1", "s2", "s3"]
-    _turn(t, clock, "s1", "a", 10)  # used again: last victim now
-    assert t.reclaim_order("a") == ["s2", "s3", "s1"]
-    t.begin("s2", "a", budget_mib=100)  # a running turn is pinned: not a victim
-    assert t.reclaim_order("a") == ["s3", "s1"]
-    t.check()
-
-
-def test_gpu_overflow_moves_lru_prefixes_to_the_host_tier_then_drops_them() -> None:
-    t, clock = _table(host_mib=50)
-    for s in ("s1", "s2", "s3"):
-        _turn(t, clock, s, "a", 40)  # budget 100: the third pushes the oldest out of the GPU
-    r1 = t.residency("s1", "a")
-    assert r1 is not None and (r1.gpu_mib, r1.host_mib) == (0, 40)
-    assert t.usage("a") == (80, 40)
-    _turn(t, clock, "s4", "a", 40)  # s2 moves to the host tier; s1 (older) is dropped from it
-    r1, r2 = t.residency("s1", "a"), t.residency("s2", "a")
-    assert r1 is not None and r2 is not None
-    assert (r1.gpu_mib, r1.host_mib) == (0, 0) and (r2.gpu_mib, r2.host_mib) == (0, 40)
-    assert t.reclaim_order("a") == ["s3", "s4"]
-    # the host-tier copy still attracts the session's next turn (GPU holders first)
-    _turn(t, clock, "s2", "b", 0)
-    assert t.prefer("s2", 5, lambda _: (0, 100)) == "a"
-
-
-def test_bad_settings_name_the_field() -> None:
-    with pytest.raises(InvalidInput, match="red_line_pct"):
-        SessionTable(now=lambda: 0.0, red_line_pct=0)
+def test_the_red_line_is_the_kv_slice_capacity_and_bad_values_name_the_field() -> None:
+    c, _ = _controller(budget=1000, red=90)
+    assert c.kv.ledger.slice(A).capacity.vram_mib == 900
+    assert c.acquire(_req(901)).code is OutcomeCode.UNRESOLVABLE  # over the red line even when idle
+    assert c.acquire(_req(900)).granted  # at the line exactly: admitted
+    with pytest.raises(InvalidInput, match="kv_red_line_pct"):
+        _controller(red=0)
     with pytest.raises(InvalidInput, match="host_mib"):
-        SessionTable(now=lambda: 0.0, host_mib=-1)
+        c.sessions.set_host_tier(A, -1)
 
 
-def _req(mib: int) -> Request:
-    return Request(
-        id=f"r{next(_ids)}", tenant="t", priority=1, demand=Resources(mib, 0), ttl_s=60.0, model=MODEL
-    )
+def test_an_ended_turn_leaves_a_retained_preemptible_lease_and_the_next_turn_takes_it_back() -> None:
+    c, clock = _controller()
+    where = _turn(c, clock, "s", 300)
+    (kept,) = _retained(c, where)
+    assert kept.request.tenant == RETAINED_TENANT and kept.priority == RETAINED_PRIORITY
+    assert kept.request.is_preemptible and kept.total.vram_mib == 300
+    assert c.request_lease_count() == 0 and kept not in c.leases()  # not a request lease
+    assert c.kv_load(where) == (0, 900)  # retained prefixes do not count against the red line
+    # the next turn returns to the prefix (the other instance is more free) and holds it itself
+    lease = _start(c, "s", 400)
+    assert lease.grants[0].slice_id == where and not _retained(c, where)
+    assert c.kv_load(where) == (400, 900)
+    _finish(c, clock, "s", lease, 400)
+    assert [x.total.vram_mib for x in _retained(c, where)] == [400]
 
 
-def test_the_lane_takes_the_preferred_slice_when_it_has_room() -> None:
-    c = LeaseController(seed_example_pool(), clock=ManualClock(1000.0), store=MemoryLeaseStore())
-    for i in range(2):
-        c.register_backend(Backend(f"be{i}", MODEL, "http://127.0.0.1:9", "gpu-b", "gpu-b/0", 1000))
-    be0, be1 = KV_PREFIX + "be0", KV_PREFIX + "be1"
-    first = c.acquire(_req(100)).lease
-    assert first is not None and first.grants[0].slice_id == be0  # most free: the first of equals
-    # be1 is now the most free; a preference for be0 wins while be0 has room
-    again = c.acquire(_req(100), prefer=be0).lease
-    assert again is not None and again.grants[0].slice_id == be0
-    plain = c.acquire(_req(100)).lease
-    assert plain is not None and plain.grants[0].slice_id == be1
-    assert c.lane.load(be0) == (200, 1000)
-    # no room on the preferred slice: the most free one instead
-    big = c.acquire(_req(850), prefer=be0).lease
-    assert big is not None and big.grants[0].slice_id == be1
+def test_routes_to_the_instance_holding_most_of_the_prefix_unless_over_its_red_line() -> None:
+    c, clock = _controller()
+    c.sessions.set_host_tier(A, 1000)
+    assert _turn(c, clock, "s", 100) == A
+    hog = _start(c, "other", 500)
+    assert hog.grants[0].slice_id == B  # B was the most free
+    # s's prefix is on A, B is busier: 0 held + 400 <= 900 on A
+    assert c.sessions.prefer("s", 400, c.kv_load) == A
+    big = _start(c, "x", 850)  # no prefix anywhere: the most free (A), reclaiming s's prefix
+    assert big.grants[0].slice_id == A
+    r = c.sessions.residency("s", A)
+    assert r is not None and (r.gpu_mib, r.host_mib) == (0, 100)
+    # A now holds 850 by requests: 850 + 100 > 900 is over its red line, so no preference
+    assert c.sessions.prefer("s", 100, c.kv_load) == ""
+    assert c.sessions.red_line_hits == 1
+
+
+def test_retained_prefixes_are_reclaimed_least_recently_used_first() -> None:
+    c, clock = _controller(backends=1)
+    for s in ("s1", "s2", "s3"):
+        _turn(c, clock, s, 200)
+    assert c.sessions.reclaim_order(A) == ["s1", "s2", "s3"]
+    _turn(c, clock, "s1", 200)  # used again: last victim now
+    assert c.sessions.reclaim_order(A) == ["s2", "s3", "s1"]
+    running = _start(c, "s2", 200)  # a running turn holds its prefix in its request lease
+    assert c.sessions.reclaim_order(A) == ["s3", "s1"]
+    _finish(c, clock, "s2", running, 200)
+    # the planner's own order for these leases: oldest grant first (other leases: youngest first)
+    assert [x.request.labels[0][1] for x in _retained(c, A)] == ["s3", "s1", "s2"]
+
+
+def test_a_request_reclaims_only_what_it_needs_and_the_victims_move_to_the_host_tier() -> None:
+    c, clock = _controller(backends=1)
+    c.sessions.set_host_tier(A, 250)
+    for s in ("s1", "s2", "s3", "s4"):
+        _turn(c, clock, s, 200)  # 800 of 900 retained
+    ids = {x.request.labels[0][1]: x.id for x in _retained(c, A)}
+    out = c.acquire(_req(400))  # 100 free: needs 300 more, the two least recently used
+    assert out.granted
+    assert c.sessions.reclaim_order(A) == ["s3", "s4"]
+    assert [c.kv.get(ids[s]).state for s in ("s1", "s2", "s3")] == [
+        LeaseState.PREEMPTED,
+        LeaseState.PREEMPTED,
+        LeaseState.ACTIVE,
+    ]
+    r1, r2 = c.sessions.residency("s1", A), c.sessions.residency("s2", A)
+    assert r1 is not None and r2 is not None
+    # both went to the host tier (250 MiB): s2, the later, keeps its 200 there; s1 was pushed out
+    assert (r1.gpu_mib, r1.host_mib) == (0, 0) and (r2.gpu_mib, r2.host_mib) == (0, 200)
+    assert c.sessions.usage(A) == (400, 200) and c.sessions.reclaimed == 2
+    # a host-tier copy still attracts the session's next turn
+    assert c.sessions.prefer("s2", 100, c.kv_load) == A
     c.check_invariants()
+
+
+def test_a_sessions_own_prefix_is_never_reclaimed_for_its_turn() -> None:
+    c, clock = _controller(backends=1)
+    _turn(c, clock, "old", 300)
+    _turn(c, clock, "s", 500)  # 800 retained: old (LRU), then s
+    lease = _start(c, "s", 700)  # 100 free + its own 500 + old's 300: old goes, s's is taken back
+    assert lease.grants[0].slice_id == A
+    r = c.sessions.residency("s", A)
+    assert r is not None and r.pinned == 1 and not r.lease_id
+    assert c.sessions.reclaim_order(A) == [] and c.sessions.reclaimed == 1
+
+
+def test_admission_order_preferred_with_reclaim_then_free_elsewhere_then_reclaim_then_queue() -> None:
+    c, clock = _controller()
+    _turn(c, clock, "s", 400)  # A retains s's 400
+    _turn(c, clock, "t", 300)  # on B, the most free (A has 500 free)
+    _turn(c, clock, "u", 400)  # on B again (600 free there, 500 on A)
+    assert c.sessions.reclaim_order(A) == ["s"] and c.sessions.reclaim_order(B) == ["t", "u"]
+    # s's turn of 800 prefers A: 500 free + its own 400 fits without reclaiming anyone else
+    lease = _start(c, "s", 800)
+    assert lease.grants[0].slice_id == A and c.sessions.reclaimed == 0
+    # a request with no session: A is full of requests, B has 200 free: reclaim t (LRU) on B
+    other = c.acquire(_req(400)).lease
+    assert other is not None and other.grants[0].slice_id == B
+    assert c.sessions.reclaimed == 1 and c.sessions.reclaim_order(B) == ["u"]
+    # nothing left to reclaim that would do: it queues (P1 waits), not 429
+    out = c.acquire(_req(600))
+    assert out.code is OutcomeCode.QUEUED and out.ticket
+    # s's turn ends: the queued request gets A's room first; s's prefix goes to the host tier
+    _finish(c, clock, "s", lease, 800)
+    st = c.ticket(out.ticket)
+    assert st.state == "granted" and st.lease is not None
+    c.check_invariants()
+
+
+def test_a_retained_prefix_without_room_reclaims_older_ones_or_goes_to_the_host_tier() -> None:
+    c, clock = _controller(backends=1)
+    c.sessions.set_host_tier(A, 1000)
+    _turn(c, clock, "s1", 400)
+    _turn(c, clock, "s2", 400)
+    _turn(c, clock, "s3", 400)  # its request reclaimed s1 (LRU) to fit
+    assert c.sessions.reclaim_order(A) == ["s2", "s3"]
+    # a turn ending with no free room: the oldest retained prefix gives way to the newest
+    clock.advance(1.0)
+    c.sessions.begin("s5", A)
+    c.session_end("s5", A, 300)
+    assert c.sessions.reclaim_order(A) == ["s3", "s5"]
+    hold = c.acquire(_req(900)).lease  # takes the whole red line: s3, s5 reclaimed
+    assert hold is not None and c.sessions.reclaim_order(A) == []
+    c.sessions.begin("s6", A)
+    c.session_end("s6", A, 100)  # nothing to reclaim: straight to the host tier
+    # host tier, LRU within 1000 MiB: s1 and s2 were pushed out by s3, s5 and s6
+    host = {s: r.host_mib for s in ("s1", "s2", "s3", "s5", "s6") if (r := c.sessions.residency(s, A))}
+    assert host == {"s1": 0, "s2": 0, "s3": 400, "s5": 300, "s6": 100}
+    assert c.sessions.usage(A) == (0, 800)
+    c.release(hold.id)
+    c.check_invariants()
+
+
+def test_a_queued_request_lease_granted_by_the_pump_emits_its_tickets_granted_event() -> None:
+    # the proxy's waiter wakes on this event; without it a granted KV ticket waited for its deadline
+    events: list[GatewayEvent] = []
+    c = LeaseController(
+        seed_example_pool(), clock=ManualClock(1.0), store=MemoryLeaseStore(), sink=events.append
+    )
+    c.register_backend(Backend("be0", MODEL, "http://127.0.0.1:9", "gpu-b", "gpu-b/0", 1000))
+    first = c.acquire(_req(800)).lease
+    out = c.acquire(_req(800))
+    assert first is not None and out.code is OutcomeCode.QUEUED and out.ticket
+    c.release(first.id)
+    st = c.ticket(out.ticket)
+    assert st.state == "granted" and st.lease is not None
+    (ev,) = [e for e in events if e.ticket == out.ticket and e.kind == "granted"]
+    assert ev.lease is not None and ev.lease.id == st.lease.id

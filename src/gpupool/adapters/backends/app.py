@@ -262,8 +262,8 @@ def create_backend_app(
             if tokn is None:
                 reasons[i] = "length"
                 return None
+            piece = "".join(f" tok{k}" for k in range(used[i] + 1, tokn + 1))  # several: stream_interval
             used[i] = tokn
-            piece = f" tok{tokn}"
             new = texts[i] + piece
             for s in stops:
                 cut = new.find(s)

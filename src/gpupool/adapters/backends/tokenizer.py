@@ -19,6 +19,7 @@ BOS_ID = 1
 VOCAB = 151_000
 PER_MESSAGE = 4
 GENERATION_PROMPT = 3
+PIECE_CACHE = 65_536
 
 
 def _text_of(content: Any) -> str:
@@ -31,19 +32,30 @@ def _text_of(content: Any) -> str:
 
 
 class EmulatedTokenizer:
+    def __init__(self) -> None:
+        self._ids: dict[str, tuple[int, ...]] = {}
+        """Piece -> its token ids (bounded; the same few thousand words recur)."""
+
+    def _piece(self, piece: str) -> tuple[int, ...]:
+        letters = piece.lstrip(" ")
+        if letters.isascii() and letters.isalpha():
+            n = 1 + (len(letters) - 1) // 5
+            h = zlib.crc32(piece.encode())
+            return tuple(2 + (h + i) % VOCAB for i in range(n))
+        if piece == " ":
+            return ()  # a lone space joins the next piece
+        return (2 + zlib.crc32(piece.encode("utf-8", "surrogatepass")) % VOCAB,)
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         out = [BOS_ID] if add_special_tokens else []
-        for m in _PIECES.finditer(text):
-            piece = m.group()
-            letters = piece.lstrip(" ")
-            if letters.isascii() and letters.isalpha():
-                n = 1 + (len(letters) - 1) // 5
-                h = zlib.crc32(piece.encode())
-                out.extend(2 + (h + i) % VOCAB for i in range(n))
-            elif piece == " ":
-                continue  # a lone space joins the next piece
-            else:
-                out.append(2 + zlib.crc32(piece.encode("utf-8", "surrogatepass")) % VOCAB)
+        ids = self._ids
+        for piece in _PIECES.findall(text):
+            got = ids.get(piece)
+            if got is None:
+                got = self._piece(piece)
+                if len(ids) < PIECE_CACHE:
+                    ids[piece] = got
+            out.extend(got)
         return out
 
     def count(self, text: str, *, add_special_tokens: bool = True) -> int:

@@ -17,7 +17,12 @@ else P1; the tenant from the bearer token. vLLM's ``priority`` (lower = more urg
 embed, ``max_model_len``) come from `configure_model` or the hardware catalogue.
 
 Sessions: a request with a session id (``x-gpupool-session``, else ``user`` / ``prompt_cache_key``)
-prefers the KV slice holding most of that session's prefix, below its red line (`core.sessions`).
+and every request of a model with several backends goes to the cheapest backend among those it keeps
+below their red line: prompt tokens already waiting there for a first token + a weighted count of
+the tokens the session's prefix there does not cover (`core.sessions.SessionTable.route`); when a turn
+ends its backend keeps the prefix as a retained (preemptible) lease of that session.
+Queueing: a request that finds no room waits in the admission queue for its band's default time,
+or ``x-gpupool-queue-timeout`` seconds (``0``: never queue, 429 at once); past it, 429.
 Truncation (opt-in, chat only): ``x-gpupool-truncate: oldest-turns`` drops the oldest turns of a
 request over the context instead of the 400 (`truncate`), saying so in ``x-gpupool-truncated``.
 
@@ -57,10 +62,11 @@ from gpupool.adapters.http.openai_request import (
 from gpupool.adapters.http.truncate import TRUNCATE_HEADER, TRUNCATED_HEADER, drop_oldest_turns, truncate_mode
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.ids import random_bytes16
+from gpupool.core.kvbackends import KV_PREFIX
 from gpupool.core.model import Request as CoreRequest
 from gpupool.core.outcome import OutcomeCode
 from gpupool.core.priority import to_vllm_priority
-from gpupool.core.sessions import DEFAULT_RED_LINE_PCT, SessionTable, session_of
+from gpupool.core.sessions import session_of
 from gpupool.hardware.units import Resources
 
 if TYPE_CHECKING:
@@ -210,14 +216,13 @@ def add_proxy_routes(
     *,
     timeout_s: float = 300.0,
     inject_priority: bool = True,
-    red_line_pct: int = DEFAULT_RED_LINE_PCT,
 ) -> None:
     """``inject_priority=False`` never writes ``priority`` into bodies, whatever the backend options.
-    ``red_line_pct``: a session's turn goes to the instance holding its prefix unless that would take
-    the instance's predicted KV use over this share of its budget (`gpupool.core.sessions`).
+    A session's turn goes to the instance holding its prefix unless that would take the instance's
+    predicted KV use over its red line (`gpupool.core.sessions`, ``kv_red_line_pct``).
     ``gw``: the gateway, or a proxy replica's host (`proxyhost`: all the proxy reads of either)."""
     c = gw.controller
-    sessions = SessionTable(now=c.clock.now, red_line_pct=red_line_pct)
+    sessions = c.sessions
     app.state.sessions = sessions
     from gpupool.adapters.http.upstream import UpstreamPool
 
@@ -357,6 +362,7 @@ def add_proxy_routes(
                     code="model_not_supported",
                 )
             prio = priority_of(request.headers, surf.objectives)
+            wait_s = _queue_timeout(request.headers.get(QUEUE_TIMEOUT_HEADER), c.config.admission.max_wait_s)
             est = shape.prompt_estimate
             prompt = surf.correction.predict(model, est)
             ctx = card.max_model_len
@@ -415,14 +421,22 @@ def add_proxy_routes(
         )
         t0 = time.perf_counter()
         sid = session_of(request.headers, body)
-        prefer = sessions.prefer(sid, mib, c.lane.load) if sid else ""
+        prefer, fresh = "", prompt
+        if len(backends) > 1:
+            prefer, fresh = sessions.route(sid, mib, prompt, [KV_PREFIX + b.id for b in backends], c.kv_load)
         try:
-            out = c.acquire(req, prefer=prefer) if prefer else c.acquire(req)
+            if prefer or sid or wait_s:
+                out = c.acquire(req, prefer=prefer, session=sid, wait_s=wait_s or None)
+            else:
+                out = c.acquire(req)
         except InvalidInput as exc:
             return err(400, str(exc), "invalid_request_error")
         lease = out.lease
         if out.code is OutcomeCode.QUEUED and out.ticket:
             st = c.ticket(out.ticket)
+            if st.state == "queued" and wait_s == 0:
+                c.cancel(out.ticket)
+                return err(429, "no room now and the request asked not to queue", "shed", retry=1.0)
             if st.state == "queued":
                 await gw.hub.wait_ticket(out.ticket, max(0.0, st.deadline_at - c.clock.now()) + 0.05)
                 st = c.ticket(out.ticket)
@@ -439,17 +453,25 @@ def add_proxy_routes(
         assert lease is not None
         backend = c.backend_of(lease)
         lease_id = lease.id
-        kv_slice = lease.grants[0].slice_id if sid and lease.grants else ""
-        if kv_slice:
-            sessions.begin(sid, kv_slice, budget_mib=c.lane.load(kv_slice)[1] or mib)
+        kv_slice = lease.grants[0].slice_id if lease.grants else ""
+        if sid and kv_slice:
+            c.session_begin(sid, lease)
+        waiting = [fresh if kv_slice == prefer else prompt]  # prompt tokens waiting for a first token
+        sessions.prefill_begin(kv_slice, waiting[0])
+
+        def first_token() -> None:
+            if waiting[0]:
+                sessions.prefill_done(kv_slice, waiting[0])
+                waiting[0] = 0
 
         def release() -> None:
-            if kv_slice:
-                sessions.end(sid, kv_slice, mib)
+            first_token()
             try:  # noqa: SIM105 (contextlib.suppress costs three calls per request)
                 c.release(lease_id, reason="request finished")
             except UnknownId:
                 pass
+            if sid and kv_slice:
+                c.session_end(sid, kv_slice, mib)
 
         if backend is None:
             release()
@@ -505,6 +527,7 @@ def add_proxy_routes(
                 async for chunk in upstream.aiter_raw():
                     if first is None:
                         first = time.perf_counter() - t0
+                        first_token()
                     if b'"prompt_tokens"' in chunk and (actual := usage_prompt_tokens(chunk)) is not None:
                         surf.correction.observe(model, est, actual)
                     yield chunk
@@ -539,6 +562,27 @@ def add_proxy_routes(
 
     # the gateway's own HTTP protocol answers these below ASGI (`server`), with the same `forward`
     app.state.native_proxy = NativeProxy(app=app, forward=forward, paths=PROXY_PATHS)
+
+
+QUEUE_TIMEOUT_HEADER = "x-gpupool-queue-timeout"
+
+
+def _queue_timeout(value: str | None, max_wait_s: float) -> float | None:
+    """Seconds the request may wait in the queue (None: its band's default; 0: never queue)."""
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        v = -1.0
+    if not 0 <= v <= max_wait_s:  # also refuses nan
+        raise OpenAIError(
+            400,
+            f"{QUEUE_TIMEOUT_HEADER} must be a number of seconds in [0, {max_wait_s:g}], got {value[:40]!r}",
+            param=QUEUE_TIMEOUT_HEADER,
+            code="invalid_value",
+        )
+    return v
 
 
 PROXY_PATHS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/embeddings": EMBEDDINGS}

@@ -21,9 +21,35 @@ from gpupool.core.ports import Backend
 from gpupool.core.tickets import TicketStatus
 
 
-class RetryAfter(Protocol):
+class WaitLimit(Protocol):
+    @property
+    def max_wait_s(self) -> float: ...
+
+
+class ProxyConfig(Protocol):
     @property
     def retry_after_s(self) -> float: ...
+
+    @property
+    def admission(self) -> WaitLimit: ...
+
+
+class SessionRouter(Protocol):
+    """Where a session's turn goes and the prompt tokens waiting for a first token per instance
+    (`core.sessions.SessionTable`; a replica's `core.replica.NoSessions`)."""
+
+    def route(
+        self,
+        session: str,
+        need_mib: int,
+        prompt_tokens: int,
+        instances: list[str],
+        load: Callable[[str], tuple[int, int]],
+    ) -> tuple[str, int]: ...
+
+    def prefill_begin(self, instance: str, tokens: int) -> None: ...
+
+    def prefill_done(self, instance: str, tokens: int) -> None: ...
 
 
 class KvLoads(Protocol):
@@ -41,7 +67,10 @@ class ProxyCore(Protocol):
     def clock(self) -> Clock: ...
 
     @property
-    def config(self) -> RetryAfter: ...
+    def config(self) -> ProxyConfig: ...
+
+    @property
+    def sessions(self) -> SessionRouter: ...
 
     @property
     def lane(self) -> KvLoads: ...
@@ -49,8 +78,20 @@ class ProxyCore(Protocol):
     def models(self) -> Mapping[str, list[Backend]]: ...
 
     def acquire(
-        self, request: Request, *, wait_s: float | None = None, gpu_id: str = "", prefer: str = ""
+        self,
+        request: Request,
+        *,
+        wait_s: float | None = None,
+        gpu_id: str = "",
+        prefer: str = "",
+        session: str = "",
     ) -> Outcome: ...
+
+    def kv_load(self, slice_id: str) -> tuple[int, int]: ...
+
+    def session_begin(self, session: str, lease: Lease) -> None: ...
+
+    def session_end(self, session: str, slice_id: str, prefix_mib: int) -> None: ...
 
     def release(self, lease_id: str, *, tenant: str | None = None, reason: str = "") -> Outcome: ...
 
