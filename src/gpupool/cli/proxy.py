@@ -114,7 +114,7 @@ def proxy(  # noqa: PLR0917 (typer options)
         core, loop, tokens=tokens, sizer=KvSizer(quant), max_proxy_body_bytes=max_proxy_body_kib * 1024
     )
     if table is not None:
-        from gpupool.adapters.http.proxy import set_objectives
+        from gpupool.adapters.http.surface import set_objectives
 
         set_objectives(app, table)
     say(f"gpupool proxy replica {rid} on http://{host}:{port} (leader {leader}, share ttl {share_ttl_s:g} s)")

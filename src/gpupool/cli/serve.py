@@ -259,7 +259,7 @@ def register_backends(
     ``options[id]`` (the OpenAI proxy's view of a backend): ``priority_scheduling`` (bool, vLLM
     ``--scheduling-policy priority``: send it ``priority``), ``max_model_len`` (default: the workload's
     ``max_context``, else the catalogue's), ``task`` (generate | embed, default from the catalogue)."""
-    from gpupool.adapters.http.proxy import configure_backend, configure_model
+    from gpupool.adapters.http.surface import configure_backend, configure_model
 
     c = bundle.controller
     options = options or {}
@@ -672,7 +672,7 @@ def serve(  # noqa: PLR0917 (typer options)
             store=open_store,
         )
         if table is not None:
-            from gpupool.adapters.http.proxy import set_objectives
+            from gpupool.adapters.http.surface import set_objectives
 
             set_objectives(bundle.app, table)
         if backend_specs is not None:

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 
 from gpupool.adapters.http.app import create_app
 from gpupool.adapters.http.auth import TokenTable
-from gpupool.adapters.http.proxy import OpenAISurface, configure_backend, configure_model
+from gpupool.adapters.http.surface import OpenAISurface, configure_backend, configure_model
 from gpupool.adapters.store import MemoryLeaseStore
 from gpupool.cli.demo import seed_example_pool
 from gpupool.cli.emulate import build_backend_app

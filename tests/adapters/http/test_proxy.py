@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 
 from gpupool.adapters.http.app import create_app
 from gpupool.adapters.http.auth import TokenTable
-from gpupool.adapters.http.proxy import configure_backend
+from gpupool.adapters.http.surface import configure_backend
 from gpupool.adapters.store import MemoryLeaseStore
 from gpupool.cli.demo import seed_example_pool
 from gpupool.cli.emulate import build_backend_app

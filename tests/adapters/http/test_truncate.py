@@ -13,7 +13,7 @@ import pytest
 
 from gpupool.adapters.http.app import create_app
 from gpupool.adapters.http.auth import TokenTable
-from gpupool.adapters.http.proxy import configure_model
+from gpupool.adapters.http.surface import configure_model
 from gpupool.adapters.http.truncate import drop_oldest_turns, truncate_mode
 from gpupool.adapters.store import MemoryLeaseStore
 from gpupool.cli.demo import seed_example_pool

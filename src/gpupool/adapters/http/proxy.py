@@ -38,7 +38,6 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from inspect import isawaitable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -51,14 +50,13 @@ from gpupool.adapters.http.jsonbody import JsonBodyError, loads_bounded
 from gpupool.adapters.http.openai_request import (
     CHAT,
     COMPLETIONS,
-    DEFAULT_OBJECTIVES,
     EMBEDDINGS,
     OpenAIError,
-    TokenCorrection,
     inspect,
     priority_of,
     usage_prompt_tokens,
 )
+from gpupool.adapters.http.surface import OpenAISurface
 from gpupool.adapters.http.truncate import TRUNCATE_HEADER, TRUNCATED_HEADER, drop_oldest_turns, truncate_mode
 from gpupool.core.errors import InvalidInput, UnknownId
 from gpupool.core.ids import random_bytes16
@@ -77,70 +75,6 @@ NEAR_CONTEXT = 0.8
 """Ask ``/tokenize`` when the estimated prompt + max_tokens exceeds this share of the context."""
 TOKENIZE_TIMEOUT_S = 5.0
 """A ``/tokenize`` that takes longer is abandoned and the estimate is used (the backend still checks)."""
-TASKS = ("generate", "embed")
-
-
-@dataclass(frozen=True, slots=True)
-class BackendOptions:
-    priority_scheduling: bool = False
-    """The backend runs vLLM ``--scheduling-policy priority``: send it the request's ``priority``."""
-
-
-@dataclass(slots=True)
-class ModelCard:
-    task: str | None
-    """``generate`` (chat / completions), ``embed`` (embeddings) or None (unknown: anything goes)."""
-    max_model_len: int | None
-    created: int
-
-
-@dataclass
-class OpenAISurface:
-    """Per-app state of the proxy (``app.state.openai``)."""
-
-    objectives: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_OBJECTIVES))
-    backends: dict[str, BackendOptions] = field(default_factory=dict)
-    models: dict[str, ModelCard] = field(default_factory=dict)
-    correction: TokenCorrection = field(default_factory=TokenCorrection)
-    tokenize_calls: int = 0
-
-    def card(self, model: str, now_s: float) -> ModelCard:
-        c = self.models.get(model)
-        if c is None:
-            task, ctx = _catalogue(model)
-            c = self.models[model] = ModelCard(task, ctx, int(now_s))
-        return c
-
-
-def _catalogue(model: str) -> tuple[str | None, int | None]:
-    from gpupool.hardware.memory import resolve_model
-
-    try:
-        arch = resolve_model(model)
-    except (ValueError, OSError):
-        return None, None
-    return ("generate" if arch.is_decoder else "embed"), arch.max_positions
-
-
-def configure_backend(app: FastAPI, backend_id: str, *, priority_scheduling: bool = False) -> None:
-    app.state.openai.backends[backend_id] = BackendOptions(priority_scheduling=priority_scheduling)
-
-
-def configure_model(
-    app: FastAPI, model: str, *, task: str | None = None, max_model_len: int | None = None
-) -> None:
-    """Declare what a model is (overrides the catalogue); raises InvalidInput naming the field."""
-    if task is not None and task not in TASKS:
-        raise InvalidInput("task", task, "expected generate or embed")
-    if max_model_len is not None and (type(max_model_len) is not int or max_model_len < 1):
-        raise InvalidInput("max_model_len", max_model_len, "must be an integer >= 1")
-    surf: OpenAISurface = app.state.openai
-    base = surf.card(model, app.state.gateway.controller.clock.now())
-    surf.models[model] = ModelCard(task or base.task, max_model_len or base.max_model_len, base.created)
-
-
-def set_objectives(app: FastAPI, table: dict[str, int]) -> None:
-    app.state.openai.objectives = dict(table)
 
 
 class Incoming(Protocol):

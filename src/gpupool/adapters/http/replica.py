@@ -206,7 +206,8 @@ def create_replica_app(
         }
         return JSONResponse(doc, status_code=200 if doc["ok"] else 503)
 
-    from gpupool.adapters.http.proxy import add_proxy_routes, configure_backend, configure_model
+    from gpupool.adapters.http.proxy import add_proxy_routes
+    from gpupool.adapters.http.surface import configure_backend, configure_model
 
     add_proxy_routes(app, host, timeout_s=proxy_timeout_s)
 
