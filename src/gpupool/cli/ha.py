@@ -91,7 +91,7 @@ async def run_replica(
     ``build_leader(store)``: the gateway `Bundle` rebuilt from the store (called once, after
     winning); ``serve_leader(bundle, sockets=..., stop_event=...)``: serve it until a signal or
     ``stop_event``."""
-    from gpupool.cli.serve import uvicorn_server
+    from gpupool.cli.serving import uvicorn_server
 
     loop = asyncio.get_running_loop()
     try:
@@ -244,7 +244,8 @@ def serve_replicated(
     import sqlite3
 
     from gpupool.adapters.store.etcd import open_etcd_store
-    from gpupool.cli.serve import load_tokens, run_loop, serve_forever
+    from gpupool.cli.serve import load_tokens
+    from gpupool.cli.serving import run_loop, serve_forever
     from gpupool.core.errors import GpupoolError, InvalidInput
 
     prewarm(cluster, workloads)  # (also: exit 2 on a bad spec before anything connects)

@@ -67,7 +67,8 @@ def proxy(  # noqa: PLR0917 (typer options)
     ),
 ) -> None:
     """Serve the OpenAI-compatible proxy as a replica of a leader's (request leases granted locally)."""
-    from gpupool.cli.serve import KvSizer, load_tokens, run_loop, tune_gc, uvicorn_server
+    from gpupool.cli.serve import KvSizer, load_tokens
+    from gpupool.cli.serving import run_loop, tune_gc, uvicorn_server
 
     check_port("--port", port)
     check_range("--share-ttl-s", share_ttl_s, lo=MIN_TTL_S, hi=MAX_TTL_S)

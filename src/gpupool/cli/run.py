@@ -15,7 +15,7 @@ P0/P1 loops follow the trace's demand shape at the compressed time of day, real 
 
 Starts from an empty lease store (the previous run's leases would otherwise be recovered and hold
 the pool) unless ``--keep-state``. Prints the URL and the admin token, then a timestamped status line
-every 5 s. Ctrl-C stops everything at once: in-flight requests get ``serve.SHUTDOWN_GRACE_S``, then the
+every 5 s. Ctrl-C stops everything at once: in-flight requests get ``serving.SHUTDOWN_GRACE_S``, then the
 servers, the traffic and the node agents stop together (about a second).
 """
 
@@ -40,11 +40,9 @@ from gpupool.cli.serve import (
     Bundle,
     KvSizer,
     build,
-    free_port,
     register_backends,
-    run_loop,
-    uvicorn_server,
 )
+from gpupool.cli.serving import free_port, run_loop, uvicorn_server
 
 DEMO_TENANTS = ("agent-chat", "retrieval", "batch")
 
@@ -271,7 +269,7 @@ def run(  # noqa: PLR0917 (typer options)
     extender_port: int = typer.Option(0, "--extender-port", help="Extender verbs' port (0: any free one)."),
 ) -> None:
     """Gateway + emulated backends + synthetic agent traffic on the simulated example cluster."""
-    from gpupool.cli.serve import serve_forever
+    from gpupool.cli.serving import serve_forever
     from gpupool.cli.stopping import catch_early_stop
 
     check_port("--port", port)

@@ -21,9 +21,8 @@ import contextlib
 import math
 import os
 import secrets
-import socket
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,8 @@ import typer
 
 from gpupool.cli.console import say
 from gpupool.cli.errors import UserError, check_port, check_range, user_errors
-from gpupool.cli.stopping import catch_early_stop, stop_requested
+from gpupool.cli.serving import run_loop, serve_forever
+from gpupool.cli.stopping import catch_early_stop
 from gpupool.cli.store_options import store_settings
 from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import ControllerConfig, LeaseController
@@ -346,141 +346,6 @@ async def feed_simulated_readings(bundle: Bundle, period_s: float = 0.2) -> None
                 with contextlib.suppress(InvalidInput):
                     c.feed_reading(r, health="ok" if g.healthy else "failed")
         gw.committer.kick()
-
-
-def tune_gc() -> None:
-    """Freeze start-up objects and collect the young generation less often.
-
-    Measured (gateway bench, 32 clients): with CPython's defaults a full collection over the lease
-    tables and the framework's objects stalls the event loop for ~100 ms (lease p99 ~100 ms); after
-    this, p99 ~35 ms and +45 % round trips/s. The gateway keeps few cyclic structures, so fewer
-    collections cost little memory."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
-
-
-def run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main`` on uvloop when it is installed (the gateway extra pins it), else asyncio's loop.
-
-    ``uvicorn.Server.serve()`` runs on whatever loop it is awaited in; uvicorn's own ``loop="auto"``
-    applies only to ``uvicorn.run``. Measured (proxy-peers bench): uvloop's transports cut the
-    proxy's per-request CPU markedly against asyncio's selector loop."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    uvloop.run(main)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-SHUTDOWN_GRACE_S = 1.0
-"""After Ctrl-C / SIGTERM, in-flight requests (streams, long-polls, /v1/events) get this long, then
-are cancelled: without a bound an open event stream would keep the server up forever."""
-
-
-def uvicorn_server(app: Any, *, host: str, port: int, **options: Any) -> Any:
-    """A uvicorn server that leaves signals to `serve_forever` (one handler stops all servers at once:
-    uvicorn's own handlers would stop them one after the other, each waiting for its connections).
-    ``options``: `server_config`'s limits (header_timeout_s, keep_alive_s, max_connections)."""
-    import uvicorn
-
-    class _Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Any:
-            yield
-
-    # access_log off: at level warning nothing was logged anyway; this skips the per-request call.
-    # Measured (proxy-peers bench, alternating rounds): granian 2.8's embedded ASGI server cost
-    # about twice uvicorn + httptools' CPU per proxied request here, so uvicorn stays.
-    from gpupool.adapters.http.server import server_config
-
-    config = server_config(
-        app,
-        host=host,
-        port=port,
-        access_log=False,
-        timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
-        **options,
-    )
-    return _Server(config)
-
-
-async def serve_forever(
-    bundle: Bundle,
-    *,
-    host: str,
-    port: int,
-    extra: Iterable[Any] = (),
-    feed_readings: bool = True,
-    server_options: dict[str, Any] | None = None,
-    sockets: list[socket.socket] | None = None,
-    stop_event: asyncio.Event | None = None,
-) -> None:
-    """Run the gateway server (+ any extra `uvicorn_server`s / coroutines) until Ctrl-C or SIGTERM.
-
-    On the signal every coroutine is cancelled and every server stops at once, in-flight requests
-    bounded by `SHUTDOWN_GRACE_S`; a second Ctrl-C skips the grace period.
-    ``feed_readings``: push the simulated cluster's readings in-process; `gpupool run` turns it off
-    when real node agents report them over HTTP instead. ``server_options``: `server_config`'s
-    (header_timeout_s, keep_alive_s, max_connections). ``sockets``: listen on these (already bound)
-    instead of host:port; ``stop_event``: stop as on a signal once it is set (`gpupool.cli.ha`)."""
-    import logging
-    import signal
-
-    import uvicorn
-
-    server = uvicorn_server(bundle.app, host=host, port=port, **(server_options or {}))
-    tune_gc()
-    servers = [server, *(x for x in extra if isinstance(x, uvicorn.Server))]
-    serving = [asyncio.create_task(server.serve(sockets=sockets))]
-    serving += [asyncio.create_task(s.serve()) for s in servers[1:]]
-    tasks = []
-    if bundle.sim is not None and feed_readings:
-        tasks.append(asyncio.create_task(feed_simulated_readings(bundle)))
-    for x in extra:
-        if not isinstance(x, uvicorn.Server):
-            tasks.append(asyncio.create_task(x))
-
-    def stop() -> None:
-        if not server.should_exit:
-            say(f"gpupool: stopping (in-flight requests get {SHUTDOWN_GRACE_S:g} s)")
-        # NOTE: uvicorn logs each request it cancels at the end of the grace period with a traceback
-        logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
-        for s in servers:
-            s.force_exit = s.force_exit or s.should_exit  # NOTE: a second Ctrl-C: no grace period
-            s.should_exit = True
-        for t in tasks:
-            t.cancel()
-
-    loop = asyncio.get_running_loop()
-    handled = (signal.SIGINT, signal.SIGTERM)
-    for sig in handled:
-        loop.add_signal_handler(sig, stop)
-    if stop_requested():  # a signal arrived during start-up: it must not be lost (cli/stopping.py)
-        stop()
-    if stop_event is not None:
-
-        async def stop_on_event(event: asyncio.Event) -> None:
-            await event.wait()
-            stop()
-
-        tasks.append(asyncio.create_task(stop_on_event(stop_event)))
-    try:
-        await serving[0]
-    finally:
-        stop()
-        await asyncio.gather(*tasks, *serving[1:], return_exceptions=True)
-        for sig in handled:
-            loop.remove_signal_handler(sig)
 
 
 BACKEND_OPTIONS = ("priority_scheduling", "max_model_len", "task")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.adapters.pause.procfs import proc_state
-from gpupool.cli.serve import free_port
+from gpupool.cli.serving import free_port
 
 pytestmark = pytest.mark.slow
 GPUPOOL = [sys.executable, "-m", "gpupool.cli.main"]

@@ -23,7 +23,7 @@ from gpupool.adapters.http.app import create_app
 from gpupool.adapters.http.auth import TokenTable
 from gpupool.adapters.store import SqliteLeaseStore
 from gpupool.cli.demo import seed_example_pool
-from gpupool.cli.serve import free_port
+from gpupool.cli.serving import free_port
 from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import LeaseController
 from tests.adapters.http.servers import running

@@ -26,7 +26,8 @@ import httpx
 import pytest
 
 from gpupool.adapters.pause.procfs import proc_state
-from gpupool.cli.serve import build, free_port, uvicorn_server
+from gpupool.cli.serve import build
+from gpupool.cli.serving import free_port, uvicorn_server
 from gpupool.cli.tidalplane import attach_tidal
 from gpupool.core import ManualClock
 from gpupool.core.tidal.modes import Mode, TidalConfig

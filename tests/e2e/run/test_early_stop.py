@@ -21,7 +21,8 @@ CHILD = textwrap.dedent(
     """
     import os, signal, sys, weakref
     from pathlib import Path
-    from gpupool.cli.serve import build, free_port, run_loop, serve_forever
+    from gpupool.cli.serve import build
+    from gpupool.cli.serving import free_port, run_loop, serve_forever
     from gpupool.cli.stopping import catch_early_stop
 
     catch_early_stop()
