@@ -96,6 +96,12 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/unit/core/test_admission_rule.py",
         "tests/unit/core/test_admission_properties.py",
     ],
+    "core/ticketbook.py": [
+        "tests/unit/core/test_ticket_durability.py",
+        "tests/unit/core/test_controller_edges.py",
+        "tests/unit/core/test_controller.py",
+        "tests/adapters/store/test_store_faults.py",
+    ],
     "core/kvbackends.py": [
         "tests/unit/core/test_kvlane.py",
         "tests/unit/core/test_kv_request_leases.py",

@@ -67,12 +67,12 @@ from gpupool.core.ports import (
     LeaseStore,
     RecoveryReport,
     StoreWrite,
-    TicketRecord,
     Write,
 )
 from gpupool.core.priority import P0, band
 from gpupool.core.sessions import SessionTable
-from gpupool.core.tickets import MissMemo, TicketStatus, from_record, to_record
+from gpupool.core.ticketbook import TicketBook
+from gpupool.core.tickets import MissMemo, TicketStatus
 from gpupool.core.watermarks import Reading, WatermarkBank, WatermarkConfig
 from gpupool.hardware.slices import Slice
 
@@ -106,7 +106,7 @@ MAX_PUMP_PASSES = 4
 """Passes of one pump while a pass itself frees capacity (preemption, expiry); bounded on purpose."""
 
 
-class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
+class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
     def __init__(
         self,
         slices: Iterable[Slice],
@@ -277,24 +277,6 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
         out = [x for x in self.allocator.leases if self._tenant_sees(x, tenant)]
         out += [x for x in self.request_leases() if tenant is None or x.request.tenant == tenant]
         return sorted(out, key=lambda x: x.id)
-
-    def ticket(self, ticket: str, *, tenant: str | None = None) -> TicketStatus:
-        st = self._tickets.get(ticket)
-        if st is None:
-            rec = self.store.get_ticket(ticket)
-            st = None if rec is None else self._status_of(rec)
-        if st is None or (tenant is not None and st.request.tenant != tenant):
-            raise UnknownId("ticket", ticket)
-        return st
-
-    def cancel(self, ticket: str, *, tenant: str | None = None) -> TicketStatus:
-        """End a queued ticket; any other ticket is answered as it is (a granted one keeps its lease)."""
-        st = self.ticket(ticket, tenant=tenant)
-        if st.state == "queued" and self.queue.remove(ticket) is not None:
-            st = self._end_ticket(st, "cancelled", reason="cancelled by holder")
-            self._freed = True  # NOTE: its holds are gone: others may take that capacity now
-            self._finish(None)
-        return st
 
     def tick(self) -> None:
         """Expire due leases and queue deadlines, then pump the queue. Call every ~100-200 ms."""
@@ -544,64 +526,6 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds):
             self.outcomes[(band(item.priority), "granted_from_queue")] += 1
             return Verdict.GRANTED, NOTHING
         return Verdict.BLOCKED, self._hold_target(item, avoid)
-
-    def _end_ticket(
-        self, st: TicketStatus, state: str, *, lease: Lease | None = None, reason: str = ""
-    ) -> TicketStatus:
-        now = self.clock.now()
-        new = replace(st, state=state, lease=lease, reason=reason, ended_at=now)
-        self._remember(new)
-        if state != "granted":  # NOTE: a grant's event is the lease's own "granted" event (with the ticket)
-            self._events.append(
-                GatewayEvent(
-                    kind="failed" if state == "failed" else "shed",
-                    at=now,
-                    ticket=st.ticket,
-                    tenant=st.request.tenant,
-                    reason=reason or state,
-                )
-            )
-        return new
-
-    def _remember(self, st: TicketStatus, *, write: bool = True) -> None:
-        self._touched[st.ticket] = None
-        self._tickets[st.ticket] = st
-        self._tickets.move_to_end(st.ticket)
-        if write and not st.kv:
-            self._pending["ticket:" + st.ticket] = to_record(st)
-        while len(self._tickets) > self._ticket_memory:
-            old, s = next(iter(self._tickets.items()))
-            if s.state == "queued":
-                break
-            del self._tickets[old]
-
-    def _status_of(self, rec: TicketRecord) -> TicketStatus:
-        lease = None
-        if rec.lease_id:
-            lease = self.allocator.leases.get(rec.lease_id) or self.store.get(rec.lease_id)
-        return from_record(rec, lease)
-
-    def _recover_tickets(self, now: float) -> None:
-        """Reload stored tickets (part of `recover`): queued ones wait again until their deadline."""
-        self.store.purge_tickets(before_s=now - self.config.ended_retention_s)
-        recs = sorted(self.store.tickets(), key=lambda r: (r.enqueued_at, r.ticket))
-        for rec in recs[-self._ticket_memory :]:
-            st = self._status_of(rec)
-            if rec.state != "queued":
-                self._remember(st, write=False)
-                continue
-            if rec.deadline_at <= now:
-                self._end_ticket(st, "shed", reason="queue deadline passed while the gateway was down")
-                continue
-            item = Ticketed(
-                rec.ticket, rec.request, rec.enqueued_at, rec.deadline_at, self.queue.next_seq(), rec.gpu_id
-            )
-            if not self.queue.push(item):
-                self._end_ticket(st, "shed", reason=f"queue of band {band(rec.request.priority)} is full")
-                continue
-            self._remember(st, write=False)
-        if len(self.queue):
-            self._pump()  # NOTE: before any newcomer: the restored tickets were there first
 
     def _finish(self, out: Outcome | None) -> Outcome:
         if self._freed and len(self.queue):
