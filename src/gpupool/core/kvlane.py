@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpupool.core.allocator import Allocator
 from gpupool.core.errors import InvariantViolation
@@ -45,6 +46,23 @@ SHARE_TTL_S = 24 * 3600.0
 ENDED_MEMORY = 4096
 COMPACT_SLACK = 1024
 """The expiry heap is compacted once it holds this many more than twice the active lane leases."""
+
+
+class _HoldsLeases(Protocol):
+    @property
+    def leases(self) -> dict[str, Lease]: ...
+
+
+def compact_expiry(
+    heap: list[tuple[float, str]], where: Mapping[str, _HoldsLeases]
+) -> list[tuple[float, str]]:
+    """The expiry heap without the entries of ended or since-renewed leases (``where``: active lease
+    id -> the book holding it). A released lease leaves its entry behind until its expiry would have
+    passed: thousands per second on the proxy path. Callers run it when the heap holds more than
+    twice the active leases (+`COMPACT_SLACK`), so it costs amortised O(1) per grant."""
+    live = [(at, lid) for at, lid in heap if lid in where and where[lid].leases[lid].expires_at == at]
+    heapq.heapify(live)
+    return live
 
 
 @dataclass(slots=True)
@@ -139,7 +157,7 @@ class KvLane:
         expiry = self._expiry
         heapq.heappush(expiry, (lease.expires_at, lease.id))
         if len(expiry) > 2 * len(self._where) + COMPACT_SLACK:
-            self._compact_expiry()
+            self._expiry = compact_expiry(expiry, self._where)
         return lease
 
     def end(self, lease_id: str, state: LeaseState, reason: str, *, give_back: bool = False) -> Lease | None:
@@ -182,16 +200,6 @@ class KvLane:
                 self.end(lid, LeaseState.EXPIRED, "ttl passed without renewal")
                 n += 1
         return n
-
-    def _compact_expiry(self) -> None:
-        """Drop the heap entries of ended or since-renewed leases (a released lease leaves its entry
-        behind until its expiry would have passed: thousands per second on the proxy path). Run when
-        the heap holds more than twice the active leases, so amortised O(1) per grant."""
-        where = self._where
-        self._expiry = [
-            (at, lid) for at, lid in self._expiry if lid in where and where[lid].leases[lid].expires_at == at
-        ]
-        heapq.heapify(self._expiry)
 
     def renew_shares(self) -> None:
         """Renew the share leases that come near their expiry (the controller's tick)."""

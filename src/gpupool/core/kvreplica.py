@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from gpupool.core.errors import InvariantViolation
 from gpupool.core.kvbackends import KV_PREFIX
-from gpupool.core.kvlane import COMPACT_SLACK
+from gpupool.core.kvlane import COMPACT_SLACK, compact_expiry
 from gpupool.core.kvshares import ShareGrant, ShareReport
 from gpupool.core.model import Grant, Lease, LeaseState, Request
 from gpupool.core.ports import Backend
@@ -144,16 +144,8 @@ class ReplicaShares:
         expiry = self._expiry
         heapq.heappush(expiry, (lease.expires_at, lease.id))
         if len(expiry) > 2 * len(self._where) + COMPACT_SLACK:
-            self._compact_expiry()
+            self._expiry = compact_expiry(expiry, self._where)
         return lease
-
-    def _compact_expiry(self) -> None:
-        """Drop the heap entries of ended or since-renewed leases (as `KvLane` does: amortised O(1))."""
-        where = self._where
-        self._expiry = [
-            (at, lid) for at, lid in self._expiry if lid in where and where[lid].leases[lid].expires_at == at
-        ]
-        heapq.heapify(self._expiry)
 
     def refused(self, model: str, need_mib: int) -> None:
         """Record demand that found no room (it raises the next report's want)."""
