@@ -83,6 +83,19 @@ class KvBackends:
         for x in sorted(self.backends.values(), key=lambda x: x.id):
             self._models.setdefault(x.model, []).append(x)
 
+    def set_backend_routable(self, backend_id: str, routable: bool) -> None:
+        """Take a backend out of routing (no new request lease on it; those it holds run on) or put it
+        back (queued requests are pumped): the tidal standby sleeper's switch for a sleeping engine."""
+        if backend_id not in self.backends:
+            raise UnknownId("backend", backend_id)
+        sid = KV_PREFIX + backend_id
+        if routable:
+            self.kv.mark_healthy(sid)
+            self._freed = True
+        else:
+            self.kv.mark_unhealthy(sid)
+        self._finish(None)
+
     def models(self) -> dict[str, list[Backend]]:  # read-only view, rebuilt on registration
         return self._models
 

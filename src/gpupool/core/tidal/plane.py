@@ -20,7 +20,9 @@ Role: the core half of ``gpupool serve``'s day/night time-sharing. It composes t
   leases are refused until it passes, so capacity that P2 work gives back goes to online work
   first (the fastest path: no process is touched). `after_admit` classifies how that P0 request
   got its capacity (``free`` | ``preempt`` | ``queued`` | ``refused``) and times arrival -> outcome
-  with the injected stopwatch; executors add ``pause`` and ``requeue`` timings (`record_path`).
+  with the injected stopwatch; executors add ``pause`` and ``requeue`` timings (`record_path`), and
+  the standby sleeper the ``sleep`` path (a P0 burst woke a sleeping standby instance: arrival ->
+  the agent confirmed it awake; `gpupool.core.tidal.standby`), fed by every NIGHT P0 arrival.
 - **Schedule**: `next_switch` names the next mode boundary in the configured time zone (DAY: the
   night window's start, where the traffic trigger may fire; NIGHT: the night window's end, and the
   restore deadline planned back from the measured re-partition time: `restore_due`).
@@ -48,10 +50,11 @@ from gpupool.core.priority import P0
 from gpupool.core.tidal.lending import LendingGuard, LevelChange
 from gpupool.core.tidal.modes import Mode, TidalController, TidalTransition
 from gpupool.core.tidal.settings import PlaneConfig, plane_config
+from gpupool.core.tidal.standby import StandbySleeper
 
 LEASE_API_MODEL = "lease-api"
 """The demand key of an online placement lease that names no model."""
-PATHS = ("free", "preempt", "queued", "refused", "pause", "requeue")
+PATHS = ("free", "preempt", "queued", "refused", "pause", "requeue", "sleep")
 """How a night P0 arrival got its capacity, and what the displaced P2 work went through."""
 PATH_SAMPLES = 512
 """Timings kept per path (the newest; quantiles are over these)."""
@@ -138,6 +141,8 @@ class TidalPlane:
         """Guard level changes not yet reported (the runtime turns them into events and clears it)."""
         self.notes: dict[str, object] = {}
         """Extra state for `view` (the re-partition driver's per-GPU status)."""
+        self.standby: StandbySleeper | None = None
+        """NIGHT sleep of standby instances (set by the composition root when backends are named)."""
 
     # ------------------------------------------------------------------ admission hooks
     @property
@@ -164,6 +169,8 @@ class TidalPlane:
             self.meter.record(request.model or LEASE_API_MODEL, now)
             if prio >= P0 and self.mode is Mode.NIGHT:
                 self.holdback_until = max(self.holdback_until, now + self.config.holdback_s)
+                if self.standby is not None:
+                    self.standby.p0(request.model or LEASE_API_MODEL, now)
             return None
         if not self.config.enabled:
             return None
@@ -279,6 +286,17 @@ class TidalPlane:
     def restore_lead_s(self) -> float:
         measured = 2.0 * self.repartition_s if self.repartition_s is not None else 0.0
         return max(self.config.restore_lead_min_s, measured)
+
+    def day_starts_in_s(self) -> float:
+        """Seconds until the next day window start (the schedule's ``day_start``)."""
+        now = self.clock.now()
+        return self._next_local(now, self.controller.config.windows()[0]) - now
+
+    def standby_wake_due(self) -> bool:
+        """NIGHT within the standby sleeper's wake lead of the day window (or DAY): wake them now."""
+        if self.mode is Mode.DAY or self.standby is None:
+            return True
+        return self.day_starts_in_s() <= self.standby.wake_lead_s()
 
     def restore_due(self) -> bool:
         """True when re-partitioned GPUs must go back now: DAY, or NIGHT within the lead of the day."""
