@@ -168,7 +168,7 @@ class TidalRuntime:
         from gpupool.core.kvbackends import KV_PREFIX
 
         changed = sl.step(
-            c.clock.now(),
+            plane.clock.now(),
             night=plane.mode is Mode.NIGHT,
             wake_due=plane.standby_wake_due(),
             busy=lambda bid: c.kv_load(KV_PREFIX + bid)[0] > 0,
@@ -190,7 +190,7 @@ class TidalRuntime:
         sl = self.standby
         if sl is None:
             return
-        now = self.bundle.controller.clock.now()
+        now = self.plane.stopwatch()  # the clock NIGHT P0 arrivals were stamped with
         for e in events:
             kind = ENGINE_REPORTS.get(getattr(e, "kind", ""))
             bid = getattr(e, "lease_id", "")

@@ -170,7 +170,7 @@ class TidalPlane:
             if prio >= P0 and self.mode is Mode.NIGHT:
                 self.holdback_until = max(self.holdback_until, now + self.config.holdback_s)
                 if self.standby is not None:
-                    self.standby.p0(request.model or LEASE_API_MODEL, now)
+                    self.standby.p0(request.model or LEASE_API_MODEL, now, self._arrived)
             return None
         if not self.config.enabled:
             return None

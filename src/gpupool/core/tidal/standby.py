@@ -107,7 +107,8 @@ class StandbySleeper:
     paths: list[float] = field(default_factory=list)
     """Burst wakes' arrival -> confirmed-awake times (ms) not yet recorded as the ``sleep`` path."""
     _s: dict[str, _Standby] = field(default_factory=dict)
-    _arrivals: dict[str, deque[float]] = field(default_factory=dict)
+    _arrivals: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    """Model -> (schedule time, stopwatch time) of its recent P0 arrivals."""
     wake_s_max: float = 0.0
     """The longest wake measured (the agent's ``/wake_up`` call), seconds."""
 
@@ -159,13 +160,14 @@ class StandbySleeper:
         } | {"wake_lead_s": round(self.wake_lead_s(), 3)}
 
     # ------------------------------------------------------------------ inputs
-    def p0(self, model: str, now: float) -> None:
-        """A P0 arrival of ``model`` (at NIGHT: may wake its sleeping standby at once)."""
+    def p0(self, model: str, now: float, stamp: float | None = None) -> None:
+        """A P0 arrival of ``model`` (at NIGHT: may wake its sleeping standby at once). ``now`` is the
+        schedule's clock; ``stamp`` the stopwatch the ``sleep`` path is timed on (default ``now``)."""
         if not self._s or not any(st.inst.model == model for st in self._s.values()):
             return
         q = self._arrivals.setdefault(model, deque())
-        q.append(now)
-        while q and q[0] <= now - self.config.burst_window_s:
+        q.append((now, now if stamp is None else stamp))
+        while q and q[0][0] <= now - self.config.burst_window_s:
             q.popleft()
         if len(q) < self.config.wake_burst:
             return
@@ -176,7 +178,7 @@ class StandbySleeper:
             if st.desired == ASLEEP:
                 st.desired = AWAKE
                 st.directive = AWAKE
-                st.burst_at = q[0]
+                st.burst_at = q[0][1]
                 st.since = now
                 self.log.append(
                     (
@@ -188,7 +190,8 @@ class StandbySleeper:
     def report(
         self, bid: str, state: str, *, latency_ms: float, now: float, ok: bool = True, why: str = ""
     ) -> None:
-        """The agent's outcome for a directive (``engine_asleep`` / ``engine_awake`` / a failure)."""
+        """The agent's outcome for a directive (``engine_asleep`` / ``engine_awake`` / a failure);
+        ``now`` on the stopwatch `p0` was given (the ``sleep`` path's end)."""
         st = self._s.get(bid)
         if st is None:
             raise UnknownId("standby backend", bid)
