@@ -29,7 +29,7 @@ from gpupool.core.errors import InvalidInput
 from gpupool.core.ports import GatewayEvent
 from gpupool.core.tidal.modes import Mode
 from gpupool.core.tidal.night import NightRepartitioner
-from gpupool.core.tidal.plane import PlaneConfig, TidalPlane, p2_usage_of, plane_config
+from gpupool.core.tidal.plane import PlaneConfig, TidalPlane, kv_usage_of, p2_usage_of, plane_config
 from gpupool.core.tidal.standby import ASLEEP, AWAKE, StandbySleeper, instances_of
 
 ENGINE_REPORTS = {
@@ -241,6 +241,7 @@ def attach_tidal(
             "run with simulated readings (real nodes re-partition through `gpupool plan --apply`)"
         )
     plane = TidalPlane(config, clock=clock, p2_usage=p2_usage_of(c.allocator), stopwatch=time.perf_counter)
+    plane.kv_usage = kv_usage_of(c)
     c.admission_hook = plane
     c.views["tidal"] = plane.view
     rt = TidalRuntime(plane, bundle)

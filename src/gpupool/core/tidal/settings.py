@@ -17,6 +17,7 @@ from gpupool.core.tidal.modes import TidalConfig
 from gpupool.core.tidal.standby import StandbyConfig
 
 DAY_POLICIES = ("strict", "lending")
+LENDING_SCOPES = ("requests", "kv-budget")
 
 
 def _finite(name: str, value: float, *, lo: float = 0.0) -> None:
@@ -45,6 +46,13 @@ class PlaneConfig:
     """``strict`` (the seed): by DAY no P2 request enters an online engine; ``lending``: a fraction
     of them does, set by the SLO guard (`gpupool.core.tidal.lending`)."""
     lending: GuardConfig = field(default_factory=GuardConfig)
+    lending_scope: str = "requests"
+    """What ``lending`` lends by DAY: ``requests`` (a fraction ``level`` of P2 requests enters the
+    online engines) or ``kv-budget`` (P2 requests may hold up to ``level`` x the spare KV budget of the
+    model's instances: what each keeps free above ``lending_kv_reserve`` of its budget after its
+    online requests; a busy instance lends nothing)."""
+    lending_kv_reserve: float = 0.5
+    """``kv-budget``: the share of every instance's KV budget kept for online work, never lent."""
     standby: StandbyConfig = field(default_factory=StandbyConfig)
     """Standby backends slept at NIGHT through the node agents (`gpupool.core.tidal.standby`)."""
 
@@ -62,6 +70,13 @@ class PlaneConfig:
             raise InvalidInput(
                 "tidal.day_policy", self.day_policy, f"must be one of {', '.join(DAY_POLICIES)}"
             )
+        if self.lending_scope not in LENDING_SCOPES:
+            raise InvalidInput(
+                "tidal.lending_scope", self.lending_scope, f"must be one of {', '.join(LENDING_SCOPES)}"
+            )
+        r = self.lending_kv_reserve
+        if isinstance(r, bool) or not isinstance(r, int | float) or not 0 <= r < 1:
+            raise InvalidInput("tidal.lending_kv_reserve", r, "must be a number in [0, 1)")
         for i, g in enumerate(self.repartition_gpus):
             if not isinstance(g, str) or not g:
                 raise InvalidInput(f"tidal.repartition_gpus[{i}]", g, "must be a GPU id such as gpu-a/1")
@@ -112,4 +127,4 @@ def plane_config(doc: object) -> PlaneConfig:
         raise InvalidInput("tidal", doc, str(exc)) from None
 
 
-__all__ = ["DAY_POLICIES", "PlaneConfig", "plane_config"]
+__all__ = ["DAY_POLICIES", "LENDING_SCOPES", "PlaneConfig", "plane_config"]
