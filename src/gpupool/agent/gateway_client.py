@@ -30,7 +30,7 @@ Wire protocol (JSON over HTTP, ``Authorization: Bearer <token>``; the token need
 5. With the ledger: ``GET {gateway}/v1/nodes/{node}/engines`` -> ``{"engines": [{"id", "gpu_id",
    "endpoint", "pauser", "level", "state"}]}``: the engines the control plane wants asleep or awake
    (tidal standby instances); the loop takes it with `take_engines` (`gpupool.agent.standby`). A
-   gateway without the route (404/405) is remembered and not asked again.
+   gateway without the route (404/405) is asked again only every ``engines_retry_s`` (60 s).
 
 Invariants:
 - Calling the reporter (the loop's observer) never blocks on the network: it stores the newest
@@ -173,6 +173,8 @@ class GatewayReporter:
         self._watermarks: dict[str, Any] | None = None
         self._engines: list[Mapping[str, object]] | None = None
         self.engines_supported: bool | None = None
+        self.engines_retry_s = 60.0
+        self._next_engines = 0.0
 
     # ----------------------------------------------------------------- loop side (never blocks)
     def __call__(self, snap: NodeSnapshot, events: Sequence[AgentEvent]) -> None:
@@ -247,8 +249,8 @@ class GatewayReporter:
                     with self._lock:
                         self._ledger = ledger
                 self._next_ledger = now + self.ledger_every_s
-            if self.engines_supported is not False:
-                self._fetch_engines()
+            if self.engines_supported is not False or now >= self._next_engines:
+                self._fetch_engines(now)
         if now >= self._next_config:
             resp = self._request("GET", f"{self.base}/v1/pool")
             if not isinstance(resp, str) and resp.status_code < 300:
@@ -266,12 +268,13 @@ class GatewayReporter:
             self.posts_ok += 1
         return True
 
-    def _fetch_engines(self) -> None:
+    def _fetch_engines(self, now: float) -> None:
         resp = self._request("GET", f"{self.base}/v1/nodes/{self.node}/engines")
         if isinstance(resp, str):
             return
         if resp.status_code in UNSUPPORTED:
             self.engines_supported = False
+            self._next_engines = now + self.engines_retry_s
             return
         if resp.status_code >= 300:
             return
