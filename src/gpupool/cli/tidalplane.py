@@ -169,7 +169,7 @@ class TidalRuntime:
 
         changed = sl.step(
             plane.clock.now(),
-            night=plane.mode is Mode.NIGHT,
+            night=plane.mode is Mode.NIGHT and plane.config.enabled,  # the off switch keeps them awake
             wake_due=plane.standby_wake_due(),
             busy=lambda bid: c.kv_load(KV_PREFIX + bid)[0] > 0,
         )
