@@ -225,3 +225,49 @@ async def _get(url: str) -> object:
 
 def test_night_sleeps_the_standby_through_the_agent_and_a_p0_burst_wakes_it(tmp_path: Path) -> None:
     asyncio.run(_night_sleep(tmp_path))
+
+
+def _wired(tmp: Path, **extra: object) -> tuple[object, object, ManualClock]:
+    """The runtime wiring alone (no engines, no agent): two registered backends of the main model."""
+    bundle = build(data_dir=tmp, extra_tokens=[(TOKEN, "ops", "admin")])
+    slices = {st.slice.id: st.slice for st in bundle.controller.allocator.states()}
+    placed = [pl.slice for pl in bundle.plan.placements if pl.workload == "main-llm" and pl.slice in slices]
+    model = next(w.model for w in bundle.workloads if w.name == "main-llm")
+    register_backends(
+        bundle,
+        [
+            ("m0", str(model), "http://127.0.0.1:9", placed[0]),
+            ("m1", str(model), "http://127.0.0.1:9", placed[1]),
+        ],
+    )
+    clock = ManualClock(at(23))
+    doc = {"timezone": "UTC", "initial_baseline": 60.0, "standby_backends": ["m1"], **extra}
+    rt = attach_tidal(bundle, config=plane_config(doc), data_dir=tmp, clock=clock, batch=False)
+    return bundle, rt, clock
+
+
+def test_the_off_switch_keeps_standbys_awake_and_agent_reports_are_checked(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from gpupool.cli.errors import UserError
+
+    for enabled in (False, True):
+        bundle, rt, clock = _wired(tmp_path / str(enabled), enabled=enabled)
+        for _ in range(40):  # quiet night
+            rt.step()  # type: ignore[attr-defined]
+            clock.advance(60)
+        assert rt.plane.mode is Mode.NIGHT  # type: ignore[attr-defined]
+        sl = rt.standby  # type: ignore[attr-defined]
+        assert sl.state("m1")[0] == ("asleep" if enabled else "awake")
+        assert bundle.controller.kv.ledger.is_healthy("kv/m1") is not enabled  # type: ignore[attr-defined]
+    node = sl.instances["m1"].node
+    ev = SimpleNamespace(kind="engine_asleep", lease_id="m1", latency_ms=12.0, reason="")
+    rt.engine_reports("other-node", [ev])  # type: ignore[attr-defined]  # not the backend's node: ignored
+    assert sl.state("m1")[2] == "awake"
+    rt.engine_reports(
+        node, [SimpleNamespace(kind="engine_asleep", lease_id="nope", latency_ms=1.0, reason="")]
+    )  # type: ignore[attr-defined]
+    rt.engine_reports(node, [ev])  # type: ignore[attr-defined]
+    assert sl.state("m1")[2] == "asleep"
+    with pytest.raises(UserError, match="standby_backends"):
+        _wired(tmp_path / "bad", standby_backends=["nope"])
