@@ -135,3 +135,25 @@ def test_bad_directives_unknown_pausers_and_unreachable_engines_are_reported(nod
     assert [e.reason for e in failed if e.lease_id == "z"] == ["unknown pauser 'no-such'"]
     assert len([e for e in failed if e.lease_id == "w"]) >= 2  # retried after retry_s
     assert not any(e.kind == "engine_asleep" for e in events)
+
+
+def test_a_wake_waits_while_memory_on_the_gpu_is_still_being_freed(node) -> None:
+    sim, reg, procs = node
+    engine, port = start_holder(reg, GPU, 20000, sleep_api=True, sleep_mib=512)
+    procs.append(engine)
+    url = f"http://127.0.0.1:{port}"
+    feed = Feed()
+    agent, events, clock = agent_for(sim, feed)
+    freeing = [True]
+    agent.engine_sleeps.blocked = lambda gpu: gpu == GPU and freeing[0]
+    feed.engines = [directive("asleep", url)]
+    until(agent, clock, events, "engine_asleep")  # sleeping is never held back
+    feed.engines = [directive("awake", url)]
+    for _ in range(10):
+        clock.advance(0.1)
+        agent.tick()
+        agent.drain()
+    assert not any(e.kind == "engine_awake" for e in events) and used(sim) == 512
+    freeing[0] = False
+    until(agent, clock, events, "engine_awake")
+    assert used(sim) == 20000

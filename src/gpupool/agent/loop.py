@@ -123,7 +123,9 @@ class NodeAgent:
                 self.pausers, clock=clock, submit=self._submit_free, policy=eviction, evict_pod=evict_pod
             )
         )
-        self.engine_sleeps = EngineSleeps(self.pausers, submit=self._submit_any, emit=self._emit)
+        self.engine_sleeps = EngineSleeps(
+            self.pausers, submit=self._submit_any, emit=self._emit, blocked=self._freeing
+        )
         self._to_evict: list[str] = []
         self._ledger_seen: set[str] = set()
         self.grants: dict[str, tuple[str, float, str, int]] = {}
@@ -360,6 +362,15 @@ class NodeAgent:
                 max_workers=self.config.workers, thread_name_prefix="gpupool-pauser"
             )
         self._inflight.append(self._pool.submit(fn))
+
+    def _freeing(self, gpu_id: str) -> bool:
+        """Memory on ``gpu_id`` is still being freed (an eviction there is not confirmed yet)."""
+        return self.evictor is not None and (
+            gpu_id in self.evictor.pending()
+            or any(
+                e is not None and e.workload.gpu_id == gpu_id for e in map(self.workloads.get, self._to_evict)
+            )
+        )
 
     def _submit_any(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run an engine directive's pauser calls off the tick thread (read back by `EngineSleeps`)."""

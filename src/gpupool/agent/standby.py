@@ -6,7 +6,9 @@ converges on them with the pauser the directive names (``vllm-sleep``: ``POST /s
 ``POST /wake_up`` on the engine's endpoint, then ``GET /is_sleeping`` to confirm) and reports the
 outcome as an event: ``engine_asleep`` / ``engine_awake`` (``latency_ms``: the pauser call and its
 confirmation) or ``engine_sleep_failed`` / ``engine_wake_failed`` (the reason), with ``lease_id`` = the
-engine id. A failed action is retried after ``retry_s``.
+engine id. A failed action is retried after ``retry_s``. A wake waits while ``blocked(gpu_id)``: the
+agent is still freeing memory on that GPU (evictions of the batch work that had the slice), so an
+engine never loads its weights back onto memory another process still holds.
 
 Invariants: all state is touched on the agent's tick thread; the pauser calls run on the agent's
 worker pool (`submit`) and their outcome is read in a later `step`; at most one action per engine is
@@ -74,11 +76,13 @@ class EngineSleeps:
         ],
         emit: Callable[..., None],
         retry_s: float = 2.0,
+        blocked: Callable[[str], bool] | None = None,
     ) -> None:
         self.pausers = pausers
         self.submit = submit
         self.emit = emit
         self.retry_s = retry_s
+        self.blocked = blocked
         self.engines: dict[str, _Engine] = {}
 
     def take(self, raw: Sequence[Mapping[str, object]], now: float) -> None:
@@ -127,6 +131,8 @@ class EngineSleeps:
             e.retry_at = math.inf
             self.emit(kind, now, gpu_id=d.gpu_id, lease_id=d.id, pauser=d.pauser, reason=why)
             return
+        if d.state == "awake" and self.blocked is not None and self.blocked(d.gpu_id):
+            return  # memory on the GPU is still being freed: wake on a later tick
         act = pauser.pause if d.state == "asleep" else pauser.resume
 
         def work() -> tuple[PauseResult, bool | None]:

@@ -95,6 +95,8 @@ class TidalRuntime:
     batch: Any = None
     night: NightRepartitioner | None = None
     standby: StandbySleeper | None = None
+    lent: dict[str, tuple[Any, tuple[str, ...]]] = field(default_factory=dict)
+    """Standby id -> (its placement lease's request, slices) while its slice is lent to P2."""
     seen_log: int = 0
     seen_night: int = 0
     emitted: list[GatewayEvent] = field(default_factory=list)
@@ -175,6 +177,8 @@ class TidalRuntime:
         )
         for bid in changed:
             c.set_backend_routable(bid, sl.routable(bid))
+        for bid in sl.config.backends:
+            self._hand_over(bid)
         for ms in sl.paths:
             plane.record_path("sleep", ms)
         sl.paths.clear()
@@ -184,6 +188,38 @@ class TidalRuntime:
             self.emit("tidal", f"standby {bid}: {what}", gpu_id=inst.gpu_id)
         sl.log.clear()
         plane.notes["standby"] = sl.view()
+
+    def _hand_over(self, bid: str) -> None:
+        """Lend a sleeping standby's slice to P2 (its placement lease given back), or take it back
+        before the wake (P2 leases there revoked, the placement lease placed again)."""
+        from gpupool.cli.serve import SYSTEM_TENANT
+
+        sl, c = self.standby, self.bundle.controller
+        assert sl is not None
+        if sl.lendable(bid):
+            lease = next(
+                (x for x in c.leases(tenant=SYSTEM_TENANT) if dict(x.request.labels).get("instance") == bid),
+                None,
+            )
+            if lease is not None:
+                self.lent[bid] = (lease.request, lease.slice_ids)
+                c.release(lease.id, reason=f"tidal: standby {bid} asleep, its slice lent to P2 work")
+            sl.set_held(bid, False)
+        elif sl.wants_slice(bid):
+            request, slice_ids = self.lent.get(bid, (None, ()))
+            if request is None:
+                sl.set_held(bid, True)
+                return
+            for sid in slice_ids:
+                for x in list(c.allocator.leases.on_slice(sid)):
+                    if x.priority < 0:
+                        c.revoke(
+                            x.id, reason=f"tidal: standby {bid} wakes: its slice goes back to online work"
+                        )
+            out = c.place(request, slice_ids)
+            if out.granted:
+                del self.lent[bid]
+                sl.set_held(bid, True)
 
     def engine_reports(self, node: str, events: list[Any]) -> None:
         """The node agents' ``engine_*`` events -> the standby sleeper (a listener of the events route)."""

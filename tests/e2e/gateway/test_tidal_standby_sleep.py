@@ -7,8 +7,10 @@ the simulated devices, reporting to the gateway. The gateway (`gpupool serve`'s 
 clock, as in ``test_tidal_cycle``. Waits are liveness bounds, not timing assertions.
 
 Checked, in order: DAY keeps both instances awake; NIGHT takes the standby out of routing and the
-agent puts it to sleep (``is_sleeping``, the device readings, an event with the sleep's time); chat
-requests are served by the main instance meanwhile; a burst of P0 requests wakes it at once and the
+agent puts it to sleep (``is_sleeping``, the device readings, an event with the sleep's time); its
+slice is then lent: a P2 lease held by a real batch process is granted on it; chat requests are
+served by the main instance meanwhile; a burst of P0 requests wakes it at once: the P2 lease is
+revoked, the agent frees the batch process's memory (it exits) and only then wakes the engine; the
 night path ``sleep`` (burst -> confirmed awake) is an event, a ``/v1/pool`` figure and a metric; after
 the quiet time it sleeps again; the wake lead before the day window wakes it while still NIGHT.
 """
@@ -28,6 +30,7 @@ import httpx
 import pytest
 
 from gpupool.adapters.simulated import embedded_default
+from gpupool.adapters.simulated.holder import start_holder
 from gpupool.adapters.simulated.vram import REGISTRY_ENV
 from gpupool.cli.serve import build, register_backends
 from gpupool.cli.serving import free_port, uvicorn_server
@@ -39,7 +42,9 @@ from gpupool.core.tidal.plane import plane_config
 pytestmark = pytest.mark.slow
 TOKEN = "tidal-standby-admin"
 HDR = {"Authorization": f"Bearer {TOKEN}"}
-MIB, SLEEP_MIB = 20000, 512
+MIB, SLEEP_MIB = 2000, 512
+WATERMARKS = {"vram_high": 1.0, "vram_low": 0.99, "temp_high_c": 90, "temp_low_c": 80, "early_warning": 0.99}
+"""The simulated A100s also carry the plan's imagined replicas (about 90 % full): no backpressure here."""
 
 
 def at(hh: int, mm: int = 0, day: int = 2) -> float:
@@ -88,7 +93,7 @@ async def _night_sleep(tmp: Path) -> None:
                 gpupool(
                     "emulate-backend", "--model", str(main.model), "--quant", main.quant, "--port", str(port),
                     "--speed", "10", "--scheduling-policy", "priority", "--kv-budget-mib", "8192",
-                    "--hold-vram-mib", str(MIB), "--hold-on", s.gpu_id, "--sleep-vram-mib", str(SLEEP_MIB),
+                    "--hold-vram-mib", str(MIB), "--hold-on", s.id, "--sleep-vram-mib", str(SLEEP_MIB),
                     env=env,
                 )
             )  # fmt: skip
@@ -123,9 +128,12 @@ async def _night_sleep(tmp: Path) -> None:
         while not server.started:
             await asyncio.sleep(0.01)
         gw = f"http://127.0.0.1:{gw_port}"
+        async with httpx.AsyncClient(base_url=gw, headers=HDR, timeout=30) as cl:
+            assert (await cl.put("/v1/admin/watermarks", json=WATERMARKS)).status_code == 200
+        agent_metrics = free_port()
         agent = gpupool(
             "agent", "--gateway", gw, "--token", TOKEN, "--node", s1.node, "--devices", "simulated",
-            "--no-publish", "--metrics-port", "-1", "--period-ms", "100", env=env,
+            "--no-publish", "--metrics-port", str(agent_metrics), "--period-ms", "100", env=env,
         )  # fmt: skip
         procs.append(agent)
         standby_pid = procs[1].pid
@@ -158,6 +166,26 @@ async def _night_sleep(tmp: Path) -> None:
                 await until(lambda: held_by(registry, s1.gpu_id, standby_pid) == SLEEP_MIB, "its VRAM freed")
                 reasons = [e.reason for e in rt.emitted if e.kind == "tidal"]
                 assert any(r.startswith("standby main-1: asleep (sleep ") for r in reasons), reasons
+
+                # ------------------------------------------------------------ its slice is lent to P2
+                await until(lambda: not sl.view()["main-1"]["slice_held"], "the slice is lent", rt.step)
+                assert not [x for x in c.leases() if x.slice_ids == (s1.id,)]
+                batch, _ = start_holder(registry, s1.id, 3000)
+                procs.append(batch)  # type: ignore[arg-type]
+                labels = {"gpupool.io/pauser": "signal", "gpupool.io/pgid": str(batch.pid)}
+                want = {
+                    "priority": "P2",
+                    "vram_mib": s1.capacity.vram_mib,
+                    "gpu_id": s1.gpu_id,
+                    "labels": labels,
+                }
+                r = await cl.post("/v1/leases", json={**want, "ttl_s": 600})
+                assert r.status_code == 201, r.text
+                p2 = r.json()
+                assert p2["grants"][0]["slice_id"] == s1.id
+                await until(
+                    lambda: _agent_tracks_p2(agent_metrics), "the agent took the P2 lease from its ledger"
+                )
                 body = {"model": main.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
                 p0 = {**HDR, "x-gpupool-priority": "P0"}
                 r = await cl.post("/v1/chat/completions", json=body, headers=p0)
@@ -171,6 +199,9 @@ async def _night_sleep(tmp: Path) -> None:
                 assert [x.status_code for x in rs] == [200, 200]
                 assert sl.state("main-1")[0] == "awake"
                 await until(lambda: sl.routable("main-1"), "the burst woke the standby", rt.step)
+                assert batch.poll() is not None  # the batch process was gone before the engine woke
+                assert (await cl.get(f"/v1/leases/{p2['id']}")).json()["state"] == "revoked"
+                assert [x.request.tenant for x in c.leases() if x.slice_ids == (s1.id,)] == ["gpupool-system"]
                 rt.step()
                 assert c.kv.ledger.is_healthy("kv/main-1")
                 assert (await _get(f"{urls[1]}/is_sleeping")) == {"is_sleeping": False}
@@ -209,6 +240,19 @@ async def _night_sleep(tmp: Path) -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def _agent_tracks_p2(port: int) -> bool:
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
+    except httpx.HTTPError:
+        return False
+    return any(
+        line.startswith("gpupool_agent_workloads{")
+        and 'state="running"' in line
+        and float(line.split()[-1]) >= 1
+        for line in text.splitlines()
+    )
 
 
 def _ok(url: str) -> bool:

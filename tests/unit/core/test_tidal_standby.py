@@ -152,3 +152,23 @@ def test_the_plane_feeds_night_p0_arrivals_and_answers_when_the_wake_is_due() ->
     assert s.state("main-1")[0] == AWAKE
     clock.set(datetime(2026, 3, 3, 8, 21, tzinfo=zone).timestamp())  # 9 min before 08:30
     assert plane.standby_wake_due()
+
+
+def test_the_slice_is_lent_only_once_asleep_and_taken_back_before_the_wake_directive() -> None:
+    s = sleeper(backends=("main-1",), wake_burst=1)
+    s.step(0.0, night=True, wake_due=False, busy=idle)
+    assert not s.lendable("main-1")  # the directive is out, the agent has not confirmed yet
+    s.report("main-1", ASLEEP, latency_ms=100.0, now=1.0)
+    assert s.lendable("main-1") and not s.wants_slice("main-1")
+    s.set_held("main-1", False)  # the caller gave the placement lease back
+    assert not s.lendable("main-1") and s.view()["main-1"]["slice_held"] is False  # type: ignore[index]
+    s.p0(MAIN, 2.0)  # a burst of one: wanted awake at once
+    assert s.state("main-1")[:2] == (AWAKE, AWAKE)
+    assert s.wants_slice("main-1")
+    assert s.directives("n1")[0]["state"] == ASLEEP  # not woken onto memory P2 may still hold
+    s.set_held("main-1", True)
+    assert s.directives("n1")[0]["state"] == AWAKE and not s.wants_slice("main-1")
+    assert [w for _, w in s.log if w.startswith("slice")] == [
+        "slice lent to P2 work",
+        "slice taken back for the wake",
+    ]

@@ -22,6 +22,11 @@ Rules (all times from the caller; no clock reads):
   the arrival that tripped the burst to the agent's confirmed wake is the night path ``sleep``.
 - **Routable** only when wanted awake and reported awake: a waking engine gets no request before it
   can serve it. A backend never reported on counts as awake (engines start awake).
+- **The slice is lent while it sleeps**: once the agent confirms it asleep the caller gives the
+  instance's placement lease back (`lendable`), so P2 work can be granted the slice; before the
+  engine is woken the caller takes the slice back (revoking the P2 leases on it, whose holders the
+  agents free) and says so with `set_held`. Until then the directive stays ``asleep``: an engine is
+  never woken onto memory that batch work still holds.
 
 Invariants: a backend is in exactly one of the states awake/asleep for `desired` and for `actual`;
 a directive ``asleep`` is only given for a backend that is wanted asleep and was drained; every
@@ -95,6 +100,8 @@ class _Standby:
     since: float = 0.0
     routed: bool = True
     """Routability as last handed to the caller by `step`."""
+    held: bool = True
+    """The instance holds its slice (its placement lease); False while the slice is lent to P2."""
 
 
 @dataclass(slots=True)
@@ -128,6 +135,22 @@ class StandbySleeper:
         st = self._s.get(bid)
         return st is None or (st.desired == AWAKE and st.actual == AWAKE)
 
+    def lendable(self, bid: str) -> bool:
+        """The slice can go to P2 now: wanted and confirmed asleep, still held."""
+        st = self._s[bid]
+        return st.held and st.desired == ASLEEP and st.directive == ASLEEP and st.actual == ASLEEP
+
+    def wants_slice(self, bid: str) -> bool:
+        """The slice must come back now (it is lent and the engine is wanted awake)."""
+        st = self._s[bid]
+        return not st.held and st.desired == AWAKE
+
+    def set_held(self, bid: str, held: bool) -> None:
+        st = self._s[bid]
+        if st.held != held:
+            st.held = held
+            self.log.append((bid, "slice lent to P2 work" if not held else "slice taken back for the wake"))
+
     def state(self, bid: str) -> tuple[str, str, str]:
         """(desired, directive, actual) of a standby backend."""
         st = self._s[bid]
@@ -142,7 +165,7 @@ class StandbySleeper:
                 "endpoint": st.inst.url,
                 "pauser": PAUSER,
                 "level": self.config.level,
-                "state": st.directive,
+                "state": st.directive if st.held else ASLEEP,
             }
             for bid, st in sorted(self._s.items())
             if st.inst.node == node
@@ -154,6 +177,7 @@ class StandbySleeper:
                 "desired": st.desired,
                 "directive": st.directive,
                 "actual": st.actual,
+                "slice_held": st.held,
                 "wake_ms": st.last_wake_ms,
             }
             for bid, st in sorted(self._s.items())
