@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,7 +54,7 @@ def ray_head(tmp_path: Path) -> Iterator[str]:
         pytest.skip("the ray CLI is not on PATH")
     port = _free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    tmp = Path("/tmp") / f"ray-{os.getpid()}"  # Ray's socket paths must stay short
+    tmp = Path(tempfile.gettempdir()) / f"ray-{os.getpid()}"  # Ray's socket paths must stay short
     subprocess.run(
         [ray_bin, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
          "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={tmp}"],
