@@ -201,7 +201,8 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
         (`KvBackends._lane_grant`); ``session``: the request's session, whose own retained prefix
         is never reclaimed for it. Queued, a model request waits for room on ``holder`` (the KV
         slice holding its session's prefix: `SessionTable.holder`) for ``patience_s`` seconds
-        before it takes any slice (`KvBackends._holder_grant`)."""
+        before it takes any slice (`KvBackends._holder_grant`); with a ``holder``, a patience and
+        no ``prefer``, it is granted now only on the holder, else it queues for it."""
         validate_request(request)
         if not (0.0 <= patience_s <= self.config.admission.max_wait_s):  # also NaN
             raise InvalidInput(
@@ -426,9 +427,15 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
         kv_models = self._kv_models if kv else None
         if kv:
             self._lane_expire()
+        # granted now on its holder or queued for it (`acquire`), never placed elsewhere now
+        only_holder = bool(kv and holder and patience_s > 0 and not prefer)
         if kv and KvLane.eligible(request):
             held = self.queue.avoid(request.priority) if len(self.queue) else NOTHING
-            lease = self._lane_grant(request, held, prefer, session)
+            if only_holder:
+                others = frozenset(x for x in self._kv_models if x != holder)
+                lease = self._lane_grant(request, held | others, holder, session)
+            else:
+                lease = self._lane_grant(request, held, prefer, session)
             if lease is not None:
                 self.queue.record_grant(request.priority)
                 return self._count(request, Outcome(OutcomeCode.GRANTED, lease=lease))
@@ -436,7 +443,7 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
             self.lane.yield_all()  # the allocator's path must see the true free room
             if not KvLane.eligible(request):
                 self._reclaim_for(request, self.queue.avoid(request.priority) if len(self.queue) else NOTHING)
-        if kv and not len(self.queue):
+        if kv and not len(self.queue) and not only_holder:
             # Request leases with nothing queued: try the placement first; a grant proves a slice in
             # scope could hold the request, which is all `unresolvable` would establish (same outcome,
             # same counts and events, one scan of the model's KV slices fewer per request).
@@ -450,7 +457,11 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
         if why is not None:
             return self._count(request, Outcome(OutcomeCode.UNRESOLVABLE, reason=why))
         avoid = self.queue.avoid(request.priority) if len(self.queue) else NOTHING
-        out = self._place(request, gpu_id, kv=kv, avoid=avoid)
+        out = (
+            self._place(request, gpu_id, kv=kv, avoid=avoid)
+            if not only_holder
+            else Outcome(OutcomeCode.NO_CAPACITY, reason="waiting for room on its session's holder")
+        )
         if out.code is not OutcomeCode.NO_CAPACITY:
             if out.granted:
                 self.queue.record_grant(request.priority)

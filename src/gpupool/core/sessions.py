@@ -196,7 +196,9 @@ class SessionTable:
         load: Callable[[str], tuple[int, int]],
     ) -> tuple[str, int]:
         """(the instance where ``session``'s turn should see its first token soonest, the prompt
-        tokens it will compute there), or ("", prompt) when every instance is over its red line.
+        tokens it will compute there), or ("", prompt) when every instance is over its red line, or
+        when the instance holding most of the session's prefix is and the turn may wait for it
+        there (a prefill rate is measured there: `holder` gives it a patience).
 
         Cost on an instance = prompt tokens waiting there for their first token (`prefill_begin` /
         `prefill_done`) + `RECOMPUTE_WEIGHT` x this prompt's tokens not covered by the session's
@@ -225,10 +227,10 @@ class SessionTable:
             key = (self._pending.get(inst, 0) + RECOMPUTE_WEIGHT * new, used - cap, inst)
             if best is None or key < best:
                 best, best_new = key, new
-        if best is None:
-            return "", prompt_tokens
         if crossed:
             self.red_line_hits += 1
+        if best is None or (crossed and top is not None and self._rate.get(top.instance, 0.0) > 0):
+            return "", prompt_tokens
         return best[2], best_new
 
     def holder(self, session: str, prompt_tokens: int, need_mib: int) -> tuple[str, int, float]:

@@ -376,3 +376,30 @@ def test_a_queue_wait_for_a_holder_names_bad_values() -> None:
     with pytest.raises(InvalidInput, match="holder"):
         c.acquire(_req(100), holder="kv/nope", patience_s=1.0)
     assert c.request_lease_count() == 0
+
+
+def test_a_turn_whose_holder_is_over_its_red_line_waits_for_it_once_a_rate_is_measured() -> None:
+    c, clock = _controller()
+    assert _turn(c, clock, "s", 200) == A
+    hog = c.acquire(_req(700), prefer=A).lease  # A: 700 held by requests, B idle
+    assert hog is not None and hog.grants[0].slice_id == A
+    # no measured rate on A: over the red line there, the turn goes to B and recomputes
+    assert c.sessions.route("s", 400, 1000, [A, B], c.kv_load) == (B, 1000)
+    c.sessions.prefill_done(A, 1000, 1.0)
+    # with one: it queues for A (the recompute it saves is worth 8 s of waiting) ...
+    assert c.sessions.route("s", 400, 1000, [A, B], c.kv_load) == ("", 1000)
+    holder, fresh, patience_s = c.sessions.holder("s", 1000, 400)
+    assert (holder, fresh, patience_s) == (A, 500, RECOMPUTE_WEIGHT * 500 / 1000)
+    out = c.acquire(_req(400), session="s", wait_s=60.0, holder=holder, patience_s=patience_s)
+    assert out.code is OutcomeCode.QUEUED and out.ticket  # ... though B has room
+    assert c.kv_load(B) == (0, 900)
+    c.release(hog.id)
+    st = c.ticket(out.ticket)
+    assert st.state == "granted" and st.lease is not None and st.lease.slice_ids == (A,)
+    # a holder with room grants at once, on the holder
+    c.session_begin("s", st.lease)
+    _finish(c, clock, "s", st.lease, 400)
+    now = c.acquire(_req(400), session="s", holder=A, patience_s=1.0)
+    assert now.lease is not None and now.lease.slice_ids == (A,)
+    c.session_begin("s", now.lease)
+    c.check_invariants()
