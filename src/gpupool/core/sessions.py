@@ -19,7 +19,9 @@ prefixes against the instance's KV budget like any lease, and they give way to r
 - a request that needs room (`reclaim`) ends retained leases of *other* sessions on one instance,
   chosen by the preemption planner (`core.preemption.plan_slice`) in its victim order, which for
   retained leases is least recently used first; the victims end PREEMPTED and their residency moves
-  to the host tier (the engine moves the blocks there, LRU beyond ``host_mib`` per instance: dropped).
+  to the host tier (the engine moves the blocks there when it needs their room, LRU; the view keeps
+  them until the instance's host tier + KV capacity would overflow, oldest forgotten first: the
+  ledger reclaims ahead of the engine, which evicts only the idle blocks it must).
 
 Routing (`route`, used by the proxy): among the instances the request would keep below their *red
 line* (MiB held by requests now + the request's MiB, i.e. prompt + growth to ``max_tokens``, at most
@@ -40,8 +42,8 @@ instance. The controller's pump grants it there (`KvBackends._holder_grant`), re
 sessions' retained prefixes LRU-first as for any request.
 
 Invariants (`check`): a retained lease exists exactly for the idle residencies with GPU MiB > 0 and
-holds exactly ``gpu_mib``; per instance the host MiB <= its host cap; every lookup is O(1) in the
-number of sessions; no clock reads (``now`` is injected).
+holds exactly ``gpu_mib``; per instance the host MiB <= its host tier + KV capacity; every lookup
+is O(1) in the number of sessions; no clock reads (``now`` is injected).
 """
 
 from __future__ import annotations
@@ -104,12 +106,23 @@ class Residency:
 @dataclass(slots=True)
 class _Instance:
     host_cap_mib: int
+    gpu_cap_mib: int
+    """The instance's KV capacity in the ledger (its red line)."""
     host_mib: int = 0
     retained_mib: int = 0
     idle: OrderedDict[str, Residency] = field(default_factory=OrderedDict)
     """Idle residencies with a retained lease, least recently used first."""
     host_lru: OrderedDict[str, Residency] = field(default_factory=OrderedDict)
     """Residencies with host-tier MiB, oldest first."""
+
+    @property
+    def idle_cap_mib(self) -> int:
+        """What reclaimed prefixes may hold before the oldest is forgotten: the host tier + the KV
+        capacity. The engine evicts idle blocks only when it needs their room, least recently used
+        first, GPU to host tier, host tier to nothing; a prefix reclaimed in the ledger (which
+        counts every request's growth to ``max_tokens`` ahead of time) may still sit idle on the
+        GPU, so the engine's idle blocks can fill both before it drops one."""
+        return self.host_cap_mib + self.gpu_cap_mib
 
 
 class SessionTable:
@@ -155,7 +168,8 @@ class SessionTable:
     def _inst(self, instance: str) -> _Instance:
         inst = self._instances.get(instance)
         if inst is None:
-            inst = self._instances[instance] = _Instance(self.host_mib)
+            gpu = self.kv.ledger.slice(instance).capacity.vram_mib if instance in self.kv.ledger else 0
+            inst = self._instances[instance] = _Instance(self.host_mib, gpu)
         return inst
 
     # ------------------------------------------------------------------ routing
@@ -388,7 +402,7 @@ class SessionTable:
     def check(self) -> None:
         for name, inst in self._instances.items():
             rs = [r for held in self._sessions.values() for r in held.values() if r.instance == name]
-            if inst.host_mib != sum(r.host_mib for r in rs) or inst.host_mib > inst.host_cap_mib:
+            if inst.host_mib != sum(r.host_mib for r in rs) or inst.host_mib > inst.idle_cap_mib:
                 raise InvariantViolation(f"sessions on {name}: host tier {inst.host_mib} MiB")
             if inst.retained_mib != sum(r.gpu_mib for r in inst.idle.values()):
                 raise InvariantViolation(f"sessions on {name}: retained {inst.retained_mib} MiB")
@@ -453,13 +467,14 @@ class SessionTable:
         return True
 
     def _to_host(self, inst: _Instance, r: Residency, mib: int) -> None:
-        keep = min(mib, inst.host_cap_mib)
-        while inst.host_mib - r.host_mib + keep > inst.host_cap_mib and inst.host_lru:
+        cap = inst.idle_cap_mib
+        keep = min(mib, cap)
+        while inst.host_mib - r.host_mib + keep > cap and inst.host_lru:
             old = next(iter(inst.host_lru.values()))
             if old is r:
                 break
             self._set_host(inst, old, 0)
-        self._set_host(inst, r, min(keep, inst.host_cap_mib - (inst.host_mib - r.host_mib)))
+        self._set_host(inst, r, min(keep, cap - (inst.host_mib - r.host_mib)))
 
     def _residency(self, session: str, instance: str) -> Residency:
         held = self._sessions.get(session)

@@ -163,9 +163,9 @@ def test_a_request_reclaims_only_what_it_needs_and_the_victims_move_to_the_host_
     ]
     r1, r2 = c.sessions.residency("s1", A), c.sessions.residency("s2", A)
     assert r1 is not None and r2 is not None
-    # both went to the host tier (250 MiB): s2, the later, keeps its 200 there; s1 was pushed out
-    assert (r1.gpu_mib, r1.host_mib) == (0, 0) and (r2.gpu_mib, r2.host_mib) == (0, 200)
-    assert c.sessions.usage(A) == (400, 200) and c.sessions.reclaimed == 2
+    # both left the ledger for the engine's idle room (host tier 250 + KV capacity 900 MiB)
+    assert (r1.gpu_mib, r1.host_mib) == (0, 200) and (r2.gpu_mib, r2.host_mib) == (0, 200)
+    assert c.sessions.usage(A) == (400, 400) and c.sessions.reclaimed == 2
     # a host-tier copy still attracts the session's next turn
     assert c.sessions.prefer("s2", 100, c.kv_load) == A
     c.check_invariants()
@@ -207,7 +207,7 @@ def test_admission_order_preferred_with_reclaim_then_free_elsewhere_then_reclaim
 
 def test_a_retained_prefix_without_room_reclaims_older_ones_or_goes_to_the_host_tier() -> None:
     c, clock = _controller(backends=1)
-    c.sessions.set_host_tier(A, 1000)
+    c.sessions.set_host_tier(A, 300)  # reclaimed prefixes: 300 + the 900 of KV capacity, LRU
     _turn(c, clock, "s1", 400)
     _turn(c, clock, "s2", 400)
     _turn(c, clock, "s3", 400)  # its request reclaimed s1 (LRU) to fit
@@ -221,10 +221,10 @@ def test_a_retained_prefix_without_room_reclaims_older_ones_or_goes_to_the_host_
     assert hold is not None and c.sessions.reclaim_order(A) == []
     c.sessions.begin("s6", A)
     c.session_end("s6", A, 100)  # nothing to reclaim: straight to the host tier
-    # host tier, LRU within 1000 MiB: s1 and s2 were pushed out by s3, s5 and s6
+    # off the ledger, LRU within 1200 MiB: s1 (the oldest there) was pushed out by s5
     host = {s: r.host_mib for s in ("s1", "s2", "s3", "s5", "s6") if (r := c.sessions.residency(s, A))}
-    assert host == {"s1": 0, "s2": 0, "s3": 400, "s5": 300, "s6": 100}
-    assert c.sessions.usage(A) == (0, 800)
+    assert host == {"s1": 0, "s2": 400, "s3": 400, "s5": 300, "s6": 100}
+    assert c.sessions.usage(A) == (0, 1200)
     c.release(hold.id)
     c.check_invariants()
 
