@@ -106,23 +106,12 @@ class Residency:
 @dataclass(slots=True)
 class _Instance:
     host_cap_mib: int
-    gpu_cap_mib: int
-    """The instance's KV capacity in the ledger (its red line)."""
     host_mib: int = 0
     retained_mib: int = 0
     idle: OrderedDict[str, Residency] = field(default_factory=OrderedDict)
     """Idle residencies with a retained lease, least recently used first."""
     host_lru: OrderedDict[str, Residency] = field(default_factory=OrderedDict)
     """Residencies with host-tier MiB, oldest first."""
-
-    @property
-    def idle_cap_mib(self) -> int:
-        """What reclaimed prefixes may hold before the oldest is forgotten: the host tier + the KV
-        capacity. The engine evicts idle blocks only when it needs their room, least recently used
-        first, GPU to host tier, host tier to nothing; a prefix reclaimed in the ledger (which
-        counts every request's growth to ``max_tokens`` ahead of time) may still sit idle on the
-        GPU, so the engine's idle blocks can fill both before it drops one."""
-        return self.host_cap_mib + self.gpu_cap_mib
 
 
 class SessionTable:
@@ -168,9 +157,17 @@ class SessionTable:
     def _inst(self, instance: str) -> _Instance:
         inst = self._instances.get(instance)
         if inst is None:
-            gpu = self.kv.ledger.slice(instance).capacity.vram_mib if instance in self.kv.ledger else 0
-            inst = self._instances[instance] = _Instance(self.host_mib, gpu)
+            inst = self._instances[instance] = _Instance(self.host_mib)
         return inst
+
+    def _idle_cap(self, instance: str, inst: _Instance) -> int:
+        """What reclaimed prefixes on ``instance`` may hold before the oldest is forgotten: its host
+        tier + its KV capacity in the ledger. The engine evicts idle blocks only when it needs their
+        room, least recently used first, GPU to host tier, host tier to nothing; a prefix reclaimed
+        in the ledger (which counts every request's growth to ``max_tokens`` ahead of time) may
+        still sit idle on the GPU, so the engine's idle blocks can fill both before it drops one."""
+        ledger = self.kv.ledger
+        return inst.host_cap_mib + (ledger.slice(instance).capacity.vram_mib if instance in ledger else 0)
 
     # ------------------------------------------------------------------ routing
     def prefer(self, session: str, need_mib: int, load: Callable[[str], tuple[int, int]]) -> str:
@@ -197,8 +194,6 @@ class SessionTable:
             best, best_key = r.instance, key
         if crossed and not best:
             self.red_line_hits += 1
-        if best:
-            self.prefix_routed += 1
         return best
 
     def route(
@@ -402,7 +397,7 @@ class SessionTable:
     def check(self) -> None:
         for name, inst in self._instances.items():
             rs = [r for held in self._sessions.values() for r in held.values() if r.instance == name]
-            if inst.host_mib != sum(r.host_mib for r in rs) or inst.host_mib > inst.idle_cap_mib:
+            if inst.host_mib != sum(r.host_mib for r in rs) or inst.host_mib > self._idle_cap(name, inst):
                 raise InvariantViolation(f"sessions on {name}: host tier {inst.host_mib} MiB")
             if inst.retained_mib != sum(r.gpu_mib for r in inst.idle.values()):
                 raise InvariantViolation(f"sessions on {name}: retained {inst.retained_mib} MiB")
@@ -467,7 +462,7 @@ class SessionTable:
         return True
 
     def _to_host(self, inst: _Instance, r: Residency, mib: int) -> None:
-        cap = inst.idle_cap_mib
+        cap = self._idle_cap(r.instance, inst)
         keep = min(mib, cap)
         while inst.host_mib - r.host_mib + keep > cap and inst.host_lru:
             old = next(iter(inst.host_lru.values()))
