@@ -35,11 +35,12 @@ A turn that starts counts as holding its request's MiB on the GPU while it runs 
 prompt's blocks), so a next turn that arrives before it ends finds it.
 
 Queueing (`holder`, used by the proxy when it passes ``holder`` / ``patience_s`` to the controller's
-`acquire`): a turn that finds no room anywhere waits for room on its *holder* (the instance holding
-most of its prefix) first, for ``RECOMPUTE_WEIGHT`` x the tokens the holder saves it / the prefill
-rate measured there (`prefill_done`): the same trade as `route`, in time; past that it takes any
-instance. The controller's pump grants it there (`KvBackends._holder_grant`), reclaiming other
-sessions' retained prefixes LRU-first as for any request.
+`acquire`): a turn that finds no room anywhere, or whose holder is over its red line, waits for room
+on its *holder* (the instance holding most of its prefix) first, for ``RECOMPUTE_WEIGHT`` x the
+tokens the holder saves it / the prefill rate measured there (`prefill_done`): the same trade as
+`route`, in time; past that it takes any instance. The controller's pump grants it there
+(`KvBackends._holder_grant`), reclaiming other sessions' retained prefixes LRU-first as for any
+request.
 
 Invariants (`check`): a retained lease exists exactly for the idle residencies with GPU MiB > 0 and
 holds exactly ``gpu_mib``; per instance the host MiB <= its host tier + KV capacity; every lookup
@@ -69,8 +70,8 @@ RETAIN_TTL_S = 3600.0
 RECOMPUTE_WEIGHT = 16
 """`route` counts the tokens a request must recompute on an instance this many times: once for its
 own wait, and more for the work they put ahead of every request that arrives there after it (and
-the prefix cache space they take). Measured (`gpupool bench kv`, BENCHMARKS.md): 2 and 3 recomputed
-about as much as vllm-router's cache_aware, 8 about 1 % less, each with a far lower TTFT p99."""
+the prefix cache space they take). In earlier runs of `gpupool bench kv` the weights 2, 3 and 8
+recomputed more than 16; it also sets how long a queued turn waits for its holder (`holder`)."""
 RATE_WEIGHT = 0.1
 """Weight of the newest measurement in an instance's moving-average prefill rate (`prefill_done`)."""
 
@@ -140,7 +141,7 @@ class SessionTable:
         self._rate: dict[str, float] = {}
         """Instance -> measured prompt tokens a second until a first token (`prefill_done`)."""
         self.red_line_hits = 0
-        """Requests whose best instance was over its red line (routed elsewhere)."""
+        """Requests whose best instance was over its red line (routed elsewhere or queued for it)."""
         self.prefix_routed = 0
         """Requests granted on an instance holding part of their session's prefix (counted by the
         caller, which sees the grant)."""
@@ -243,7 +244,7 @@ class SessionTable:
         return best[2], best_new
 
     def holder(self, session: str, prompt_tokens: int, need_mib: int) -> tuple[str, int, float]:
-        """Where a turn that found no room anywhere (every instance over its red line) should wait:
+        """Where a turn that must wait (every instance, or its holder, over its red line) waits first:
         (the instance holding most of ``session``'s prefix, on the GPU, in a turn running there, or
         on its host tier; the prompt tokens it would compute there; how long it may wait for room
         there before it takes any instance), or ("", prompt, 0.0) for none.
