@@ -60,8 +60,25 @@ def default_advertise_url(host: str, port: int) -> str:
 
 
 def leader_url_of(candidate: str | None) -> str | None:
-    """The base URL in a leader key's value (``URL#replica-id``)."""
+    """The base URL in a leader key's value (``URL#replica-id[#EXTENDER-URL]``)."""
     return candidate.partition("#")[0] if candidate else None
+
+
+def extender_url_of(candidate: str | None) -> str | None:
+    """The extender URL in a leader key's value (None: the leader serves no extender)."""
+    parts = (candidate or "").split("#", 2)
+    return parts[2] if len(parts) == 3 and parts[2] else None
+
+
+def default_extender_url(advertise_url: str, port: int, prefix: str) -> str:
+    """The advertised API URL's host with the extender's port and prefix."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(advertise_url)
+    host = parts.hostname or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+    return f"{parts.scheme or 'http'}://{host}:{port}{prefix}"
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -85,12 +102,19 @@ async def run_replica(
     advertise_url: str,
     ttl_s: int,
     server_options: dict[str, Any],
+    extender: Any = None,
+    extender_url: str = "",
 ) -> int:
     """Run one replica until a signal (0) or a lost leadership (`EXIT_LOST_LEADERSHIP`).
 
     ``build_leader(store)``: the gateway `Bundle` rebuilt from the store (called once, after
-    winning); ``serve_leader(bundle, sockets=..., stop_event=...)``: serve it until a signal or
-    ``stop_event``."""
+    winning); ``serve_leader(bundle, sockets=..., stop_event=..., gate=...)``: serve it, with the
+    leader-only services, until a signal or ``stop_event`` (``gate()``: this replica still holds
+    its etcd lease). ``extender``: the bound extender server (`ExtenderServer`, ``--kubernetes``),
+    served by this replica for its whole life: as a relay to the leader while standing by, by the
+    leader's own extender after winning; ``extender_url``: its URL as other replicas reach it
+    (published in the leader key)."""
+    from gpupool.adapters.k8s.forwarding import Forwarder
     from gpupool.cli.serving import uvicorn_server
 
     loop = asyncio.get_running_loop()
@@ -99,6 +123,8 @@ async def run_replica(
     except OSError as exc:
         raise UserError(f"--port {port}: cannot listen on {host}:{port}: {exc}") from None
     candidate = f"{advertise_url.rstrip('/')}#{uuid.uuid4().hex[:12]}"
+    if extender is not None:
+        candidate += f"#{extender_url.rstrip('/')}"
     lost = asyncio.Event()
     doubt: list[str] = []
 
@@ -128,6 +154,9 @@ async def run_replica(
         self_url=advertise_url,
     )
     apps.append(standby)
+    if extender is not None:
+        extender.use(Forwarder(lambda: extender_url_of(follower.leader()), self_url=extender_url))
+        extender.start()
     won = False
     if follower.leader() is None:  # nobody leads: try first (the first replica serves as leader at once)
         with contextlib.suppress(EtcdError):
@@ -176,6 +205,8 @@ async def run_replica(
             await serving
         follower.close()
         sock.close()
+        if extender is not None:
+            await asyncio.to_thread(extender.stop)
         return 0
     say(f"gpupool: elected leader (election revision {election.revision}); rebuilding the ledger")
     store.on_write_doubt = lambda exc: lose(f"a write's outcome is unknown ({exc})")
@@ -194,15 +225,19 @@ async def run_replica(
         loop.remove_signal_handler(sig)
     if lost.is_set() or stopping.is_set():
         election.resign()
+        if extender is not None:
+            await asyncio.to_thread(extender.stop)
         if stopping.is_set():
             return 0
         say(f"gpupool: lost the leadership while starting ({doubt[0]}); exiting")
         return EXIT_LOST_LEADERSHIP
     say(f"gpupool: leader serving on http://{host}:{port} (ledger rebuilt in {loop.time() - t0:.2f} s)")
     try:
-        await serve_leader(bundle, sockets=[sock.dup()], stop_event=lost)
+        await serve_leader(bundle, sockets=[sock.dup()], stop_event=lost, gate=lambda: election.is_leader)
     finally:
         sock.close()
+        if extender is not None:
+            await asyncio.to_thread(extender.stop)
     election.resign()
     if lost.is_set():
         say(f"gpupool: lost the leadership ({doubt[0]}); exiting so that this replica restarts as a standby")
@@ -238,9 +273,15 @@ def serve_replicated(
     advertise_url: str,
     ttl_s: int,
     server_options: dict[str, Any],
+    leader_services: Callable[[Any, Callable[[], bool]], list[Any]] | None = None,
+    extender: Any = None,
+    extender_url: str = "",
 ) -> int:
     """`gpupool serve` with an etcd store: check every argument, open the store, run one replica;
-    the process's exit status (`run_replica`)."""
+    the process's exit status (`run_replica`). ``leader_services(bundle, gate)``: the coroutines
+    that run on the leader only, beside its server (the tidal plane and batch runner, the
+    extender's reconciler and preemptor): started once the ledger is rebuilt after winning,
+    cancelled when the leader stops or steps down."""
     import sqlite3
 
     from gpupool.adapters.store.etcd import open_etcd_store
@@ -269,11 +310,14 @@ def serve_replicated(
         raise UserError(f"cannot open the lease store {store_url}: {exc}") from None
     code: list[int] = [0]
 
-    async def serve_leader(bundle: Any, *, sockets: list[socket.socket], stop_event: asyncio.Event) -> None:
+    async def serve_leader(
+        bundle: Any, *, sockets: list[socket.socket], stop_event: asyncio.Event, gate: Callable[[], bool]
+    ) -> None:
         opts: dict[str, Any] = {
             "server_options": server_options,
             "sockets": sockets,
             "stop_event": stop_event,
+            "extra": leader_services(bundle, gate) if leader_services is not None else [],
         }
         await serve_forever(bundle, host=host, port=port, **opts)
 
@@ -288,6 +332,8 @@ def serve_replicated(
             advertise_url=advertise_url,
             ttl_s=ttl_s,
             server_options=server_options,
+            extender=extender,
+            extender_url=extender_url,
         )
 
     try:
@@ -298,4 +344,12 @@ def serve_replicated(
     return code[0]
 
 
-__all__ = ["EXIT_LOST_LEADERSHIP", "bind_socket", "leader_url_of", "run_replica", "serve_replicated"]
+__all__ = [
+    "EXIT_LOST_LEADERSHIP",
+    "bind_socket",
+    "default_extender_url",
+    "extender_url_of",
+    "leader_url_of",
+    "run_replica",
+    "serve_replicated",
+]

@@ -125,6 +125,8 @@ class Bundle:
     plan: Any = None
     workloads: Any = None
     backends: list[Backend] = field(default_factory=list)
+    tidal: Any = None
+    """The `TidalRuntime` a replica attached after winning (`gpupool.cli.ha`); None otherwise."""
 
 
 def plan_cluster(cluster: Path, workloads: Path) -> tuple[Any, Any, Any, list[Slice]]:
@@ -546,17 +548,41 @@ def serve(  # noqa: PLR0917 (typer options)
 
     opts: dict[str, Any] = {"header_timeout_s": header_timeout_s, "max_connections": max_connections}
     if store is not None and store.startswith(("etcd://", "etcds://")):
-        if kubernetes:
-            raise UserError(
-                "--kubernetes with an etcd store is not supported yet (the replicas' extender port is not "
-                "handed over on failover); use the SQLite store for --kubernetes, or run "
-                "`gpupool extender --store etcd://...` beside the replicas"
-            )
-        from gpupool.cli.ha import default_advertise_url, serve_replicated
+        from gpupool.cli.ha import default_advertise_url, default_extender_url, serve_replicated
 
         check_range("--election-ttl-s", election_ttl_s, lo=2, hi=60)
+        advertise = advertise_url or default_advertise_url(host, port)
+
+        def make_leader(open_store: Any) -> Bundle:
+            """The leader's bundle, rebuilt from the store after winning; the batch queue is the
+            store's own (`EtcdJobQueue`), its running and paused jobs requeued now."""
+            bundle = make_bundle(open_store)
+            if plane_cfg is not None:
+                from gpupool.adapters.store.etcd_jobs import EtcdJobQueue
+                from gpupool.cli.tidalplane import attach_tidal
+
+                bundle.tidal = attach_tidal(
+                    bundle,
+                    config=plane_cfg,
+                    data_dir=data_dir,
+                    clock=bundle.controller.clock,
+                    ray_address=ray_address,
+                    queue=EtcdJobQueue(open_store),
+                )
+            return bundle
+
+        def leader_services(bundle: Bundle, gate: Any) -> list[Any]:
+            out: list[Any] = []
+            if bundle.tidal is not None:
+                from gpupool.cli.tidalplane import tidal_loop
+
+                out.append(tidal_loop(bundle.tidal))
+            if kube is not None:
+                out.append(serve_k8s.run(bundle, kube, kube_opts, gate=gate))
+            return out
+
         code = serve_replicated(
-            make_bundle=make_bundle,
+            make_bundle=make_leader,
             store_url=store,
             store_options=store_options,
             data_dir=data_dir,
@@ -565,9 +591,12 @@ def serve(  # noqa: PLR0917 (typer options)
             workloads=workloads,
             host=host,
             port=port,
-            advertise_url=advertise_url or default_advertise_url(host, port),
+            advertise_url=advertise,
             ttl_s=election_ttl_s,
             server_options=opts,
+            leader_services=leader_services,
+            extender=None if kube is None else kube.server,
+            extender_url=default_extender_url(advertise, extender_port, extender_prefix),
         )
         raise typer.Exit(code)
     bundle = make_bundle()

@@ -11,6 +11,11 @@ comes from node annotations: never here, the gateway's inventory is its plan and
 the inventory loop run in threads exactly as in ``gpupool extender``; the reconciler's first resync
 adopts, from pod annotations, only what the store lacks.
 
+Replicas (an etcd store, `gpupool.cli.ha`): every replica binds the extender port at start and
+serves it for its whole life; a standby relays the verbs to the leader's extender
+(`gpupool.adapters.k8s.forwarding`), the leader serves them from its ledger (`run` with a ``gate``),
+and the reconciler and preemptor (they write) run on the leader only.
+
 Start-up order: options are checked and the extender's port is bound before the store opens
 (`check`), so a bad flag or a taken port exits 2 with nothing changed; the threads start once the
 loop runs (`run`).
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,8 +74,14 @@ def check(opts: KubeOptions) -> Prepared:
     return Prepared(server, ext, api, listed)
 
 
-async def run(bundle: Any, prepared: Prepared, opts: KubeOptions) -> None:
-    """Serve the extender on the bundle's controller until cancelled (a `serve_forever` extra)."""
+async def run(
+    bundle: Any, prepared: Prepared, opts: KubeOptions, *, gate: Callable[[], bool] | None = None
+) -> None:
+    """Serve the extender on the bundle's controller until cancelled (a `serve_forever` extra).
+
+    ``gate`` (replicas, `gpupool.cli.ha`): the server already runs (a standby's relay) on the
+    port; the extender takes it over now, answers only while ``gate()`` holds (the etcd lease), and
+    on the way out the server is handed a relay that answers 503 until the process exits."""
     from gpupool.adapters.k8s.owner import LoopOwner
     from gpupool.adapters.k8s.pool import ExtenderPool
     from gpupool.cli.console import say
@@ -79,7 +91,10 @@ async def run(bundle: Any, prepared: Prepared, opts: KubeOptions) -> None:
     owner = LoopOwner(asyncio.get_running_loop(), durable=committer.durable, kick=committer.kick)
     prepared.extender.pool = ExtenderPool(bundle.controller, owner=owner)
     stop = threading.Event()
-    prepared.server.start()
+    if gate is None:
+        prepared.server.start()
+    else:
+        prepared.server.use(prepared.extender, gate=gate)
     try:
         await asyncio.to_thread(
             start_services,
@@ -90,10 +105,16 @@ async def run(bundle: Any, prepared: Prepared, opts: KubeOptions) -> None:
             preempt_interval_s=opts.preempt_interval_s,
             inventory_resync_s=0.0,
             stop=stop,
-            listed=prepared.listed,
+            # a new leader lists the pods again: the list taken at start-up may be old by now
+            listed=prepared.listed if gate is None else None,
         )
         say(f"gpupool extender on {prepared.server.url} (same ledger as the gateway)")
         await asyncio.Event().wait()
     finally:
         stop.set()
-        await asyncio.to_thread(prepared.server.stop)
+        if gate is None:
+            await asyncio.to_thread(prepared.server.stop)
+        else:
+            from gpupool.adapters.k8s.forwarding import Forwarder
+
+            prepared.server.use(Forwarder(lambda: None, self_url=prepared.server.url))

@@ -259,9 +259,13 @@ def attach_tidal(
     clock: Clock,
     batch: bool = True,
     ray_address: str | None = None,
+    queue: Any = None,
 ) -> TidalRuntime:
     """Wire the plane (and the batch queue, and the NIGHT re-partition of ``config.repartition_gpus``
-    on the simulated cluster) onto ``bundle``; see the module docstring."""
+    on the simulated cluster) onto ``bundle``; see the module docstring. ``queue``: the batch
+    queue to use (replicas on etcd pass the store's `EtcdJobQueue`: same methods and semantics,
+    tests/contract/store/test_job_queue_contract.py); default ``DATA_DIR/batch.db``. Either way
+    the jobs a previous run left running or paused are requeued here (``recover``)."""
     from gpupool.adapters.http.batch_routes import add_batch_routes
 
     c = bundle.controller
@@ -304,8 +308,9 @@ def attach_tidal(
             from gpupool.adapters.batch.local import LocalExecutor
 
             executor = LocalExecutor()
-        data_dir.mkdir(parents=True, exist_ok=True)
-        queue = BatchJobQueue(data_dir / "batch.db")
+        if queue is None:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            queue = BatchJobQueue(data_dir / "batch.db")
         now = c.clock.now
         requeued = queue.recover(now=now())
         if requeued:

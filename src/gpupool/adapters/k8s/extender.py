@@ -24,6 +24,12 @@ Contract per verb:
   the core planner; nodes that need no victim or cannot be helped are dropped. kube-scheduler only
   calls preempt for nodes where its in-tree plugins found victims (our VRAM/compute resources are
   ignoredByScheduler), so this verb refines, it cannot start, a preemption: `preemptor` starts them.
+Replicas (``gpupool serve --kubernetes`` on etcd): a standby's server holds a `Forwarder` instead
+of an `Extender` and relays every verb and ``<prefix>/state`` to the leader's extender, unchanged
+(`gpupool.adapters.k8s.forwarding`); ``/healthz`` is answered locally. A call that cannot be relayed
+(no leader, a relayed call arriving at a standby, the leader unreachable) gets HTTP 503 with
+``Retry-After: 1`` and ``{"Error": ...}``: kube-scheduler treats it as a failed extender call and
+schedules the pod again. `ExtenderServer.use` swaps the role on the same listening socket.
 Malformed JSON, JSON nested deeper than `boundedjson.MAX_DEPTH` or a non-object body: HTTP 400
 with ``{"Error": ...}``; an invalid pod: HTTP 200 with
 ``Error`` naming the field. Unexpected exceptions: HTTP 500 with ``Error``; the server keeps serving.
@@ -43,6 +49,7 @@ from typing import Any
 
 from gpupool.adapters.k8s import boundedjson
 from gpupool.adapters.k8s.annotations import Placement, encode_placement
+from gpupool.adapters.k8s.forwarding import FORWARDED_BY, Forwarder, Unavailable
 from gpupool.adapters.k8s.kubeapi import KubeApi, KubeApiError
 from gpupool.adapters.k8s.pool import ExtenderPool
 from gpupool.adapters.k8s.resources import DEFAULT_NAMES, PodDemand, ResourceNames, parse_pod
@@ -329,26 +336,57 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(head.encode() + body)  # NOTE: one write: no Nagle / delayed-ACK stall
         self.log_request(status)
 
+    def _unavailable(self, why: str) -> None:
+        body = json.dumps({"Error": why}, separators=(",", ":")).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        self.wfile.write(head.encode() + body)
+        self.log_request(503)
+
+    def _relay(self, ext: Extender | Forwarder, method: str, raw: bytes) -> bool:
+        """When this replica stands by (``ext`` is a `Forwarder`), hand the call to the leader's
+        extender and send its answer back unchanged; False when this replica serves it."""
+        if not isinstance(ext, Forwarder):
+            if not self.server.gate():
+                self._unavailable("this replica no longer leads; retry")
+                return True
+            return False
+        if self.headers.get(FORWARDED_BY):
+            self._unavailable("no leader is serving the extender now (forwarded to a standby); retry")
+            return True
+        try:
+            status, body = ext.forward(method, self.path, raw)
+        except Unavailable as exc:
+            self._unavailable(str(exc))
+            return True
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        self.wfile.write(head.encode() + body)
+        self.log_request(status)
+        return True
+
     def do_GET(self) -> None:
         prefix = self.server.prefix
         if self.path in ("/healthz", "/readyz"):
             self._send(200, {"status": "ok"})
         elif self.path == f"{prefix}/state":
-            self._send(200, self.server.extender.state())
+            ext = self.server.extender
+            if not self._relay(ext, "GET", b"") and isinstance(ext, Extender):
+                self._send(200, ext.state())
         else:
             self._send(404, {"Error": f"no route GET {self.path}"})
 
     def do_POST(self) -> None:
         ext = self.server.extender
-        routes: dict[str, Callable[[dict[str, Any]], object]] = {
-            "filter": ext.filter,
-            "prioritize": ext.prioritize,
-            "bind": ext.bind,
-            "preempt": ext.preempt,
-        }
         prefix = self.server.prefix
         verb = self.path[len(prefix) + 1 :] if self.path.startswith(prefix + "/") else ""
-        handler = routes.get(verb)
+        handler: Callable[[dict[str, Any]], object] | None = None
+        if verb in VERBS:
+            handler = getattr(ext, verb) if isinstance(ext, Extender) else _relayed
         try:
             length = int(self.headers.get("Content-Length") or "0")
             if length < 0 or length > MAX_BODY_BYTES:
@@ -356,6 +394,8 @@ class _Handler(BaseHTTPRequestHandler):
             raw = self.rfile.read(length)
             if handler is None:
                 self._send(404, {"Error": f"no route POST {self.path}"})
+                return
+            if self._relay(ext, "POST", raw):
                 return
             try:
                 args = boundedjson.loads(raw)
@@ -375,18 +415,30 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"Error": f"internal error in {verb}: {exc}"})
 
 
+VERBS = ("filter", "prioritize", "bind", "preempt")
+
+
+def _relayed(args: dict[str, Any]) -> object:
+    raise AssertionError("a relayed verb is answered by the leader")  # (`_relay` sent it already)
+
+
+def _always() -> bool:
+    return True
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
-    extender: Extender
+    extender: Extender | Forwarder
     prefix: str
+    gate: Callable[[], bool] = staticmethod(_always)
 
 
 class ExtenderServer:
     """The HTTP server around an `Extender`; ``start`` serves in a thread, ``serve_forever`` blocks."""
 
     def __init__(
-        self, extender: Extender, *, host: str = "127.0.0.1", port: int = 0, prefix: str = ""
+        self, extender: Extender | Forwarder, *, host: str = "127.0.0.1", port: int = 0, prefix: str = ""
     ) -> None:
         prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
         self._server = _Server((host, port), _Handler)
@@ -394,6 +446,13 @@ class ExtenderServer:
         self._server.prefix = prefix
         self._thread: threading.Thread | None = None
         self.prefix = prefix
+
+    def use(self, extender: Extender | Forwarder, *, gate: Callable[[], bool] = _always) -> None:
+        """Serve the next calls with ``extender`` (a replica's role changed: the listening socket
+        stays, so kube-scheduler's connection attempts meanwhile wait in its backlog); ``gate``:
+        an `Extender` answers only while it returns True (else 503: the leader lost its lease)."""
+        self._server.gate = gate
+        self._server.extender = extender
 
     @property
     def port(self) -> int:
