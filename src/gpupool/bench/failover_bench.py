@@ -40,6 +40,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,8 +88,18 @@ class Replica:
 class ReplicaSet:
     """``n`` ``gpupool serve`` replicas on ``etcd``; `supervise` restarts any that exits."""
 
-    def __init__(self, etcd: LocalEtcd, workdir: Path, *, n: int = 3, ttl_s: int = 2) -> None:
+    def __init__(
+        self,
+        etcd: LocalEtcd,
+        workdir: Path,
+        *,
+        n: int = 3,
+        ttl_s: int = 2,
+        extra_args: Callable[[int], list[str]] | None = None,
+    ) -> None:
+        """``extra_args(i)``: more ``gpupool serve`` arguments for replica ``i`` (e.g. its extender port)."""
         self.etcd = etcd
+        self.extra_args = extra_args
         self.workdir = workdir
         self.ttl_s = ttl_s
         self.store_url = f"etcd://{etcd.endpoint}{PREFIX}"
@@ -119,6 +130,7 @@ class ReplicaSet:
         cmd += ["--data-dir", str(self.workdir / f"data-{i}"), "--auth-file", str(self.workdir / "auth.yaml")]
         cmd += ["--store", self.store_url, "--election-ttl-s", str(self.ttl_s)]
         cmd += ["--advertise-url", r.url, "--no-simulate-readings"]
+        cmd += self.extra_args(i) if self.extra_args is not None else []
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with r.log.open("ab") as log:
             log.write(f"--- start {r.starts} ---\n".encode())

@@ -312,7 +312,17 @@ def attach_tidal(
             data_dir.mkdir(parents=True, exist_ok=True)
             queue = BatchJobQueue(data_dir / "batch.db")
         now = c.clock.now
+        from gpupool.core.tidal.jobs import JobState
+
+        # a job a previous run (or a leader that died) left running holds a P2 lease the store
+        # kept: release it with the requeue, so the job's next start does not find its own VRAM taken
+        orphaned = [r.lease_id for r in queue.jobs() if r.state in (JobState.RUNNING, JobState.PAUSED)]
         requeued = queue.recover(now=now())
+        for lease_id in orphaned:
+            with contextlib.suppress(InvalidInput, KeyError, LookupError):
+                c.release(lease_id, reason="batch job requeued after a restart or a leader change")
+        if orphaned:
+            c.flush()
         if requeued:
             say(f"gpupool: batch queue: requeued {len(requeued)} jobs of the previous run")
         runner = BatchRunner(

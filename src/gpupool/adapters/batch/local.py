@@ -1,19 +1,44 @@
 """Local subprocess executor: each job is a child process in its own session (process group).
 
-Pause is SIGSTOP to the group (frees CPU and stops new kernel launches; VRAM stays: gpu-facts 5.2),
+The child dies with the process that started it (Linux ``PR_SET_PDEATHSIG``: SIGKILL when the
+starting thread's process ends, a SIGKILL of the gateway included): a job is never left running
+unowned while the next gateway or leader requeues it (its children that left the group are not
+covered). Pause is SIGSTOP to the group (frees CPU and stops new kernel launches; VRAM stays: gpu-facts 5.2),
 resume is SIGCONT, stop is SIGTERM then SIGKILL after ``grace_s``. The job sees its lease in the
 environment (``GPUPOOL_LEASE_ID``, ``GPUPOOL_JOB_ID``, ``GPUPOOL_VRAM_MIB``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gpupool.core.tidal.jobs import BatchJobSpec
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """Linux: a child that gets SIGKILL when the process that started it dies (``prctl
+    PR_SET_PDEATHSIG``), so a gateway killed with SIGKILL leaves no job running that the next
+    gateway (or leader) requeues and starts again; elsewhere None (no such call)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_pdeathsig() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return set_pdeathsig
 
 
 class LocalHandle:
@@ -27,6 +52,7 @@ class LocalHandle:
             list(spec.command),
             env=full,
             start_new_session=True,
+            preexec_fn=_die_with_parent(),  # noqa: PLW1509 (one prctl call, resolved before the fork)
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

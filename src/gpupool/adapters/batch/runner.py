@@ -127,13 +127,25 @@ class BatchRunner:
         return self.queue.transition(job_id, JobState.CANCELLED, now=now, reason=reason)
 
     def stop_all(self, *, now: float) -> None:
-        """Shutdown: stop every process and requeue its job (the next start runs it again)."""
-        for job_id, r in [*self.running.items(), *self.paused.items()]:
-            r.handle.stop()
-            self.allocator.release(r.lease_id, reason="batch runner stopped")
-            self.queue.transition(job_id, JobState.QUEUED, now=now, reason="runner stopped; requeued")
+        """Shutdown: stop every process, then release its lease and requeue its job (the next start,
+        or the next leader, runs it again). Every process is stopped before any write: a runner
+        stepping down may find its writes refused (another replica leads; that one requeues the
+        jobs itself), and a refused write must not leave a process running. The first refused
+        write is raised once every job was tried."""
+        held = [*self.running.items(), *self.paused.items()]
         self.running.clear()
         self.paused.clear()
+        for _, r in held:
+            r.handle.stop()
+        first: Exception | None = None
+        for job_id, r in held:
+            try:
+                self.allocator.release(r.lease_id, reason="batch runner stopped")
+                self.queue.transition(job_id, JobState.QUEUED, now=now, reason="runner stopped; requeued")
+            except Exception as exc:  # (the store's refusal: its type is the store adapter's)
+                first = first or exc
+        if first is not None:
+            raise first
 
     def _event(self, now: float, job_id: str, what: str) -> None:
         self.log.append((now, job_id, what))

@@ -12,7 +12,10 @@ scheduler sent names (``nodeCacheCapable: true``), else ``Nodes`` with the passi
 
 Contract per verb:
 - filter: no side effects besides remembering the pod's demand for bind; a reason per failed node.
-- prioritize: 0..10 per node from the core policy (see `pool`); a bad pod scores 0 everywhere.
+  A pod that already holds a bound lease (a cycle retried after a bind whose answer was lost)
+  passes on that lease's node whatever its room: bind there answers the same lease.
+- prioritize: 0..10 per node from the core policy (see `pool`); a bad pod scores 0 everywhere;
+  the node of a lease the pod already holds scores 10.
 - bind: commit the lease (re-validated), write the placement annotation, then create the Binding;
   any failure releases the lease this call committed, removes the annotation and returns ``Error``
   so the scheduler retries. Without a `KubeApi` (static dry runs) bind only commits the lease.
@@ -58,6 +61,7 @@ from gpupool.core.errors import InvalidInput
 log = logging.getLogger("gpupool.extender")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_SCORE = 10
 
 
 class BadRequestError(Exception):
@@ -158,8 +162,17 @@ class Extender:
             self.pool.remember(demand)
             verdict = self.pool.filter(demand, nodes)
             passed = verdict.passed
-            out["FailedNodes"] = verdict.failed
-            out["FailedAndUnresolvableNodes"] = verdict.unresolvable
+            failed, unresolvable = dict(verdict.failed), dict(verdict.unresolvable)
+            home = self.pool.home_of(demand.uid)
+            if home is not None and home in nodes and home not in passed:
+                # a scheduling cycle retried after a bind whose answer was lost (e.g. the leader
+                # died after committing it): the node holding the pod's lease fits it (bind there
+                # answers that lease, granting nothing), however full the node is now
+                passed = tuple(n for n in nodes if n in passed or n == home)
+                failed.pop(home, None)
+                unresolvable.pop(home, None)
+            out["FailedNodes"] = failed
+            out["FailedAndUnresolvableNodes"] = unresolvable
         if objs is None:
             out["NodeNames"] = list(passed)
         else:
@@ -182,7 +195,11 @@ class Extender:
             demand = None
         if demand is None:
             return [{"Host": n, "Score": 0} for n in nodes]
-        return [{"Host": n, "Score": s} for n, s in self.pool.prioritize(demand, nodes)]
+        home = self.pool.home_of(demand.uid)  # (a retried cycle: keep the pod's lease)
+        return [
+            {"Host": n, "Score": MAX_SCORE if n == home else s}
+            for n, s in self.pool.prioritize(demand, nodes)
+        ]
 
     def preempt(self, args: dict[str, Any]) -> dict[str, Any]:
         meta = args.get("NodeNameToMetaVictims")

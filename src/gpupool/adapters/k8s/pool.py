@@ -159,6 +159,13 @@ class ExtenderPool:
     def lease_of(self, uid: str) -> Lease | None:
         return self.owner.read(lambda: self.controller.bound(uid))
 
+    def home_of(self, uid: str) -> str | None:
+        """The node of the pod's active bound lease, None if it holds none. Read without the owner
+        (two dictionary lookups, atomic under the interpreter lock): a hint for filter and
+        prioritize that may be a moment old, never used to grant (bind re-checks on the owner)."""
+        held = self.controller.bound(uid)
+        return None if held is None else held.node
+
     def pod_uids(self) -> list[str]:
         return self.owner.read(self.controller.bound_keys)
 
