@@ -233,7 +233,8 @@ def test_extender_binds_and_batch_jobs_survive_a_killed_leader(
     pids.mkdir()
     code = (
         "import os, sys, time\n"
-        f"open(os.path.join({str(pids)!r}, os.environ['GPUPOOL_JOB_ID'] + '-' + str(os.getpid())), 'w').close()\n"
+        f"name = os.environ['GPUPOOL_JOB_ID'] + '-' + str(os.getpid())\n"
+        f"open(os.path.join({str(pids)!r}, name), 'w').close()\n"
         "time.sleep(float(sys.argv[1]))\n"
     )
     # 1. a long job, submitted through a standby (forwarded), running on the leader
