@@ -211,6 +211,9 @@ def build(
     )
     gw = app.state.gateway
     commits.append(gw.committer)
+    from gpupool.adapters.http.context import DEVICE_STATES_META, parse_device_states
+
+    gw.device_states = parse_device_states(store.get_meta(DEVICE_STATES_META))
     if url.startswith(("etcd://", "etcds://")):
         # a commit is a network round trip: wait for it in the committer's thread, not on the loop
         gw.committer.inline = False

@@ -57,10 +57,43 @@ class ControllerView:
             key=lambda x: x.id,
         )
 
+    def meta(self, key: str) -> str | None:
+        return self.c.store.get_meta(key)
+
 
 def leader() -> tuple[LeaseController, object]:
     c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=MemoryLeaseStore())
-    return c, create_app(c, tokens=TokenTable(TOKENS), tick_s=0.05)
+    return c, create_app(c, tokens=TokenTable(TOKENS), tick_s=0.05, agent_events=True)
+
+
+def test_a_standby_reads_the_device_state_the_node_agent_reported_to_the_leader() -> None:
+    c, app = leader()
+    view = ControllerView(c)
+    with running(app) as lead:
+        standby = StandbyApp(
+            view=view, tokens=TokenTable(TOKENS), leader_url=lambda: lead, self_url="http://x:1"
+        )
+        with running(standby) as sb:
+            r = httpx.post(
+                f"{lead}/v1/leases", headers=h(A), json={"vram_mib": 1024, "ttl_s": 600}, timeout=10
+            )
+            lid, node, gpu = r.json()["id"], r.json()["node"], r.json()["grants"][0]["gpu_id"]
+            view.sync()
+
+            def report(state: str) -> None:
+                body = {"workloads": [{"lease_id": lid, "gpu_id": gpu, "state": state}]}
+                ok = httpx.post(f"{lead}/v1/nodes/{node}/events", headers=h(ADMIN), json=body, timeout=10)
+                assert ok.status_code == 200, ok.text
+
+            for state in ("granted-pending-free", "free-failed", "usable"):
+                report(state)
+                answered = standby.answered
+                mine = httpx.get(f"{sb}/v1/leases/{lid}", headers=h(A), timeout=10).json()
+                theirs = httpx.get(f"{lead}/v1/leases/{lid}", headers=h(A), timeout=10).json()
+                assert standby.answered == answered + 1  # (from the view, not forwarded)
+                assert mine["device_state"] == theirs["device_state"] == state
+                listed = httpx.get(f"{sb}/v1/leases", headers=h(A), timeout=10).json()["leases"]
+                assert [x["device_state"] for x in listed] == [state]
 
 
 def test_reads_come_from_the_view_with_the_leaders_json_and_writes_are_forwarded_once() -> None:

@@ -98,3 +98,19 @@ def test_the_view_catches_up_after_etcd_restarts(tmp_path: pytest.TempPathFactor
         reader.close()
     finally:
         etcd.stop()
+
+
+def test_the_view_follows_meta_keys_such_as_the_leaders_device_states(etcd_url: str) -> None:
+    writer = open_etcd_store(etcd_url)
+    writer.set_meta("device_states", '{"n": {"L1": "granted-pending-free"}}')
+    reader = open_etcd_store(etcd_url)
+    f = Follower(reader).start()
+    try:
+        assert f.meta("device_states") == '{"n": {"L1": "granted-pending-free"}}'  # (from the snapshot)
+        assert f.meta("watermarks") is None
+        writer.set_meta("device_states", "{}")
+        until(lambda: f.meta("device_states") == "{}")  # (from the watch)
+    finally:
+        f.close()
+        reader.close()
+        writer.close()

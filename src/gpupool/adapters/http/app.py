@@ -48,7 +48,7 @@ from fastapi.routing import APIRoute
 from gpupool.adapters.http import errors, jsonbody
 from gpupool.adapters.http import schemas as s
 from gpupool.adapters.http.auth import Principal, TokenTable
-from gpupool.adapters.http.context import Gateway, Metrics, Sizer
+from gpupool.adapters.http.context import DEVICE_STATES_META, Gateway, Metrics, Sizer
 from gpupool.adapters.http.docs import install_docs
 from gpupool.adapters.http.errors import BadJson, err
 from gpupool.adapters.http.errors import HttpError as _HttpError
@@ -436,11 +436,23 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
             gw.agent_events += len(body.events)
             for listen in gw.agent_listeners:
                 listen(node, list(body.events))
-            gw.device_states[node] = {
+            states = {
                 w.lease_id: w.state
                 for w in body.workloads
                 if w.state in ("granted-pending-free", "free-failed")
             }
+            if states != gw.device_states.get(node, {}) or not gw.device_states_saved:
+                # kept in the store too (only when it changes: rarely, around a preemption), so
+                # standby replicas answer it from their view and a new leader starts from it
+                if states:
+                    gw.device_states[node] = states
+                else:
+                    gw.device_states.pop(node, None)
+                try:
+                    c.store.set_meta(DEVICE_STATES_META, json.dumps(gw.device_states, sort_keys=True))
+                    gw.device_states_saved = True
+                except Exception:  # (in memory it is current; the next report writes it again)
+                    gw.device_states_saved = False
             await gw.committer.durable()
             return JSONResponse({"accepted": len(body.events), "revoked": revoked})
 

@@ -9,6 +9,7 @@ of them imports another for its types (no import circle). One `Gateway` per app,
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -32,6 +33,26 @@ class Metrics(Protocol):
     def observe_proxy(self, model: str, status: int, ttft_s: float | None, latency_s: float) -> None: ...
 
 
+DEVICE_STATES_META = "device_states"
+"""Store meta key: JSON ``{node: {lease id: device state}}`` (`Gateway.device_states`)."""
+
+
+def parse_device_states(text: str | None) -> dict[str, dict[str, str]]:
+    """The stored `DEVICE_STATES_META` value; ``{}`` for none or a damaged one (a damaged hint
+    reads ``usable`` until the node's agent reports again: it reports every few seconds)."""
+    try:
+        doc = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {
+        str(node): {str(k): str(v) for k, v in states.items()}
+        for node, states in doc.items()
+        if isinstance(states, dict)
+    }
+
+
 @dataclass
 class Gateway:
     controller: LeaseController
@@ -45,7 +66,11 @@ class Gateway:
     agent_events: int = 0
     device_states: dict[str, dict[str, str]] = field(default_factory=dict)
     """node -> lease id -> ``granted-pending-free`` | ``free-failed``, as that node's agent last
-    reported (grants whose memory is still being freed; every other lease is ``usable``)."""
+    reported (grants whose memory is still being freed; every other lease is ``usable``). Also
+    kept in the store's meta key `DEVICE_STATES_META` (written when it changes), so standby
+    replicas and a new leader read the same."""
+    device_states_saved: bool = True
+    """False when the last write of `device_states` to the store failed (the next report retries)."""
     agent_listeners: list[Callable[[str, list[Any]], None]] = field(default_factory=list)
     """Called with (node, events) for every ``POST /v1/nodes/{node}/events`` (the events as parsed:
     ``kind``, ``lease_id``, ``reason``, ``latency_ms`` ...): the tidal plane's engine reports."""

@@ -9,8 +9,9 @@ the same answers the leader would:
   (a standby is ready: it can serve, by forwarding);
 - ``GET /v1/leases`` and ``GET /v1/leases/{id}``: answered from the standby's watch-fed view of the
   store (`gpupool.adapters.store.etcd_follower`), with the same auth and tenant scoping and the
-  same JSON as the leader, except ``device_state`` (node agents report it to the leader only, in
-  memory): ``usable`` here. The view may lag the leader by a watch round trip; a lease id the view
+  same JSON as the leader, ``device_state`` included (node agents report it to the leader, which
+  keeps it in the store's meta key ``device_states`` whenever it changes; the view follows that
+  key). The view may lag the leader by a watch round trip; a lease id the view
   does not hold yet is forwarded (so a client reading its own new lease never gets a false 404);
 - ``GET /metrics``: the standby's own few series (``gpupool_ha_standby 1``, forwarded and answered
   counts), never the leader's: a scrape of every pod must count the ledger once;
@@ -43,11 +44,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from gpupool.adapters.http.auth import Principal, TokenTable
-from gpupool.adapters.http.context import Gateway
+from gpupool.adapters.http.context import DEVICE_STATES_META, Gateway, parse_device_states
 from gpupool.adapters.http.upstream import UpstreamError, UpstreamPool
 from gpupool.adapters.http.views import lease_json
 from gpupool.core.model import Lease
@@ -84,6 +85,8 @@ class LeaseView(Protocol):
 
     def leases(self, *, tenant: str | None = None) -> list[Lease]: ...
 
+    def meta(self, key: str) -> str | None: ...
+
 
 @dataclass
 class _ViewController:
@@ -99,10 +102,22 @@ class _BackendId:
     id: str
 
 
-@dataclass
 class _ViewGateway:
-    controller: _ViewController = field(default_factory=_ViewController)
-    device_states: dict[str, dict[str, str]] = field(default_factory=dict)
+    """What `lease_json` reads of a gateway, from the view: ``device_states`` is the leader's, as
+    it last wrote it to the store (`DEVICE_STATES_META`), parsed again only when it changed."""
+
+    def __init__(self, view: LeaseView) -> None:
+        self.controller = _ViewController()
+        self._view = view
+        self._text: str | None = None
+        self._states: dict[str, dict[str, str]] = {}
+
+    @property
+    def device_states(self) -> dict[str, dict[str, str]]:
+        text = self._view.meta(DEVICE_STATES_META)
+        if text != self._text:
+            self._text, self._states = text, parse_device_states(text)
+        return self._states
 
 
 class StandbyApp:
@@ -122,7 +137,7 @@ class StandbyApp:
         self.leader_url = leader_url
         self.self_url = self_url.rstrip("/")
         self.upstream = UpstreamPool(timeout_s=timeout_s, connect_timeout_s=2.0)
-        self._gw = cast(Gateway, _ViewGateway())
+        self._gw = cast(Gateway, _ViewGateway(view))
         self.forwarded = 0
         self.answered = 0
         self._changed = asyncio.Event()

@@ -6,9 +6,9 @@ writes and is never used to grant: the replica that wins the election rebuilds i
 store itself (`LeaseController.recover`), not from this view.
 
 Invariants:
-- the view starts from one `EtcdLeaseStore.snapshot` (leases, tickets and the leader key read at one
-  revision) and applies the watch's changes from that revision + 1, in revision order: at any time
-  it equals the store as of `revision` (nothing missed, nothing applied twice);
+- the view starts from one `EtcdLeaseStore.snapshot` (leases, tickets, meta keys and the leader
+  key read at one revision) and applies the watch's changes from that revision + 1, in revision
+  order: at any time it equals the store as of `revision` (nothing missed, nothing applied twice);
 - when the watch fails for good (etcd unreachable past the watch's retry window, or the revision
   it needs was compacted away), the view is rebuilt from a fresh snapshot, retried every
   ``retry_s`` until etcd answers; meanwhile reads keep answering the last view (`revision` says
@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 
 from gpupool.adapters.store.etcd import EtcdLeaseStore, StoreChange
-from gpupool.adapters.store.etcd_client import EtcdError, Watch
+from gpupool.adapters.store.etcd_client import EtcdError, Watch, prefix_end
 from gpupool.core.model import Lease
 from gpupool.core.ports import TicketRecord
 
@@ -44,6 +44,7 @@ class Follower:
         """The etcd revision the view is current as of (0: not read yet)."""
         self._leases: dict[str, Lease] = {}
         self._tickets: dict[str, TicketRecord] = {}
+        self._meta: dict[str, str] = {}
         self._leader: str | None = None
         self._lock = threading.Lock()
         self._watch: Watch | None = None
@@ -65,6 +66,11 @@ class Follower:
             out = [x for x in self._leases.values() if tenant is None or x.request.tenant == tenant]
         return sorted(out, key=lambda x: x.id)
 
+    def meta(self, key: str) -> str | None:
+        """A meta key's value in this view (e.g. the leader's device states), None if unset."""
+        with self._lock:
+            return self._meta.get(key)
+
     def ticket(self, ticket: str) -> TicketRecord | None:
         with self._lock:
             return self._tickets.get(ticket)
@@ -79,9 +85,15 @@ class Follower:
         snap = self.store.snapshot()
         kvs, _ = self.store.client.range(self.store.prefix + b"leader", revision=snap.revision)
         leader = kvs[0].value.decode(errors="replace") if kvs else None
+        meta_start = self.store.prefix + b"meta/"
+        metas, _ = self.store.client.range(meta_start, prefix_end(meta_start), revision=snap.revision)
         with self._lock:
             self._leases = {x.id: x for x in snap.leases}
             self._tickets = {t.ticket: t for t in snap.tickets}
+            self._meta = {
+                kv.key[len(meta_start) :].decode(errors="replace"): kv.value.decode(errors="replace")
+                for kv in metas
+            }
             before, self._leader = self._leader, leader
             self.revision = snap.revision
         if self._stopped.is_set():
@@ -104,6 +116,11 @@ class Follower:
                         self._tickets[ch.id] = ch.value
                     else:
                         self._tickets.pop(ch.id, None)
+                elif ch.kind == "meta":
+                    if isinstance(ch.value, str):
+                        self._meta[ch.id] = ch.value
+                    else:
+                        self._meta.pop(ch.id, None)
                 elif ch.kind == "leader":
                     self._leader = ch.value if isinstance(ch.value, str) else None
                     leader_changes.append(self._leader)
