@@ -32,8 +32,9 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 FORWARDED_BY = "x-gpupool-forwarded-by"
-RELAY_TIMEOUT_S = 20.0
-"""Below kube-scheduler's default extender ``httpTimeout`` (30 s): its call ends with our 503."""
+RELAY_TIMEOUT_S = 4.0
+"""Below kube-scheduler's default extender ``httpTimeout`` (5 s, the chart's too): a relay that
+would take longer ends with our 503 before kube-scheduler's own call times out."""
 
 
 class Unavailable(Exception):
