@@ -13,8 +13,14 @@ replica runs the same command on the same etcd prefix, with the same ``--auth-fi
    wakes it at once), and every `RECHECK_S` in any case;
 3. on winning: the store's writes carry the election revision (the fence), the ledger is rebuilt
    from the store (`LeaseController.recover`: every acknowledged lease, queued tickets resumed, no
-   view older than the election is used), and the full gateway replaces the standby app on the
-   same socket;
+   view older than the election is used; the batch jobs the old leader left running are requeued),
+   and the full gateway replaces the standby app on the same socket, with the leader-only services
+   beside it (``leader_services``: the tidal plane and batch runner, the extender's reconciler and
+   preemptor), which stop when it stops leading;
+   with ``--kubernetes`` the extender port is bound once too and served for the whole process: by
+   a relay to the leader's extender while standing by (`gpupool.adapters.k8s.forwarding`; the
+   leader key's value carries the leader's extender URL: ``API-URL#replica-id#EXTENDER-URL``), by
+   the leader's own extender after winning, answering only while the etcd lease is held;
 4. a leader that loses its etcd lease (could not renew within ``ttl_s``: paused, partitioned, etcd
    unreachable) or sees a write whose outcome etcd left unknown (its in-memory ledger may differ
    from the store) stops serving and the process exits with `EXIT_LOST_LEADERSHIP`; its writes
