@@ -91,3 +91,74 @@ def test_non_checkpointable_job_is_requeued_never_dropped(tmp_path):
     runner.running["plain"].handle.stop()
     events = [e[2] for e in runner.log]
     assert events == ["started", "requeued", "started"]
+
+
+class RefusingQueue(BatchJobQueue):
+    """A queue whose writes are refused from now on (a runner stepping down: another replica leads)."""
+
+    refuse = False
+
+    def transition(self, job_id, new, **kw):
+        if self.refuse:
+            raise RuntimeError(f"refused: {job_id} -> {new.value}")
+        return super().transition(job_id, new, **kw)
+
+
+def test_stop_all_stops_every_process_even_when_the_writes_are_refused(tmp_path):
+    clock = ManualClock(0.0)
+    alloc = Allocator([GPU], clock=clock)
+    q = RefusingQueue(tmp_path / "jobs.db")
+    runner = BatchRunner(q, alloc, LocalExecutor(), lease_ttl_s=3600.0)
+    for i in ("a", "b"):
+        q.submit(sleeper(i, checkpointable=False, vram=1000), now=0.0)
+    runner.step(clock.now())
+    handles = [r.handle for r in runner.running.values()]
+    assert len(handles) == 2
+    q.refuse = True
+    try:
+        runner.stop_all(now=1.0)
+    except RuntimeError as exc:
+        assert "refused" in str(exc)
+    else:
+        raise AssertionError("the refused write was not reported")
+    assert all(h.poll() is not None for h in handles)  # both stopped, not only the first
+    assert runner.running == {} and runner.paused == {}
+
+
+def test_a_job_dies_with_the_process_that_started_it(tmp_path):
+    """PR_SET_PDEATHSIG: a gateway killed with SIGKILL leaves no job running unowned."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    pid_file = tmp_path / "job.pid"
+    job = tmp_path / "job.py"
+    job.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    starter = (
+        "import sys, time\n"
+        "from gpupool.adapters.batch.local import LocalExecutor\n"
+        "from gpupool.core.tidal.jobs import BatchJobSpec\n"
+        f"spec = BatchJobSpec(id='j', vram_mib=1, command=(sys.executable, {str(job)!r}))\n"
+        "LocalExecutor().start(spec, lease_id='L')\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", starter], env={**os.environ})
+    try:
+        assert wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30.0)
+        child = int(pid_file.read_text())
+        assert proc_state(child) != "Z"
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+
+    def gone() -> bool:
+        try:
+            return proc_state(child) == "Z"
+        except FileNotFoundError:
+            return True
+
+    deadline = time.monotonic() + 10
+    while not gone():
+        assert time.monotonic() < deadline, "the job outlived the process that started it"
+        time.sleep(0.02)
