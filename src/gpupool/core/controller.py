@@ -354,6 +354,11 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
     def dirty(self) -> bool:
         return bool(self._pending or self._events)
 
+    def pending_ids(self) -> Iterable[str]:
+        """The lease ids (and ``ticket:``-prefixed ticket ids) the next `take_batch` will write: a
+        pipelined committer holds the batch back while one of its leases is still in flight."""
+        return self._pending.keys()
+
     def recover(self) -> RecoveryReport:
         """Reload active leases from the store (see the module docstring). Call once, before serving."""
         now = self.clock.now()

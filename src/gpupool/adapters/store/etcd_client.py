@@ -51,6 +51,7 @@ class EtcdError(StoreUnreachable):
 
 GRPC_UNAVAILABLE = 14
 GRPC_INVALID_ARGUMENT = 3
+GRPC_FAILED_PRECONDITION = 9
 GRPC_PERMISSION_DENIED = 7
 GRPC_OUT_OF_RANGE = 11  # e.g. "mvcc: required revision has been compacted"
 GRPC_UNAUTHENTICATED = 16
@@ -129,6 +130,11 @@ def compare(key: bytes, target: str, value: int) -> dict[str, Any]:
         target
     ]
     return {"target": target, "key": b64(key), "result": "EQUAL", field: str(value)}
+
+
+def compare_value(key: bytes, value: bytes) -> dict[str, Any]:
+    """The value of ``key`` EQUAL to ``value`` (false when ``key`` does not exist)."""
+    return {"target": "VALUE", "key": b64(key), "result": "EQUAL", "value": b64(value)}
 
 
 class _NoDelay(http.client.HTTPConnection):
@@ -466,6 +472,7 @@ __all__ = [
     "WatchEvent",
     "b64",
     "compare",
+    "compare_value",
     "delete_op",
     "prefix_end",
     "put_op",
