@@ -330,7 +330,9 @@ class EtcdLeaseStore:
                     return _done()
                 self._chain_seq += 1
                 token = f"{self._instance}:{self._chain_seq}".encode()
-                chain = _Chain(self._key("commit", self._instance), token, self._chain_last if after else None)
+                chain = _Chain(
+                    self._key("commit", self._instance), token, self._chain_last if after else None
+                )
                 self._chain_last = token
                 txn = self._build(writes, chain)
         except Exception as exc:
