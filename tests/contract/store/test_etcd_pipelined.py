@@ -31,6 +31,7 @@ from gpupool.adapters.http.runtime import GroupCommitter, StoreUnavailable
 from gpupool.adapters.store.etcd import CommitChainBroken, EtcdLeaseStore, open_etcd_store
 from gpupool.adapters.store.etcd_aio import AsyncGateway
 from gpupool.adapters.store.etcd_client import EtcdError
+from gpupool.adapters.store.etcd_grpc import GrpcTxn
 from gpupool.adapters.store.etcd_server import LocalEtcd
 from gpupool.core import P1, ManualClock
 from gpupool.core.controller import LeaseController
@@ -41,9 +42,10 @@ pytestmark = pytest.mark.etcd
 
 
 class Gated:
-    """Wraps the store's `AsyncGateway`: after `hold_next`, the next call waits for `release`."""
+    """Wraps the store's wire (`GrpcTxn` or `AsyncGateway`): after `hold_next`, the next Txn
+    waits for `release` before it is sent."""
 
-    def __init__(self, inner: AsyncGateway) -> None:
+    def __init__(self, inner: GrpcTxn | AsyncGateway) -> None:
         self.inner = inner
         self.calls = 0
         self._hold = False
@@ -56,21 +58,42 @@ class Gated:
     def release(self) -> None:
         self._gate.set()
 
-    async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _turn(self) -> None:
         self.calls += 1
         if self._hold:
             self._hold = False
             await self._gate.wait()
+
+    async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        await self._turn()
+        assert isinstance(self.inner, AsyncGateway)
         return await self.inner.call(path, body)
+
+    async def txn(self, *args: Any) -> Any:
+        await self._turn()
+        assert isinstance(self.inner, GrpcTxn)
+        return await self.inner.txn(*args)
 
     def close(self) -> None:
         self.inner.close()
 
 
 def gated(store: EtcdLeaseStore) -> Gated:
-    g = Gated(AsyncGateway(store.client))
+    g = Gated(GrpcTxn(store.client) if store.wire == "grpc" else AsyncGateway(store.client))
     store._aio = g  # type: ignore[assignment]
     return g
+
+
+@pytest.fixture(params=["grpc", "json"])
+def wire(request: pytest.FixtureRequest) -> str:
+    """The wire `apply_async` sends on: etcd's native gRPC API, or its JSON gateway."""
+    return str(request.param)
+
+
+def opened(url: str, wire: str, **options: Any) -> EtcdLeaseStore:
+    store = open_etcd_store(url, **options)
+    store.wire = wire
+    return store
 
 
 async def until(cond: Any, what: str, timeout_s: float = 10.0) -> None:
@@ -80,8 +103,10 @@ async def until(cond: Any, what: str, timeout_s: float = 10.0) -> None:
     assert cond(), what
 
 
-def test_a_commit_that_reached_etcd_first_waits_for_the_one_it_is_chained_to(etcd_url: str) -> None:
-    store = open_etcd_store(etcd_url)
+def test_a_commit_that_reached_etcd_first_waits_for_the_one_it_is_chained_to(
+    etcd_url: str, wire: str
+) -> None:
+    store = opened(etcd_url, wire)
 
     async def scenario() -> None:
         g = gated(store)
@@ -103,8 +128,8 @@ def test_a_commit_that_reached_etcd_first_waits_for_the_one_it_is_chained_to(etc
 
 
 @pytest.mark.parametrize("held", [True, False], ids=["chained-one-first", "in-order"])
-def test_a_commit_chained_to_one_that_fails_lands_nothing(etcd_url: str, held: bool) -> None:
-    store = open_etcd_store(etcd_url)
+def test_a_commit_chained_to_one_that_fails_lands_nothing(etcd_url: str, held: bool, wire: str) -> None:
+    store = opened(etcd_url, wire)
     other = open_etcd_store(etcd_url)
 
     async def scenario() -> None:
@@ -153,8 +178,8 @@ def _controller(store: EtcdLeaseStore) -> tuple[LeaseController, list[GatewayEve
     return c, seen
 
 
-def test_the_committer_pipelines_and_delivers_in_batch_order(etcd_url: str) -> None:
-    store = open_etcd_store(etcd_url)
+def test_the_committer_pipelines_and_delivers_in_batch_order(etcd_url: str, wire: str) -> None:
+    store = opened(etcd_url, wire)
     c, seen = _controller(store)
 
     async def scenario() -> None:
@@ -189,9 +214,9 @@ def test_the_committer_pipelines_and_delivers_in_batch_order(etcd_url: str) -> N
 
 
 def test_a_failed_batch_undoes_the_later_one_already_sent_and_memory_equals_etcd(
-    small_etcd: LocalEtcd,
+    small_etcd: LocalEtcd, wire: str
 ) -> None:
-    store = open_etcd_store(f"{small_etcd.url}/pipelined/", max_txn_ops=4096)
+    store = opened(f"{small_etcd.url}/pipelined-{wire}/", wire, max_txn_ops=4096)
     c, seen = _controller(store)
 
     async def scenario() -> None:
@@ -227,9 +252,9 @@ def test_a_failed_batch_undoes_the_later_one_already_sent_and_memory_equals_etcd
     store.close()
 
 
-def test_with_etcd_gone_a_pipelined_commit_names_the_endpoint(tmp_path: Path) -> None:
+def test_with_etcd_gone_a_pipelined_commit_names_the_endpoint(tmp_path: Path, wire: str) -> None:
     server = LocalEtcd(data_dir=tmp_path, max_txn_ops=4096).start()
-    store = open_etcd_store(server.url)
+    store = opened(server.url, wire)
     doubts: list[EtcdError] = []
     store.on_write_doubt = doubts.append
 

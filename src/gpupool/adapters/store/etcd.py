@@ -55,7 +55,7 @@ import asyncio
 import contextlib
 import threading
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +90,7 @@ from gpupool.core.ports import (
 
 if TYPE_CHECKING:
     from gpupool.adapters.store.etcd_aio import AsyncGateway
+    from gpupool.adapters.store.etcd_grpc import GrpcTxn
 
 DEFAULT_PREFIX = "/gpupool/"
 DEFAULT_MAX_TXN_OPS = 128  # etcd's own default for --max-txn-ops
@@ -116,14 +117,32 @@ class _Chain:
     """The token the previous in-flight commit puts (compared), or None: not chained."""
 
 
+Cmp = tuple[bytes, str, int | bytes]
+"""(key, target, value): target VERSION | CREATE | MOD | LEASE (an int) or VALUE (bytes), EQUAL."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Txn:
+    """One group commit's Txn, independent of the wire (JSON gateway or gRPC)."""
+
     leases: dict[str, tuple[int | None, Lease]]
     expected_mod: dict[str, int | None]
-    compares: list[dict[str, Any]]
-    success: list[dict[str, Any]]
-    failure: list[dict[str, Any]]
+    compares: list[Cmp]
+    puts: list[tuple[bytes, bytes]]
+    reads: list[bytes]
+    """The failure branch: a range read per compared lease (then the chain key)."""
     chain: _Chain | None
+
+
+def _json_compare(c: Cmp) -> dict[str, Any]:
+    key, target, value = c
+    return compare_value(key, value) if isinstance(value, bytes) else compare(key, target, value)
+
+
+def _json_ranges(ok: bool, responses: list[dict[str, Any]]) -> list[list[KeyValue]]:
+    if ok:
+        return []
+    return [[KeyValue.from_json(kv) for kv in r.get("response_range", {}).get("kvs", ())] for r in responses]
 
 
 class EtcdStoreCorrupt(GpupoolError):
@@ -172,12 +191,16 @@ class EtcdLeaseStore:
         self._mods: dict[str, tuple[int, int]] = {}
         """lease id -> (lease revision, etcd mod_revision holding it), as last seen by this store."""
         self._fence: list[dict[str, Any]] = []
+        self._fence_cmp: list[Cmp] = []
         self._lock = threading.Lock()
         self.commits = 0
         self._instance = uuid.uuid4().hex[:12]
         self._chain_seq = 0
         self._chain_last = b""
-        self._aio: AsyncGateway | None = None
+        self._aio: AsyncGateway | GrpcTxn | None = None
+        self.wire = "grpc"
+        """How `apply_async` sends: grpc (etcd's native API; the JSON gateway when grpcio is not
+        installed) or json (the JSON gateway). The other calls always use the JSON gateway."""
         self.on_write_doubt: Callable[[EtcdError], None] | None = None
         """Called (then the error is raised) when a lease batch's outcome is unknown: etcd did not
         answer, or answered with an error other than a bad request. A leader's ledger in memory may
@@ -210,6 +233,7 @@ class EtcdLeaseStore:
         process's election); ``None`` removes the fence."""
         with self._lock:
             self._fence = [] if key is None else [compare(key, "CREATE", create_revision)]
+            self._fence_cmp = [] if key is None else [(key, "CREATE", create_revision)]
 
     # ------------------------------------------------------------------ writes
     def apply(self, writes: Sequence[Write]) -> None:
@@ -225,7 +249,12 @@ class EtcdLeaseStore:
 
     def _apply(self, writes: Sequence[Write]) -> None:
         txn = self._build(writes, None)
-        self._settle(txn, *self.client.txn(txn.compares, txn.success, txn.failure))
+        ok, responses, revision = self.client.txn(
+            [_json_compare(c) for c in txn.compares],
+            [put_op(k, v) for k, v in txn.puts],
+            [range_op(k) for k in txn.reads],
+        )
+        self._settle(txn, ok, _json_ranges(ok, responses), revision)
 
     def _build(self, writes: Sequence[Write], chain: _Chain | None) -> _Txn:
         """The Txn of one group commit (lock held). May read (one Txn) the leases whose expected
@@ -253,12 +282,12 @@ class EtcdLeaseStore:
                 code=GRPC_INVALID_ARGUMENT,
             )
         self._learn_unknown({lid: exp for lid, (exp, _) in leases.items() if exp is not None})
-        compares: list[dict[str, Any]] = []
+        compares: list[Cmp] = []
         expected_mod: dict[str, int | None] = {}
         for lid, (exp, _) in leases.items():
             key = self._key("lease", lid)
             if exp is None:
-                compares.append(compare(key, "VERSION", 0))
+                compares.append((key, "VERSION", 0))
                 expected_mod[lid] = None
                 continue
             known = self._mods.get(lid)
@@ -266,43 +295,41 @@ class EtcdLeaseStore:
                 raise RevisionConflict(lid, exp, None)
             if known[0] != exp:
                 raise RevisionConflict(lid, exp, known[0])
-            compares.append(compare(key, "MOD", known[1]))
+            compares.append((key, "MOD", known[1]))
             expected_mod[lid] = known[1]
-        success = [
-            put_op(self._key("lease", lid), encode_lease(x).encode()) for lid, (_, x) in leases.items()
-        ]
-        success += [put_op(self._key("ticket", tid), encode_ticket(t).encode()) for tid, t in tickets.items()]
-        failure = [range_op(self._key("lease", lid)) for lid in leases]
+        puts = [(self._key("lease", lid), encode_lease(x).encode()) for lid, (_, x) in leases.items()]
+        puts += [(self._key("ticket", tid), encode_ticket(t).encode()) for tid, t in tickets.items()]
+        reads = [self._key("lease", lid) for lid in leases]
         if chain is not None:
-            success.append(put_op(chain.key, chain.token))
+            puts.append((chain.key, chain.token))
             if chain.after is not None:
-                compares.append(compare_value(chain.key, chain.after))
-                failure.append(range_op(chain.key))
-        return _Txn(leases, expected_mod, compares + self._fence, success, failure, chain)
+                compares.append((chain.key, "VALUE", chain.after))
+                reads.append(chain.key)
+        return _Txn(leases, expected_mod, compares + self._fence_cmp, puts, reads, chain)
 
-    def _settle(self, txn: _Txn, ok: bool, responses: list[dict[str, Any]], revision: int) -> None:
-        """Learn from etcd's answer to ``txn`` (lock held); raise why it failed, if it did."""
+    def _settle(self, txn: _Txn, ok: bool, ranges: list[list[KeyValue]], revision: int) -> None:
+        """Learn from etcd's answer to ``txn`` (lock held); raise why it failed, if it did.
+        ``ranges``: on failure, the key-values each failure-branch read found."""
         if ok:
             for lid, (_, x) in txn.leases.items():
                 self._mods[lid] = (x.revision, revision)
             self.commits += 1
             return
-        for (lid, (exp, _)), resp in zip(txn.leases.items(), responses, strict=False):
-            kvs = resp.get("response_range", {}).get("kvs", ())
+        for (lid, (exp, _)), kvs in zip(txn.leases.items(), ranges, strict=False):
             if not kvs:
                 self._mods.pop(lid, None)
                 if exp is not None:
                     raise RevisionConflict(lid, exp, None)
                 continue
-            kv = KeyValue.from_json(kvs[0])
+            kv = kvs[0]
             actual = self._decode_lease(kv).revision
             self._mods[lid] = (actual, kv.mod_revision)
             if kv.mod_revision != txn.expected_mod[lid]:
                 raise RevisionConflict(lid, exp, actual)
         chain = txn.chain
         if chain is not None and chain.after is not None:
-            kvs = responses[len(txn.leases)].get("response_range", {}).get("kvs", ()) if responses else ()
-            if not kvs or KeyValue.from_json(kvs[0]).value != chain.after:
+            kvs = ranges[len(txn.leases)] if len(ranges) > len(txn.leases) else []
+            if not kvs or kvs[0].value != chain.after:
                 raise _ChainPending
         raise NotLeader("the leader key changed (another replica leads now): the write was not applied")
 
@@ -340,27 +367,18 @@ class EtcdLeaseStore:
         return self._send(txn, after)
 
     async def _send(self, txn: _Txn, after: asyncio.Future[Any] | None) -> None:
-        if self._aio is None:
-            from gpupool.adapters.store.etcd_aio import AsyncGateway
-
-            self._aio = AsyncGateway(self.client)
-        body = {"compare": txn.compares, "success": txn.success, "failure": txn.failure}
+        send = self._wire()
         resent = False
         while True:
             try:
-                out = await self._aio.call("/v3/kv/txn", body)
+                ok, ranges, revision = await send(txn)
             except EtcdError as exc:
                 if self.on_write_doubt is not None and exc.code != GRPC_INVALID_ARGUMENT:
                     self.on_write_doubt(exc)
                 raise
             with self._lock:
                 try:
-                    self._settle(
-                        txn,
-                        bool(out.get("succeeded", False)),
-                        list(out.get("responses", ())),
-                        int(out["header"]["revision"]),
-                    )
+                    self._settle(txn, ok, ranges, revision)
                     return
                 except _ChainPending:
                     if after is None or resent:
@@ -373,6 +391,41 @@ class EtcdLeaseStore:
             if after.cancelled() or after.exception() is not None:
                 raise CommitChainBroken("an earlier group commit failed: this one was not applied")
             resent = True
+
+    def _wire(self) -> Callable[[_Txn], Awaitable[tuple[bool, list[list[KeyValue]], int]]]:
+        """How `apply_async` sends a Txn: etcd's native gRPC API when grpcio is installed
+        (`gpupool.adapters.store.etcd_grpc`), else the JSON gateway from the loop (`etcd_aio`)."""
+        if self._aio is None:
+            if self.wire == "grpc":
+                try:
+                    from gpupool.adapters.store.etcd_grpc import GrpcTxn
+                except ImportError:
+                    self.wire = "json"
+                else:
+                    self._aio = GrpcTxn(self.client)
+            if self._aio is None:
+                from gpupool.adapters.store.etcd_aio import AsyncGateway
+
+                self._aio = AsyncGateway(self.client)
+        aio = self._aio
+        if self.wire == "grpc":
+
+            async def send_grpc(txn: _Txn) -> tuple[bool, list[list[KeyValue]], int]:
+                return await aio.txn(txn.compares, txn.puts, txn.reads)  # type: ignore[union-attr]
+
+            return send_grpc
+
+        async def send_json(txn: _Txn) -> tuple[bool, list[list[KeyValue]], int]:
+            body = {
+                "compare": [_json_compare(c) for c in txn.compares],
+                "success": [put_op(k, v) for k, v in txn.puts],
+                "failure": [range_op(k) for k in txn.reads],
+            }
+            out = await aio.call("/v3/kv/txn", body)  # type: ignore[union-attr]
+            ok = bool(out.get("succeeded", False))
+            return ok, _json_ranges(ok, list(out.get("responses", ()))), int(out["header"]["revision"])
+
+        return send_json
 
     def _remember(self, lease_id: str, revision: int, mod_revision: int) -> None:
         """Note that etcd's ``mod_revision`` holds lease ``revision``, unless a later one is known

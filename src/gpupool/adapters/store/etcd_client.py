@@ -183,7 +183,10 @@ class EtcdClient:
         self._current = 0
         self.timeout_s = timeout_s
         self.ssl_context: ssl.SSLContext | None = None
+        self.tls_files: tuple[str | None, str | None, str | None] | None = None
+        """(cacert, cert, key) when TLS is on (for a gRPC channel to the same endpoints)."""
         if scheme == "https":
+            self.tls_files = (cacert, cert, key)
             self.ssl_context = ssl.create_default_context(cafile=cacert)
             if cert:
                 self.ssl_context.load_cert_chain(cert, key)
