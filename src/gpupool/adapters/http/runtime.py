@@ -2,7 +2,8 @@
 
 `GroupCommitter` batches the store writes of every request handled in one event-loop turn into one
 ``store.apply`` call; each response is sent only after the batch holding its writes is durable, and
-the batch's events are delivered (SSE, ticket waiters) right after. One commit at a time, in order.
+the batch's events are delivered (SSE, ticket waiters) right after. One commit at a time, in order
+(``window`` 0, any store), or pipelined (below).
 By default (``inline=True``) the commit runs on the event-loop thread: the loop stalls for one fsync
 while the requests that arrive meanwhile queue in the kernel and form the next batch. Measured on the
 2-core machine: 630-770 lease round trips/s inline vs 410-480 with the commit in a worker thread
@@ -10,6 +11,26 @@ while the requests that arrive meanwhile queue in the kernel and form the next b
 ``split=True`` (stores with ``prepare``/``commit_prepared``) runs the statements on the loop and only
 the COMMIT in the thread: 650-1260 round trips/s against 740-920 inline in alternating runs on the
 shared machine, the same within noise, so inline stays the default.
+
+Pipelined (``window`` N >= 1; `gpupool serve` sets 2 for an etcd store, whose ``apply_async`` sends a
+Txn without blocking the loop): up to N batches are in flight at once, so the loop keeps handling
+requests (and forming the next batch) while etcd commits. Invariants:
+- batches are taken and sent in order; each one sent while another is in flight is chained to
+  the one sent just before it (the store makes etcd apply it only if, and only after, that one
+  landed: `gpupool.adapters.store.etcd.EtcdLeaseStore.apply_async`), so what lands is always a
+  prefix of the batches sent, as with one commit at a time;
+- a batch holding a write of a lease that is still in flight is not sent until that lease's batch
+  has landed (its compare needs the etcd revision that commit makes); it and everything after it
+  wait;
+- events are delivered and waiters answered in batch order, whatever order etcd answers in;
+- at the first batch that fails, nothing more is sent; once every batch in flight has settled
+  (those after it fail by their chain), that batch and every later one are undone together
+  (`LeaseController.undo`), exactly as a failure undoes "this batch and everything after it"
+  with one commit at a time. Only an unknown outcome (no answer from etcd) can leave etcd ahead
+  of memory, and then the store's ``on_write_doubt`` has already told the HA mode to step down.
+Measured (2026-12-04, 2 cores shared with other jobs, load 6-8, alternating 8 s lease phases
+against the previous one-commit-at-a-time thread over the JSON gateway): 906-960 against 610-648
+lease round trips/s, p99 54-74 against 94-134 ms, etcd CPU 0.13 against 0.40 ms per round trip.
 
 A batch the store refuses is undone in the controller (`LeaseController.undo`: memory goes back to
 what the store holds, the batch's events are dropped) and every handler waiting on it or on a later
