@@ -43,10 +43,12 @@ Invariants:
 
 Client: etcd's JSON gRPC gateway over the standard library's ``http.client``
 (`gpupool.adapters.store.etcd_client`, ~450 lines) for everything but the gateway's pipelined
-group commits, which use etcd's gRPC API (4x less etcd CPU per Txn, see `etcd_grpc`). Compared on PyPI (last release): ``etcd3``
+group commits, which use etcd's gRPC API (4x less etcd CPU per Txn, see `etcd_grpc`).
+Compared on PyPI (last release): ``etcd3``
 (2020-03; unmaintained; its generated stubs predate protobuf 4, the project pins protobuf 7),
 its forks ``etcd3-fork``/``etcd3-fc``/``cslab-etcd3``/``python3-etcd3`` (one-person forks of that
-code), ``aetcd`` (2026-06, asyncio only; most of the store's calls are synchronous: recovery, reads, purge),
+code), ``aetcd`` (2026-06, asyncio only; most of the store's calls are synchronous: recovery,
+reads, purge),
 ``etcd3gw`` (2026-06, OpenStack, also the JSON gateway: its ``transaction`` takes the raw gateway
 JSON anyway, it has no auth-token support, and it adds requests, futurist and pbr),
 ``etcd-client-py`` (a Rust binding, 2026-01, small user base). The gateway is etcd's documented,
