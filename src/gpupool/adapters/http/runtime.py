@@ -95,7 +95,6 @@ class GroupCommitter:
         in flight at once through the store's ``apply_async`` (the etcd store)."""
         self._flights: deque[_Flight] = deque()
         self._in_flight: set[str] = set()
-        self._broken = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupool-commit")
         self._next_gen = 1
         self._done_gen = 0
@@ -194,7 +193,7 @@ class GroupCommitter:
         """Send pending batches while the window has room and none of their leases is in flight."""
         c = self.controller
         loop = asyncio.get_running_loop()
-        while c.dirty and not self._broken and len(self._flights) < self.window:
+        while c.dirty and len(self._flights) < self.window and not self._failing():
             if self._in_flight and not self._in_flight.isdisjoint(c.pending_ids()):
                 return  # the compare needs the mod_revision that lease's commit makes: sent when it lands
             batch = c.take_batch()
@@ -213,9 +212,11 @@ class GroupCommitter:
             else:
                 task.add_done_callback(self._landed)
 
+    def _failing(self) -> bool:
+        """A batch in flight failed: nothing more is sent until it is undone (`_complete`)."""
+        return any(f.settled() and f.error() is not None for f in self._flights)
+
     def _landed(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is not None:
-            self._broken = True  # nothing more is sent until the failure is undone
         self._complete()
 
     def _complete(self) -> None:
@@ -237,7 +238,6 @@ class GroupCommitter:
             gone = list(self._flights)
             self._flights.clear()
             self._in_flight.clear()
-            self._broken = False
             self._finish(gone[-1].gen, _merged([f.batch for f in gone]), err)
         if c.dirty:
             self.kick()
