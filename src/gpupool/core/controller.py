@@ -23,7 +23,8 @@ their lease. Request-lease (KV) tickets are memory-only, like request leases.
 
 Durability: every lease change is recorded as a compare-and-set `StoreWrite` (coalesced per lease)
 and the events that go with it wait in the same pending batch. `flush` (or `take_batch` + store
-``apply`` in a worker thread + `deliver`, the gateway's group commit) makes the batch durable *before*
+``apply`` on the loop, in a worker thread or pipelined + `deliver`, the gateway's group commit, which
+holds a batch back while `pending_ids` names a lease still in flight) makes the batch durable *before*
 its events are delivered, so every event describes durable state. Request leases (KV budgets) live
 in memory only: they end with the process that serves their request.
 
