@@ -21,7 +21,8 @@ Invariants:
   Several writes of one id in a batch are checked in order here and sent as the last one (a Txn may
   touch a key once). A batch needing more operations than ``max_txn_ops`` (etcd's
   ``--max-txn-ops``, default 128) is refused before sending, naming the number;
-- pipelined group commit (`apply_async`, from an event loop): several Txns in flight, each one
+- pipelined group commit (`apply_async`, from an event loop; the chain protocol is in
+  `gpupool.adapters.store.etcd_pipeline`): several Txns in flight, each one
   sent while another is in flight chained to it inside etcd (a compare on this store's commit key),
   so what lands is always a prefix of what was sent, in order; sent over etcd's native gRPC API
   (`gpupool.adapters.store.etcd_grpc`) when grpcio is installed, else through the JSON gateway
@@ -60,16 +61,14 @@ Txn 13 ms wall, 2.2 ms client CPU and 6.7 ms of etcd's CPU.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpupool.adapters.store.etcd_client import (
-    GRPC_FAILED_PRECONDITION,
     GRPC_INVALID_ARGUMENT,
     GRPC_OUT_OF_RANGE,
     GRPC_PERMISSION_DENIED,
@@ -79,11 +78,20 @@ from gpupool.adapters.store.etcd_client import (
     Watch,
     WatchEvent,
     compare,
-    compare_value,
     delete_op,
     prefix_end,
     put_op,
     range_op,
+)
+from gpupool.adapters.store.etcd_pipeline import (
+    Cmp,
+    CommitChainBroken,
+    PipelinedCommits,
+    _Chain,
+    _ChainPending,
+    _json_compare,
+    _json_ranges,
+    _Txn,
 )
 from gpupool.core.errors import GpupoolError, InvalidInput, StoreUnreachable
 from gpupool.core.model import Lease, LeaseState
@@ -97,10 +105,6 @@ from gpupool.core.ports import (
     encode_ticket,
 )
 
-if TYPE_CHECKING:
-    from gpupool.adapters.store.etcd_aio import AsyncGateway
-    from gpupool.adapters.store.etcd_grpc import GrpcTxn
-
 DEFAULT_PREFIX = "/gpupool/"
 DEFAULT_MAX_TXN_OPS = 128  # etcd's own default for --max-txn-ops
 DEFAULT_HISTORY_REVISIONS = 10_000
@@ -108,50 +112,6 @@ DEFAULT_HISTORY_REVISIONS = 10_000
 
 class NotLeader(StoreUnreachable):
     """A fenced write found the leader key changed: this process no longer leads; nothing landed."""
-
-
-class CommitChainBroken(StoreUnreachable):
-    """A pipelined commit was not applied because the commit it was chained to failed."""
-
-
-class _ChainPending(Exception):
-    """A chained Txn failed on its chain compare alone: its predecessor had not landed (yet)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Chain:
-    key: bytes
-    token: bytes
-    after: bytes | None
-    """The token the previous in-flight commit puts (compared), or None: not chained."""
-
-
-Cmp = tuple[bytes, str, int | bytes]
-"""(key, target, value): target VERSION | CREATE | MOD | LEASE (an int) or VALUE (bytes), EQUAL."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Txn:
-    """One group commit's Txn, independent of the wire (JSON gateway or gRPC)."""
-
-    leases: dict[str, tuple[int | None, Lease]]
-    expected_mod: dict[str, int | None]
-    compares: list[Cmp]
-    puts: list[tuple[bytes, bytes]]
-    reads: list[bytes]
-    """The failure branch: a range read per compared lease (then the chain key)."""
-    chain: _Chain | None
-
-
-def _json_compare(c: Cmp) -> dict[str, Any]:
-    key, target, value = c
-    return compare_value(key, value) if isinstance(value, bytes) else compare(key, target, value)
-
-
-def _json_ranges(ok: bool, responses: list[dict[str, Any]]) -> list[list[KeyValue]]:
-    if ok:
-        return []
-    return [[KeyValue.from_json(kv) for kv in r.get("response_range", {}).get("kvs", ())] for r in responses]
 
 
 class EtcdStoreCorrupt(GpupoolError):
@@ -182,7 +142,7 @@ class Snapshot:
     revision: int
 
 
-class EtcdLeaseStore:
+class EtcdLeaseStore(PipelinedCommits):
     def __init__(
         self,
         client: EtcdClient,
@@ -206,10 +166,8 @@ class EtcdLeaseStore:
         self._instance = uuid.uuid4().hex[:12]
         self._chain_seq = 0
         self._chain_last = b""
-        self._aio: AsyncGateway | GrpcTxn | None = None
+        self._aio = None
         self.wire = "grpc"
-        """How `apply_async` sends: grpc (etcd's native API; the JSON gateway when grpcio is not
-        installed) or json (the JSON gateway). The other calls always use the JSON gateway."""
         self.on_write_doubt: Callable[[EtcdError], None] | None = None
         """Called (then the error is raised) when a lease batch's outcome is unknown: etcd did not
         answer, or answered with an error other than a bad request. A leader's ledger in memory may
@@ -341,100 +299,6 @@ class EtcdLeaseStore:
             if not kvs or kvs[0].value != chain.after:
                 raise _ChainPending
         raise NotLeader("the leader key changed (another replica leads now): the write was not applied")
-
-    # ------------------------------------------------------------------ pipelined writes
-    def apply_async(
-        self, writes: Sequence[Write], *, after: asyncio.Future[Any] | None = None
-    ) -> Coroutine[Any, Any, None]:
-        """`apply` from an asyncio event loop, without blocking it while etcd commits, and with
-        several calls in flight at once (the pipelined group commit of `gpupool.adapters.http.runtime`).
-
-        The Txn is built now (in call order: that order is the chain's); the returned coroutine
-        sends it and raises why it failed, if it did. ``after``: the task of the call made just
-        before this one, while it is still in flight, or None. This Txn is then chained to it: it
-        also compares this store's commit key (``PREFIX commit/<instance>``, which every call puts
-        to its own sequence token) with the token ``after`` puts, so it lands only if, and only
-        after, ``after`` landed. If it reached etcd first (the chain compare alone failed), it
-        waits for ``after`` and is sent again; if ``after`` fails, it raises `CommitChainBroken`
-        and lands nothing. Calls touching the same lease must not be in flight together (the
-        compare needs the mod_revision the first one makes): the caller waits. Errors as `apply`
-        (`on_write_doubt` included); after an unknown outcome (`EtcdError`, UNAVAILABLE) the Txn
-        may have landed, and so may the calls chained to it."""
-        try:
-            with self._lock:
-                if not writes:
-                    return _done()
-                self._chain_seq += 1
-                token = f"{self._instance}:{self._chain_seq}".encode()
-                chain = _Chain(
-                    self._key("commit", self._instance), token, self._chain_last if after else None
-                )
-                self._chain_last = token
-                txn = self._build(writes, chain)
-        except Exception as exc:
-            return _fail(exc)
-        return self._send(txn, after)
-
-    async def _send(self, txn: _Txn, after: asyncio.Future[Any] | None) -> None:
-        send = self._wire()
-        resent = False
-        while True:
-            try:
-                ok, ranges, revision = await send(txn)
-            except EtcdError as exc:
-                if self.on_write_doubt is not None and exc.code != GRPC_INVALID_ARGUMENT:
-                    self.on_write_doubt(exc)
-                raise
-            with self._lock:
-                try:
-                    self._settle(txn, ok, ranges, revision)
-                    return
-                except _ChainPending:
-                    if after is None or resent:
-                        key = txn.chain.key.decode() if txn.chain else ""
-                        raise EtcdError(
-                            f"etcd key {key!r} was changed by another writer: the write was not applied",
-                            code=GRPC_FAILED_PRECONDITION,
-                        ) from None
-            await asyncio.wait([after])  # it reached etcd after this one: wait for its outcome
-            if after.cancelled() or after.exception() is not None:
-                raise CommitChainBroken("an earlier group commit failed: this one was not applied")
-            resent = True
-
-    def _wire(self) -> Callable[[_Txn], Awaitable[tuple[bool, list[list[KeyValue]], int]]]:
-        """How `apply_async` sends a Txn: etcd's native gRPC API when grpcio is installed
-        (`gpupool.adapters.store.etcd_grpc`), else the JSON gateway from the loop (`etcd_aio`)."""
-        if self._aio is None:
-            if self.wire == "grpc":
-                try:
-                    from gpupool.adapters.store.etcd_grpc import GrpcTxn
-                except ImportError:
-                    self.wire = "json"
-                else:
-                    self._aio = GrpcTxn(self.client)
-            if self._aio is None:
-                from gpupool.adapters.store.etcd_aio import AsyncGateway
-
-                self._aio = AsyncGateway(self.client)
-        aio = self._aio
-        if self.wire == "grpc":
-
-            async def send_grpc(txn: _Txn) -> tuple[bool, list[list[KeyValue]], int]:
-                return await aio.txn(txn.compares, txn.puts, txn.reads)  # type: ignore[union-attr]
-
-            return send_grpc
-
-        async def send_json(txn: _Txn) -> tuple[bool, list[list[KeyValue]], int]:
-            body = {
-                "compare": [_json_compare(c) for c in txn.compares],
-                "success": [put_op(k, v) for k, v in txn.puts],
-                "failure": [range_op(k) for k in txn.reads],
-            }
-            out = await aio.call("/v3/kv/txn", body)  # type: ignore[union-attr]
-            ok = bool(out.get("succeeded", False))
-            return ok, _json_ranges(ok, list(out.get("responses", ()))), int(out["header"]["revision"])
-
-        return send_json
 
     def _remember(self, lease_id: str, revision: int, mod_revision: int) -> None:
         """Note that etcd's ``mod_revision`` holds lease ``revision``, unless a later one is known
@@ -608,14 +472,6 @@ class EtcdLeaseStore:
             with contextlib.suppress(EtcdError):
                 self.client.txn([], [delete_op(self._key("commit", self._instance))])
         self.client.close()
-
-
-async def _done() -> None:
-    return None
-
-
-async def _fail(exc: Exception) -> None:
-    raise exc
 
 
 # ---------------------------------------------------------------------- URLs
