@@ -70,6 +70,7 @@ class StandinGateway:
         self.readings: list[dict[str, Any]] = []
         self.event_posts: list[dict[str, Any]] = []
         self.deleted: list[str] = []
+        self.gets: list[str] = []
         self._leases: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.port = 0
@@ -106,6 +107,8 @@ class StandinGateway:
             def do_GET(self) -> None:
                 if not self._authorised():
                     return
+                with gw.lock:
+                    gw.gets.append(self.path)
                 if self.path != "/v1/leases":
                     self._send(404, _error(f"no route {self.path}", "not_found"))
                     return

@@ -179,3 +179,21 @@ def test_outbox_is_bounded_and_counts_drops() -> None:
         source.set_used_ratio("n1/0", ratio)
         tick(agent, clock)
     assert reporter.pending() == 3 and reporter.dropped_events == 2
+
+
+def test_a_gateway_without_engine_directives_is_asked_again_only_after_the_retry_time() -> None:
+    gw = StandinGateway()
+    gw.start()
+    try:
+        agent, _, reporter, clock = build(gw.url)
+        tick(agent, clock)
+        assert reporter.flush_once(now_s=100.0)
+        engines = "/v1/nodes/n1/engines"
+        assert gw.gets.count(engines) == 1 and reporter.engines_supported is False
+        assert reporter.take_engines() is None
+        assert reporter.flush_once(now_s=101.0)
+        assert gw.gets.count(engines) == 1  # remembered: not asked with every ledger fetch
+        assert reporter.flush_once(now_s=100.0 + reporter.engines_retry_s)
+        assert gw.gets.count(engines) == 2  # asked again (a new leader may serve it)
+    finally:
+        gw.stop()

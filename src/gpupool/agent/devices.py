@@ -98,7 +98,8 @@ class SnapshotSource:
 
 def open_source(kind: str, *, node: str, gpus: int = 2, cluster: Any | None = None) -> DeviceSource:
     """``nvml``: the real GPUs; ``simulated``: that node of the simulated cluster (``cluster``, by
-    default the embedded seed platform) when it has the node, else an in-memory node of ``gpus``
+    default the embedded seed platform, whose VRAM registry is ``$GPUPOOL_SIM_VRAM_DIR`` when set:
+    real processes may hold simulated memory there) when it has the node, else an in-memory node of ``gpus``
     H100s; ``scripted``: always the in-memory node."""
     if kind not in KINDS:
         raise InvalidInput("devices", kind, f"must be one of {list(KINDS)}")
@@ -110,9 +111,14 @@ def open_source(kind: str, *, node: str, gpus: int = 2, cluster: Any | None = No
         return SnapshotSource(NvmlDeviceSource(node), node=node)
     if kind == "simulated":
         if cluster is None:
-            from gpupool.adapters.simulated import embedded_default
+            import os
+            from pathlib import Path
 
-            cluster = embedded_default()
+            from gpupool.adapters.simulated import embedded_default
+            from gpupool.adapters.simulated.vram import REGISTRY_ENV
+
+            registry = os.environ.get(REGISTRY_ENV, "")
+            cluster = embedded_default(vram_registry=Path(registry) if registry else None)
         if node in cluster.nodes():
             return SnapshotSource(cluster.source(node), node=node)
     return ScriptedSource.uniform(node, gpus)

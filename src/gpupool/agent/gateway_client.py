@@ -27,6 +27,10 @@ Wire protocol (JSON over HTTP, ``Authorization: Bearer <token>``; the token need
 4. Every ``ledger_every_s``: ``GET {gateway}/v1/leases`` -> ``{"leases": [{"id", "node", "gpu_id",
    "priority", "vram_mib", "state", "labels"?}]}``, filtered to this node's active leases; the loop
    takes it with `take_ledger` (lease labels name the pauser, see `gpupool.agent.workloads`).
+5. With the ledger: ``GET {gateway}/v1/nodes/{node}/engines`` -> ``{"engines": [{"id", "gpu_id",
+   "endpoint", "pauser", "level", "state"}]}``: the engines the control plane wants asleep or awake
+   (tidal standby instances); the loop takes it with `take_engines` (`gpupool.agent.standby`). A
+   gateway without the route (404/405) is asked again only every ``engines_retry_s`` (60 s).
 
 Invariants:
 - Calling the reporter (the loop's observer) never blocks on the network: it stores the newest
@@ -167,6 +171,10 @@ class GatewayReporter:
         self._next_ledger = 0.0
         self._next_config = 0.0
         self._watermarks: dict[str, Any] | None = None
+        self._engines: list[Mapping[str, object]] | None = None
+        self.engines_supported: bool | None = None
+        self.engines_retry_s = 60.0
+        self._next_engines = 0.0
 
     # ----------------------------------------------------------------- loop side (never blocks)
     def __call__(self, snap: NodeSnapshot, events: Sequence[AgentEvent]) -> None:
@@ -188,6 +196,12 @@ class GatewayReporter:
         with self._lock:
             wm, self._watermarks = self._watermarks, None
             return wm
+
+    def take_engines(self) -> Sequence[Mapping[str, object]] | None:
+        """The gateway's engine directives when newly fetched (None: nothing new)."""
+        with self._lock:
+            engines, self._engines = self._engines, None
+            return engines
 
     @property
     def connected(self) -> bool:
@@ -235,6 +249,8 @@ class GatewayReporter:
                     with self._lock:
                         self._ledger = ledger
                 self._next_ledger = now + self.ledger_every_s
+            if self.engines_supported is not False or now >= self._next_engines:
+                self._fetch_engines(now)
         if now >= self._next_config:
             resp = self._request("GET", f"{self.base}/v1/pool")
             if not isinstance(resp, str) and resp.status_code < 300:
@@ -251,6 +267,26 @@ class GatewayReporter:
             self.failures = 0
             self.posts_ok += 1
         return True
+
+    def _fetch_engines(self, now: float) -> None:
+        resp = self._request("GET", f"{self.base}/v1/nodes/{self.node}/engines")
+        if isinstance(resp, str):
+            return
+        if resp.status_code in UNSUPPORTED:
+            self.engines_supported = False
+            self._next_engines = now + self.engines_retry_s
+            return
+        if resp.status_code >= 300:
+            return
+        try:
+            body = resp.json()
+        except ValueError:
+            return
+        engines = body.get("engines") if isinstance(body, dict) else None
+        if isinstance(engines, list):
+            self.engines_supported = True
+            with self._lock:
+                self._engines = [x for x in engines if isinstance(x, dict)]
 
     def _ok(self, resp: httpx.Response | str, *, what: str) -> bool:
         """True for 2xx. Retryable failures count towards backoff; a bad request is recorded only."""

@@ -12,7 +12,9 @@
    an ``eviction`` policy is given; the eviction starts in the tick that saw the lease go and is
    confirmed from device readings), and hold the higher-priority grants that arrived on that GPU as
    ``granted-pending-free`` until the memory is back (or their deadline passes);
-6. publish a `NodeSnapshot` and the tick's `AgentEvent` values to the observers (gateway reporter,
+6. bring the engines the gateway names (tidal standby instances) to the state it wants, asleep or
+   awake, with their pauser (`gpupool.agent.standby`; the calls run off the tick thread);
+7. publish a `NodeSnapshot` and the tick's `AgentEvent` values to the observers (gateway reporter,
    metrics).
 
 Invariants:
@@ -31,10 +33,12 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from gpupool.agent.evict import EvictionPolicy, Evictor, Freed, pid_map
 from gpupool.agent.pressure import health_problem, to_reading
 from gpupool.agent.source import DeviceSource, GpuSample
+from gpupool.agent.standby import EngineSleeps
 from gpupool.agent.values import (
     AgentConfig,
     AgentEvent,
@@ -119,6 +123,9 @@ class NodeAgent:
                 self.pausers, clock=clock, submit=self._submit_free, policy=eviction, evict_pod=evict_pod
             )
         )
+        self.engine_sleeps = EngineSleeps(
+            self.pausers, submit=self._submit_any, emit=self._emit, blocked=self._freeing
+        )
         self._to_evict: list[str] = []
         self._ledger_seen: set[str] = set()
         self.grants: dict[str, tuple[str, float, str, int]] = {}
@@ -178,6 +185,8 @@ class NodeAgent:
             statuses.append(self._gpu_tick(s, now))
         if self.evictor is not None:
             self._evict_tick(samples, now)
+        if self.engine_sleeps.engines:
+            self.engine_sleeps.step(now)
         supervise = getattr(self.mps, "supervise", None)
         if callable(supervise):  # MPS daemons (gpupool.agent.mps.MpsSupervisor)
             for n in supervise(samples, now):
@@ -223,6 +232,9 @@ class NodeAgent:
         """Wait for off-thread pauser actions and apply their results (tests, shutdown)."""
         for f in list(self._inflight):
             f.exception(timeout=timeout_s)
+        for e in self.engine_sleeps.engines.values():
+            if e.future is not None:
+                e.future.exception(timeout=timeout_s)
         self._harvest()
         if self._events:
             self._publish(self._last)
@@ -351,6 +363,23 @@ class NodeAgent:
             )
         self._inflight.append(self._pool.submit(fn))
 
+    def _freeing(self, gpu_id: str) -> bool:
+        """Memory on ``gpu_id`` is still being freed (an eviction there is not confirmed yet)."""
+        return self.evictor is not None and (
+            gpu_id in self.evictor.pending()
+            or any(
+                e is not None and e.workload.gpu_id == gpu_id for e in map(self.workloads.get, self._to_evict)
+            )
+        )
+
+    def _submit_any(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run an engine directive's pauser calls off the tick thread (read back by `EngineSleeps`)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.config.workers, thread_name_prefix="gpupool-pauser"
+            )
+        return self._pool.submit(fn)
+
     def _submit_free(self, fn: Callable[[], PauseResult]) -> Future[PauseResult]:
         """Run a freeing pause for the evictor off the tick thread (its result is read by the evictor)."""
         if self._pool is None:
@@ -436,6 +465,10 @@ class NodeAgent:
         wm = take_wm() if callable(take_wm) else None
         if wm is not None:
             self._apply_watermarks(wm, now)
+        take_eng = getattr(self.ledger, "take_engines", None)
+        engines = take_eng() if callable(take_eng) else None
+        if engines is not None:
+            self.engine_sleeps.take(engines, now)
         leases = self.ledger.take_ledger()
         if leases is None:
             return

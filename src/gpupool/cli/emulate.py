@@ -6,6 +6,9 @@ Token timing follows the roofline model of `gpupool.adapters.backends.roofline` 
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
 
 from gpupool.cli.errors import UserError, check_port, check_range, user_errors
@@ -46,7 +49,12 @@ def build_engine(
 
 
 def build_backend_app(
-    model: str, *, scheduling_policy: str = "fcfs", max_model_len: int | None = None, **kw: object
+    model: str,
+    *,
+    scheduling_policy: str = "fcfs",
+    max_model_len: int | None = None,
+    on_memory: Any = None,
+    **kw: object,
 ) -> object:
     """The emulated server for a catalogue model: task (generate / embed) and default ``max_model_len``
     from the catalogue; ``scheduling_policy`` as vLLM's ``--scheduling-policy`` (fcfs rejects priorities)."""
@@ -67,7 +75,32 @@ def build_backend_app(
         task="generate" if arch.is_decoder else "embed",
         max_model_len=max_model_len or arch.max_positions,
         scheduling_policy=scheduling_policy,
+        on_memory=on_memory,
     )
+
+
+def _vram_holder(mib: int, on: str, sleep_mib: int) -> Any:
+    """``on_memory`` for the backend app: this process's record in the simulated VRAM registry."""
+    if mib == 0:
+        return None
+    import os
+
+    from gpupool.adapters.simulated.vram import REGISTRY_ENV, hold
+
+    check_range("--hold-vram-mib", mib, lo=0)
+    check_range("--sleep-vram-mib", sleep_mib, lo=0, hi=mib)
+    registry = os.environ.get(REGISTRY_ENV, "")
+    if not registry:
+        raise UserError(f"--hold-vram-mib needs the simulated VRAM registry directory in ${REGISTRY_ENV}")
+    if not on:
+        raise UserError("--hold-vram-mib needs --hold-on: the GPU or slice id it runs on")
+    path = Path(registry)
+    hold(path, on, mib)
+
+    def on_memory(asleep: bool) -> None:
+        hold(path, on, sleep_mib if asleep else mib)
+
+    return on_memory
 
 
 @user_errors
@@ -84,11 +117,20 @@ def emulate_backend(  # noqa: PLR0917 (typer options)
         "fcfs", "--scheduling-policy", help="fcfs (non-zero priorities are rejected, as vLLM) or priority."
     ),
     max_model_len: int | None = typer.Option(None, "--max-model-len", help="Context (default: the model's)."),
+    hold_vram_mib: int = typer.Option(
+        0,
+        "--hold-vram-mib",
+        help="Simulated devices: hold this much VRAM on --hold-on through the registry $GPUPOOL_SIM_VRAM_DIR "
+        "(weights + KV), shrinking to --sleep-vram-mib while asleep.",
+    ),
+    hold_on: str = typer.Option("", "--hold-on", help="GPU or slice id of the simulated cluster it runs on."),
+    sleep_vram_mib: int = typer.Option(512, "--sleep-vram-mib", help="What it keeps asleep (CUDA context)."),
 ) -> None:
     """Serve an emulated OpenAI-compatible model (vLLM metric names, sleep/pause endpoints)."""
     import uvicorn
 
     check_port("--port", port)
+    on_memory = _vram_holder(hold_vram_mib, hold_on, sleep_vram_mib)
     app = build_backend_app(
         model,
         gpu=gpu,
@@ -98,6 +140,7 @@ def emulate_backend(  # noqa: PLR0917 (typer options)
         speed=speed,
         scheduling_policy=scheduling_policy,
         max_model_len=max_model_len,
+        on_memory=on_memory,
     )
     typer.echo(f"emulated backend {model} on http://{host}:{port} (gpu {gpu}, fraction {compute_fraction})")
     uvicorn.run(app, host=host, port=port, log_level="warning")  # type: ignore[arg-type]

@@ -68,17 +68,8 @@ def sim_tidal(
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-        body = "\n\n".join(
-            [
-                f"# sim tidal results ({days} days, scale {scale}, backlog x{backlog_scale}, {main_model})",
-                report.table(result),
-                "## Night arrival paths (tidal)",
-                report.paths_table(result),
-                "## Pauser costs per engine size",
-                report.costs_table(result),
-            ]
-        )
-        (out / "results.md").write_text(body + "\n")
+        title = f"sim tidal results ({days} days, scale {scale}, backlog x{backlog_scale}, {main_model})"
+        (out / "results.md").write_text(report.markdown(result, title))
         report.plot(result, out)
     if as_json:
         typer.echo(json.dumps(result))

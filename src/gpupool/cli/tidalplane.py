@@ -5,10 +5,12 @@ gateway's own controller), and the NIGHT re-partition driver (simulated devices:
 cluster's NVML MIG calls; standby replicas stopped and started around it).
 
 `attach_tidal` wires them onto a built `Bundle` (admission hook, ``/v1/pool`` section ``tidal``,
-``/v1/batch/jobs`` routes, ``gpupool_tidal_*`` metrics); `tidal_loop` runs `TidalRuntime.step`
-every ``period_s`` on the gateway's event loop: tick the plane (mode changes become ``tidal``
-events), merge the named GPUs at NIGHT and restore them when the restore is due, step the batch
-runner (job changes become ``batch`` events), kick the group commit.
+``/v1/batch/jobs`` routes, ``gpupool_tidal_*`` metrics, and with ``standby_backends`` the standby
+sleeper: ``GET /v1/nodes/{node}/engines`` directives for the node agents and their ``engine_*``
+reports); `tidal_loop` runs `TidalRuntime.step` every ``period_s`` on the gateway's event loop: tick
+the plane (mode changes become ``tidal`` events), put standby instances to sleep or wake them and
+switch their routing, merge the named GPUs at NIGHT and restore them when the restore is due, step
+the batch runner (job changes become ``batch`` events), kick the group commit.
 """
 
 from __future__ import annotations
@@ -27,7 +29,16 @@ from gpupool.core.errors import InvalidInput
 from gpupool.core.ports import GatewayEvent
 from gpupool.core.tidal.modes import Mode
 from gpupool.core.tidal.night import NightRepartitioner
-from gpupool.core.tidal.plane import PlaneConfig, TidalPlane, p2_usage_of, plane_config
+from gpupool.core.tidal.plane import PlaneConfig, TidalPlane, kv_usage_of, p2_usage_of, plane_config
+from gpupool.core.tidal.standby import ASLEEP, AWAKE, StandbySleeper, instances_of
+
+ENGINE_REPORTS = {
+    "engine_asleep": (ASLEEP, True),
+    "engine_awake": (AWAKE, True),
+    "engine_sleep_failed": (ASLEEP, False),
+    "engine_wake_failed": (AWAKE, False),
+}
+"""Agent event kind -> (state it was about, whether it was reached)."""
 
 
 def load_plane_config(path: Path | None, **overrides: Any) -> PlaneConfig:
@@ -83,6 +94,9 @@ class TidalRuntime:
     bundle: Any
     batch: Any = None
     night: NightRepartitioner | None = None
+    standby: StandbySleeper | None = None
+    lent: dict[str, tuple[Any, tuple[str, ...]]] = field(default_factory=dict)
+    """Standby id -> (its placement lease's request, slices) while its slice is lent to P2."""
     seen_log: int = 0
     seen_night: int = 0
     emitted: list[GatewayEvent] = field(default_factory=list)
@@ -118,6 +132,8 @@ class TidalRuntime:
             self.emit("tidal", f"{plane.mode.value} path {path}: {ms:g} ms")
         plane.path_log.clear()
         c = self.bundle.controller
+        if self.standby is not None:
+            self.step_standby()
         taken = plane.reclaim(c.allocator.leases)
         for lease_id in taken:
             c.revoke(lease_id, reason="tidal: DAY, P2 above its share gives capacity back to P0/P1")
@@ -146,6 +162,80 @@ class TidalRuntime:
             self.seen_log = min(self.seen_log, len(log))
             plane.notes["batch_jobs"] = self.batch.counts()
         self.bundle.app.state.gateway.committer.kick()
+
+    def step_standby(self) -> None:
+        """Sleep or wake the standby instances and switch their routing (see `StandbySleeper`)."""
+        sl, plane, c = self.standby, self.plane, self.bundle.controller
+        assert sl is not None
+        from gpupool.core.kvbackends import KV_PREFIX
+
+        changed = sl.step(
+            plane.clock.now(),
+            night=plane.mode is Mode.NIGHT and plane.config.enabled,  # the off switch keeps them awake
+            wake_due=plane.standby_wake_due(),
+            busy=lambda bid: c.kv_load(KV_PREFIX + bid)[0] > 0,
+        )
+        for bid in changed:
+            c.set_backend_routable(bid, sl.routable(bid))
+        for bid in sl.config.backends:
+            self._hand_over(bid)
+        for ms in sl.paths:
+            plane.record_path("sleep", ms)
+        sl.paths.clear()
+        for bid, what in sl.log:
+            inst = sl.instances[bid]
+            say(f"tidal: standby {bid}: {what}")
+            self.emit("tidal", f"standby {bid}: {what}", gpu_id=inst.gpu_id)
+        sl.log.clear()
+        plane.notes["standby"] = sl.view()
+
+    def _hand_over(self, bid: str) -> None:
+        """Lend a sleeping standby's slice to P2 (its placement lease given back), or take it back
+        before the wake (P2 leases there revoked, the placement lease placed again)."""
+        from gpupool.cli.serve import SYSTEM_TENANT
+
+        sl, c = self.standby, self.bundle.controller
+        assert sl is not None
+        if sl.lendable(bid):
+            lease = next(
+                (x for x in c.leases(tenant=SYSTEM_TENANT) if dict(x.request.labels).get("instance") == bid),
+                None,
+            )
+            if lease is not None:
+                self.lent[bid] = (lease.request, lease.slice_ids)
+                c.release(lease.id, reason=f"tidal: standby {bid} asleep, its slice lent to P2 work")
+            sl.set_held(bid, False)
+        elif sl.wants_slice(bid):
+            request, slice_ids = self.lent.get(bid, (None, ()))
+            if request is None:
+                sl.set_held(bid, True)
+                return
+            for sid in slice_ids:
+                for x in list(c.allocator.leases.on_slice(sid)):
+                    if x.priority < 0:
+                        c.revoke(
+                            x.id, reason=f"tidal: standby {bid} wakes: its slice goes back to online work"
+                        )
+            out = c.place(request, slice_ids)
+            if out.granted:
+                del self.lent[bid]
+                sl.set_held(bid, True)
+
+    def engine_reports(self, node: str, events: list[Any]) -> None:
+        """The node agents' ``engine_*`` events -> the standby sleeper (a listener of the events route)."""
+        sl = self.standby
+        if sl is None:
+            return
+        now = self.plane.stopwatch()  # the clock NIGHT P0 arrivals were stamped with
+        for e in events:
+            kind = ENGINE_REPORTS.get(getattr(e, "kind", ""))
+            bid = getattr(e, "lease_id", "")
+            if kind is None or bid not in sl.instances or sl.instances[bid].node != node:
+                continue
+            with contextlib.suppress(InvalidInput, KeyError):
+                sl.report(
+                    bid, kind[0], latency_ms=float(e.latency_ms), now=now, ok=kind[1], why=str(e.reason)
+                )
 
 
 def _feed_ttft(metrics: Any, plane: TidalPlane, p0_models: set[str]) -> None:
@@ -187,6 +277,7 @@ def attach_tidal(
             "run with simulated readings (real nodes re-partition through `gpupool plan --apply`)"
         )
     plane = TidalPlane(config, clock=clock, p2_usage=p2_usage_of(c.allocator), stopwatch=time.perf_counter)
+    plane.kv_usage = kv_usage_of(c)
     c.admission_hook = plane
     c.views["tidal"] = plane.view
     rt = TidalRuntime(plane, bundle)
@@ -231,6 +322,16 @@ def attach_tidal(
         )
         rt.batch = BatchService(queue, runner, now=now)
         add_batch_routes(bundle.app, rt.batch)
+    if config.standby.backends:
+        from gpupool.adapters.http.engine_routes import add_engine_routes
+
+        try:
+            rt.standby = StandbySleeper(config.standby, instances_of(bundle.backends))
+        except InvalidInput as exc:
+            raise UserError(str(exc)) from None
+        plane.standby = rt.standby
+        add_engine_routes(bundle.app, rt.standby)
+        gw.agent_listeners.append(rt.engine_reports)
     if config.repartition_gpus:
         from gpupool.hardware.migactuate import NvmlMigActuator
 

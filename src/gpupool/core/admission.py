@@ -76,12 +76,18 @@ class Ticketed:
     """Placement restricted to this GPU ('' = any)."""
     kv: bool = False
     """A request lease on a model instance's KV budget (not a slice lease)."""
+    holder: str = ""
+    """KV slice holding the prefix of the request's session: it waits for room there first."""
+    session: str = ""
+    """The request's session ("" for none)."""
+    patience_s: float = 0.0
+    """How long after ``enqueued_at`` it waits for room on ``holder`` before taking any slice."""
     scope: tuple[object, ...] = field(init=False, repr=False, compare=False)
     """Everything but priority and demand that decides where it may go (memo key of a pump pass)."""
 
     def __post_init__(self) -> None:
         r = self.request
-        scope = (self.kv, self.gpu_id, r.kinds, r.nodes, r.model if self.kv else "", r.gpu_count)
+        scope = (self.kv, self.gpu_id, r.kinds, r.nodes, r.model if self.kv else "", r.gpu_count, self.holder)
         object.__setattr__(self, "scope", scope)
 
     @property

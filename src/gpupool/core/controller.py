@@ -174,6 +174,9 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
         """Extra sections of ``GET /v1/pool`` (name -> JSON-ready value), e.g. ``tidal``."""
         self._begun = ""
         """The KV slice the last `acquire` pinned its session on (`KvBackends.session_begin`)."""
+        self._begun_queued: OrderedDict[str, str] = OrderedDict()
+        """Request id -> the KV slice a pump pass pinned its session on (granted from the queue on
+        its holder; `KvBackends.session_begin` takes it; at most `MAX_BEGUN_QUEUED` kept)."""
         if not 1 <= self.config.kv_red_line_pct <= 100 or type(self.config.kv_red_line_pct) is not int:
             raise InvalidInput(
                 "kv_red_line_pct", self.config.kv_red_line_pct, "must be an integer in [1, 100]"
@@ -189,14 +192,25 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
         prefer: str = "",
         queue: bool = True,
         session: str = "",
+        holder: str = "",
+        patience_s: float = 0.0,
     ) -> Outcome:
         """Admit ``request`` now, queue it, or say why not (see the module docstring). ``prefer``: a
         KV slice for a model request, taken when it has room (`KvLane.grant`). ``queue=False``: P2
         work that finds no room is SHED instead of queued (the batch queue waits on its own).
         Taking ``prefer`` may reclaim other sessions' retained prefixes there first
         (`KvBackends._lane_grant`); ``session``: the request's session, whose own retained prefix
-        is never reclaimed for it."""
+        is never reclaimed for it. Queued, a model request waits for room on ``holder`` (the KV
+        slice holding its session's prefix: `SessionTable.holder`) for ``patience_s`` seconds
+        before it takes any slice (`KvBackends._holder_grant`); with a ``holder``, a patience and
+        no ``prefer``, it is granted now only on the holder, else it queues for it."""
         validate_request(request)
+        if not (0.0 <= patience_s <= self.config.admission.max_wait_s):  # also NaN
+            raise InvalidInput(
+                "patience_s", patience_s, f"must be in [0, {self.config.admission.max_wait_s}]"
+            )
+        if holder and holder not in self._kv_models:
+            raise InvalidInput("holder", holder, "not a KV slice of a registered backend")
         self._begun = ""
         if gpu_id and gpu_id not in self._gpus:
             raise InvalidInput("gpu_id", gpu_id, "no such GPU in the pool")
@@ -217,6 +231,8 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
                     prefer=prefer,
                     queue=queue,
                     session=session if kv else "",
+                    holder=holder if kv else "",
+                    patience_s=patience_s,
                 )
             )
             hook.after_admit(request, out)
@@ -224,7 +240,15 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
         if kv:
             return self._finish(
                 self._admit(
-                    request, wait_s=wait_s, gpu_id="", kv=True, prefer=prefer, queue=queue, session=session
+                    request,
+                    wait_s=wait_s,
+                    gpu_id="",
+                    kv=True,
+                    prefer=prefer,
+                    queue=queue,
+                    session=session,
+                    holder=holder,
+                    patience_s=patience_s,
                 )
             )
         return self._finish(self._admit(request, wait_s=wait_s, gpu_id=gpu_id, kv=False, queue=queue))
@@ -400,6 +424,8 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
         prefer: str = "",
         queue: bool = True,
         session: str = "",
+        holder: str = "",
+        patience_s: float = 0.0,
     ) -> Outcome:
         cfg = self.config.admission
         if wait_s is not None and not 0 < wait_s <= cfg.max_wait_s:
@@ -407,9 +433,15 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
         kv_models = self._kv_models if kv else None
         if kv:
             self._lane_expire()
+        # granted now on its holder or queued for it (`acquire`), never placed elsewhere now
+        only_holder = bool(kv and holder and patience_s > 0 and not prefer)
         if kv and KvLane.eligible(request):
             held = self.queue.avoid(request.priority) if len(self.queue) else NOTHING
-            lease = self._lane_grant(request, held, prefer, session)
+            if only_holder:
+                others = frozenset(x for x in self._kv_models if x != holder)
+                lease = self._lane_grant(request, held | others, holder, session)
+            else:
+                lease = self._lane_grant(request, held, prefer, session)
             if lease is not None:
                 self.queue.record_grant(request.priority)
                 return self._count(request, Outcome(OutcomeCode.GRANTED, lease=lease))
@@ -417,7 +449,7 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
             self.lane.yield_all()  # the allocator's path must see the true free room
             if not KvLane.eligible(request):
                 self._reclaim_for(request, self.queue.avoid(request.priority) if len(self.queue) else NOTHING)
-        if kv and not len(self.queue):
+        if kv and not len(self.queue) and not only_holder:
             # Request leases with nothing queued: try the placement first; a grant proves a slice in
             # scope could hold the request, which is all `unresolvable` would establish (same outcome,
             # same counts and events, one scan of the model's KV slices fewer per request).
@@ -431,7 +463,11 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
         if why is not None:
             return self._count(request, Outcome(OutcomeCode.UNRESOLVABLE, reason=why))
         avoid = self.queue.avoid(request.priority) if len(self.queue) else NOTHING
-        out = self._place(request, gpu_id, kv=kv, avoid=avoid)
+        out = (
+            self._place(request, gpu_id, kv=kv, avoid=avoid)
+            if not only_holder
+            else Outcome(OutcomeCode.NO_CAPACITY, reason="waiting for room on its session's holder")
+        )
         if out.code is not OutcomeCode.NO_CAPACITY:
             if out.granted:
                 self.queue.record_grant(request.priority)
@@ -449,6 +485,9 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
             seq=self.queue.next_seq(),
             gpu_id=gpu_id,
             kv=kv,
+            holder=holder if kv and patience_s > 0 else "",
+            session=session if kv else "",
+            patience_s=patience_s if kv and holder else 0.0,
         )
         holds = self._hold_target(item, avoid)
         if not self.queue.push(item, holds):
@@ -486,7 +525,13 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
             retry_after_s=self.config.retry_after_s,
         )
 
+    def _patient(self, item: Ticketed) -> bool:
+        """``item`` still waits for room on its session's holder only."""
+        return self.clock.now() < item.enqueued_at + item.patience_s
+
     def _hold_target(self, item: Ticketed, held: frozenset[str]) -> frozenset[str]:
+        if item.holder and self._patient(item):
+            return frozenset((item.holder,)) if item.holder not in held else NOTHING
         alloc = self.kv if item.kv else self.allocator
         kv_models = self._kv_models if item.kv else None
         return placement.hold_target(alloc, item.request, gpu_id=item.gpu_id, kv_models=kv_models, held=held)
@@ -510,9 +555,15 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
         self._granting = item
         why = None
         try:
-            if item.kv:
-                self._reclaim_for(item.request, avoid)
-            out = self._place(item.request, item.gpu_id, kv=item.kv, avoid=avoid)
+            lease = self._holder_grant(item, avoid) if item.holder else None
+            if lease is not None:
+                out = Outcome(OutcomeCode.GRANTED, lease=lease)
+            elif item.holder and self._patient(item):
+                return Verdict.BLOCKED, self._hold_target(item, avoid)
+            else:
+                if item.kv:
+                    self._reclaim_for(item.request, avoid)
+                out = self._place(item.request, item.gpu_id, kv=item.kv, avoid=avoid)
             if not out.granted:
                 why = placement.unresolvable(alloc, item.request, gpu_id=item.gpu_id, kv_models=kv_models)
         except Exception as exc:  # NOTE: pumping is the gateway's own work: never raise into the caller

@@ -14,11 +14,15 @@ budget x ``kv_red_line_pct`` (the red line). Admission of a request lease that f
 the retained prefixes of other sessions on the preferred slice are reclaimed (LRU, through the
 preemption planner), then the most free slice is taken, then retained prefixes are reclaimed on the
 slice with the most room, and only then does the request queue (`_lane_grant`, `_reclaim_for`; queued
-ones reclaim the same way when pumped).
+ones reclaim the same way when pumped). A queued turn of a session with a *holder* (the slice holding
+its prefix, `SessionTable.holder`) is offered only its holder while ``patience_s`` lasts
+(`_holder_grant`: its own retained prefix taken back, other sessions' reclaimed LRU-first), and
+holds only that slice meanwhile; its pin is kept for `session_begin` by request id.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -37,6 +41,8 @@ if TYPE_CHECKING:
     from gpupool.core.sessions import SessionTable
 
 KV_PREFIX = "kv/"
+MAX_BEGUN_QUEUED = 4096
+"""Pins made by pump passes kept for their `KvBackends.session_begin` (older ones are dropped)."""
 REPLICA_SHARE_TENANT = "gpupool-kv-replica"
 """Tenant of the KV shares delegated to proxy replicas (`gpupool.core.kvshares`)."""
 
@@ -47,6 +53,7 @@ class KvBackends:
     sessions: SessionTable
     config: ControllerConfig
     _begun: str
+    _begun_queued: OrderedDict[str, str]
     _granting: Ticketed | None
     _events: list[GatewayEvent]
     queue: AdmissionQueue
@@ -57,6 +64,9 @@ class KvBackends:
     _ends: int
 
     def _finish(self, out: Outcome | None) -> Outcome:  # the controller's
+        raise NotImplementedError
+
+    def _patient(self, item: Ticketed) -> bool:  # the controller's
         raise NotImplementedError
 
     def register_backend(self, b: Backend) -> None:
@@ -82,6 +92,19 @@ class KvBackends:
         self._models = {}
         for x in sorted(self.backends.values(), key=lambda x: x.id):
             self._models.setdefault(x.model, []).append(x)
+
+    def set_backend_routable(self, backend_id: str, routable: bool) -> None:
+        """Take a backend out of routing (no new request lease on it; those it holds run on) or put it
+        back (queued requests are pumped): the tidal standby sleeper's switch for a sleeping engine."""
+        if backend_id not in self.backends:
+            raise UnknownId("backend", backend_id)
+        sid = KV_PREFIX + backend_id
+        if routable:
+            self.kv.mark_healthy(sid)
+            self._freed = True
+        else:
+            self.kv.mark_unhealthy(sid)
+        self._finish(None)
 
     def models(self) -> dict[str, list[Backend]]:  # read-only view, rebuilt on registration
         return self._models
@@ -172,13 +195,47 @@ class KvBackends:
             return False
         return self.sessions.reclaim(best[1], need - self._room(best[1])[1], keep=session)
 
+    def _holder_grant(self, item: Ticketed, avoid: frozenset[str]) -> Lease | None:
+        """A queued request on its session's holder (``item.holder``), when it fits there after
+        reclaiming other sessions' retained prefixes (LRU, through the preemption planner) and
+        taking back its own; None, ending nothing, when it does not fit or an earlier queued
+        request holds that slice (``avoid``)."""
+        h, session, request = item.holder, item.session, item.request
+        if h in avoid or not self.kv.ledger.is_healthy(h):
+            return None
+        need = request.demand.vram_mib
+        free = self.kv.ledger.free(h).vram_mib
+        own = self.sessions.residency(session, h)
+        mine = own.gpu_mib if own is not None and own.lease_id else 0
+        if free + mine + self.sessions.reclaimable_mib(h, keep=session) < need:
+            return None
+        self.sessions.begin(session, h)
+        self.sessions.reclaim(h, need, keep=session)
+        out = self.kv.place(request, (h,))
+        if out.granted and out.lease is not None:
+            self._begun_queued[request.id] = h
+            while len(self._begun_queued) > MAX_BEGUN_QUEUED:
+                self._begun_queued.popitem(last=False)
+            return out.lease
+        r = self.sessions.residency(session, h)  # cannot happen (the room was counted first): undo the pin
+        self.sessions.end(session, h, r.gpu_mib if r is not None else 0)
+        return None
+
     def session_begin(self, session: str, lease: Lease) -> None:
-        """``session``'s turn holds ``lease`` (a request lease on a KV slice): pin the session there,
-        unless the admission that granted it already did (it reclaimed on that slice)."""
+        """``session``'s turn holds ``lease`` (a request lease on a KV slice): pin the session there
+        (counting the lease's MiB as its prefix on the GPU while it runs), unless the admission
+        that granted it already did (it reclaimed on that slice)."""
         sid = lease.grants[0].slice_id if lease.grants else ""
         begun, self._begun = self._begun, ""
-        if session and sid and sid != begun:
-            self.sessions.begin(session, sid)
+        queued = self._begun_queued.pop(lease.request.id, "")
+        if not session or not sid:
+            return
+        if sid not in (begun, queued):
+            self.sessions.begin(session, sid, lease.total.vram_mib)
+        else:
+            r = self.sessions.residency(session, sid)
+            if r is not None:
+                r.gpu_mib = max(r.gpu_mib, lease.total.vram_mib)
 
     def session_end(self, session: str, slice_id: str, prefix_mib: int) -> None:
         """``session``'s turn on ``slice_id`` ended (its request lease released first): the slice now

@@ -68,10 +68,16 @@ class NoSessions:
     ) -> tuple[str, int]:
         return "", prompt_tokens
 
+    def holder(self, session: str, prompt_tokens: int, need_mib: int) -> tuple[str, int, float]:
+        return "", prompt_tokens, 0.0
+
     def prefill_begin(self, instance: str, tokens: int) -> None:
         return None
 
-    def prefill_done(self, instance: str, tokens: int) -> None:
+    def prefill_done(self, instance: str, tokens: int, elapsed_s: float = 0.0) -> None:
+        return None
+
+    def note_routed(self, session: str, instance: str) -> None:
         return None
 
 
@@ -155,8 +161,10 @@ class ProxyReplica:
         gpu_id: str = "",
         prefer: str = "",
         session: str = "",
+        holder: str = "",
+        patience_s: float = 0.0,
     ) -> Outcome:
-        """``session`` is accepted and not tracked here (`NoSessions`)."""
+        """``session``, ``holder`` and ``patience_s`` are accepted and not used here (`NoSessions`)."""
         validate_request(request)
         self.lane.expire_due()
         backends = self._models.get(request.model)

@@ -19,7 +19,9 @@ prefixes against the instance's KV budget like any lease, and they give way to r
 - a request that needs room (`reclaim`) ends retained leases of *other* sessions on one instance,
   chosen by the preemption planner (`core.preemption.plan_slice`) in its victim order, which for
   retained leases is least recently used first; the victims end PREEMPTED and their residency moves
-  to the host tier (the engine moves the blocks there, LRU beyond ``host_mib`` per instance: dropped).
+  to the host tier (the engine moves the blocks there when it needs their room, LRU; the view keeps
+  them until the instance's host tier + KV capacity would overflow, oldest forgotten first: the
+  ledger reclaims ahead of the engine, which evicts only the idle blocks it must).
 
 Routing (`route`, used by the proxy): among the instances the request would keep below their *red
 line* (MiB held by requests now + the request's MiB, i.e. prompt + growth to ``max_tokens``, at most
@@ -28,12 +30,21 @@ budget; retained prefixes do not count, they are reclaimed on admission), the ch
 already waiting there for their first token + 16 x the tokens of this prompt the session's prefix
 there does not cover (the recompute delays this request and every later one there). So a session
 returns to the instance holding its prefix unless the queue there costs more than recomputing
-elsewhere. `prefer`
-is the simpler rule: the instance holding most of the prefix, below its red line.
+elsewhere. `prefer` is the simpler rule: the instance holding most of the prefix, below its red line.
+A turn that starts counts as holding its request's MiB on the GPU while it runs (the engine holds its
+prompt's blocks), so a next turn that arrives before it ends finds it.
+
+Queueing (`holder`, used by the proxy when it passes ``holder`` / ``patience_s`` to the controller's
+`acquire`): a turn that finds no room anywhere, or whose holder is over its red line, waits for room
+on its *holder* (the instance holding most of its prefix) first, for ``RECOMPUTE_WEIGHT`` x the
+tokens the holder saves it / the prefill rate measured there (`prefill_done`): the same trade as
+`route`, in time; past that it takes any instance. The controller's pump grants it there
+(`KvBackends._holder_grant`), reclaiming other sessions' retained prefixes LRU-first as for any
+request.
 
 Invariants (`check`): a retained lease exists exactly for the idle residencies with GPU MiB > 0 and
-holds exactly ``gpu_mib``; per instance the host MiB <= its host cap; every lookup is O(1) in the
-number of sessions; no clock reads (``now`` is injected).
+holds exactly ``gpu_mib``; per instance the host MiB <= its host tier + KV capacity; every lookup
+is O(1) in the number of sessions; no clock reads (``now`` is injected).
 """
 
 from __future__ import annotations
@@ -59,8 +70,10 @@ RETAIN_TTL_S = 3600.0
 RECOMPUTE_WEIGHT = 16
 """`route` counts the tokens a request must recompute on an instance this many times: once for its
 own wait, and more for the work they put ahead of every request that arrives there after it (and
-the prefix cache space they take). Measured (`gpupool bench kv`, BENCHMARKS.md): 2 and 3 recomputed
-about as much as vllm-router's cache_aware, 8 about 1 % less, each with a far lower TTFT p99."""
+the prefix cache space they take). In earlier runs of `gpupool bench kv` the weights 2, 3 and 8
+recomputed more than 16; it also sets how long a queued turn waits for its holder (`holder`)."""
+RATE_WEIGHT = 0.1
+"""Weight of the newest measurement in an instance's moving-average prefill rate (`prefill_done`)."""
 
 
 def session_of(headers: Mapping[str, str], body: Mapping[str, object]) -> str:
@@ -125,10 +138,13 @@ class SessionTable:
         self._seq = 0
         self._pending: dict[str, int] = {}
         """Instance -> prompt tokens admitted there still waiting for their first token."""
+        self._rate: dict[str, float] = {}
+        """Instance -> measured prompt tokens a second until a first token (`prefill_done`)."""
         self.red_line_hits = 0
-        """Requests whose best instance was over its red line (routed elsewhere)."""
+        """Requests whose best instance was over its red line (routed elsewhere or queued for it)."""
         self.prefix_routed = 0
-        """Requests sent to the instance holding their session's prefix."""
+        """Requests granted on an instance holding part of their session's prefix (counted by the
+        caller, which sees the grant)."""
         self.reclaimed = 0
         """Retained leases ended to make room (their prefixes moved to the host tier)."""
 
@@ -144,6 +160,15 @@ class SessionTable:
         if inst is None:
             inst = self._instances[instance] = _Instance(self.host_mib)
         return inst
+
+    def _idle_cap(self, instance: str, inst: _Instance) -> int:
+        """What reclaimed prefixes on ``instance`` may hold before the oldest is forgotten: its host
+        tier + its KV capacity in the ledger. The engine evicts idle blocks only when it needs their
+        room, least recently used first, GPU to host tier, host tier to nothing; a prefix reclaimed
+        in the ledger (which counts every request's growth to ``max_tokens`` ahead of time) may
+        still sit idle on the GPU, so the engine's idle blocks can fill both before it drops one."""
+        ledger = self.kv.ledger
+        return inst.host_cap_mib + (ledger.slice(instance).capacity.vram_mib if instance in ledger else 0)
 
     # ------------------------------------------------------------------ routing
     def prefer(self, session: str, need_mib: int, load: Callable[[str], tuple[int, int]]) -> str:
@@ -170,8 +195,6 @@ class SessionTable:
             best, best_key = r.instance, key
         if crossed and not best:
             self.red_line_hits += 1
-        if best:
-            self.prefix_routed += 1
         return best
 
     def route(
@@ -183,7 +206,9 @@ class SessionTable:
         load: Callable[[str], tuple[int, int]],
     ) -> tuple[str, int]:
         """(the instance where ``session``'s turn should see its first token soonest, the prompt
-        tokens it will compute there), or ("", prompt) when every instance is over its red line.
+        tokens it will compute there), or ("", prompt) when every instance is over its red line, or
+        when the instance holding most of the session's prefix is and the turn may wait for it
+        there (a prefill rate is measured there: `holder` gives it a patience).
 
         Cost on an instance = prompt tokens waiting there for their first token (`prefill_begin` /
         `prefill_done`) + `RECOMPUTE_WEIGHT` x this prompt's tokens not covered by the session's
@@ -193,7 +218,7 @@ class SessionTable:
         held = self._sessions.get(session) if session else None
         best: tuple[int, int, str] | None = None
         best_new = prompt_tokens
-        crossed = holds = False
+        crossed = False
         top = max(held.values(), key=lambda r: (r.gpu_mib, r.host_mib), default=None) if held else None
         if top is not None and not top.gpu_mib + top.host_mib:
             top = None  # it holds nothing any more
@@ -211,27 +236,65 @@ class SessionTable:
             new = prompt_tokens - cached
             key = (self._pending.get(inst, 0) + RECOMPUTE_WEIGHT * new, used - cap, inst)
             if best is None or key < best:
-                best, best_new, holds = key, new, r is not None and r.gpu_mib + r.host_mib > 0
-        if best is None:
-            return "", prompt_tokens
+                best, best_new = key, new
         if crossed:
             self.red_line_hits += 1
-        if holds:
-            self.prefix_routed += 1
+        if best is None or (crossed and top is not None and self._rate.get(top.instance, 0.0) > 0):
+            return "", prompt_tokens
         return best[2], best_new
+
+    def holder(self, session: str, prompt_tokens: int, need_mib: int) -> tuple[str, int, float]:
+        """Where a turn that must wait (every instance, or its holder, over its red line) waits first:
+        (the instance holding most of ``session``'s prefix, on the GPU, in a turn running there, or
+        on its host tier; the prompt tokens it would compute there; how long it may wait for room
+        there before it takes any instance), or ("", prompt, 0.0) for none.
+
+        The wait is the same trade as `route`'s, in time: `RECOMPUTE_WEIGHT` x the tokens the
+        holder saves (the prefix it holds), at the prefill rate measured on the holder
+        (`prefill_done`): waiting longer than that costs more than recomputing elsewhere. Without a
+        measured rate the turn waits for no instance in particular (0.0)."""
+        held = self._sessions.get(session) if session else None
+        top = max(held.values(), key=lambda r: (r.gpu_mib, r.host_mib), default=None) if held else None
+        if top is None or not top.gpu_mib + top.host_mib or need_mib <= 0:
+            return "", prompt_tokens, 0.0
+        cached = prompt_tokens * min(need_mib, top.gpu_mib + top.host_mib) // need_mib
+        rate = self._rate.get(top.instance, 0.0)
+        patience_s = RECOMPUTE_WEIGHT * cached / rate if rate > 0 and cached > 0 else 0.0
+        return top.instance, prompt_tokens - cached, patience_s
+
+    def prefill_rate(self, instance: str) -> float:
+        """Prompt tokens a second a request computes on ``instance`` until its first token (moving
+        average of the requests measured there; 0.0 before the first)."""
+        return self._rate.get(instance, 0.0)
+
+    def note_routed(self, session: str, instance: str) -> None:
+        """A turn of ``session`` was granted on ``instance`` (before `begin`): count it in
+        ``prefix_routed`` when the instance holds part of the session's prefix."""
+        held = self._sessions.get(session)
+        r = held.get(instance) if held else None
+        if r is not None and r.gpu_mib + r.host_mib > 0:
+            self.prefix_routed += 1
 
     def prefill_begin(self, instance: str, tokens: int) -> None:
         """``tokens`` of a prompt start waiting for their first token on ``instance``."""
         self._pending[instance] = self._pending.get(instance, 0) + max(0, tokens)
 
-    def prefill_done(self, instance: str, tokens: int) -> None:
-        """The first token came (or the request ended): its prompt no longer waits there."""
+    def prefill_done(self, instance: str, tokens: int, elapsed_s: float = 0.0) -> None:
+        """The first token came (or the request ended): its prompt no longer waits there. With
+        ``elapsed_s`` (from its admission to its first token) it is a measurement of the
+        instance's prefill rate: ``tokens`` / ``elapsed_s``, averaged with weight `RATE_WEIGHT`."""
         self._pending[instance] = max(0, self._pending.get(instance, 0) - max(0, tokens))
+        if tokens > 0 and elapsed_s > 0:
+            x = tokens / elapsed_s
+            old = self._rate.get(instance)
+            self._rate[instance] = x if old is None else old + RATE_WEIGHT * (x - old)
 
     # ------------------------------------------------------------------ turns
-    def begin(self, session: str, instance: str) -> None:
-        """A turn of ``session`` starts on ``instance``: its residency there is pinned (not a victim)
-        and its retained lease there, if any, is released (the turn's request lease holds it now)."""
+    def begin(self, session: str, instance: str, mib: int = 0) -> None:
+        """A turn of ``session`` starts on ``instance`` with a request lease of ``mib``: its residency
+        there is pinned (not a victim), its retained lease there, if any, is released (the turn's
+        request lease holds it now), and it counts as holding ``mib`` on the GPU while the turn runs
+        (the engine holds the turn's prompt blocks: a next turn arriving meanwhile finds them)."""
         if not session:
             return
         inst = self._inst(instance)
@@ -239,6 +302,7 @@ class SessionTable:
         r.pinned += 1
         r.last_use_s = self._now()
         self._drop_lease(inst, r)
+        r.gpu_mib = max(r.gpu_mib, mib)
 
     def end(
         self, session: str, instance: str, prefix_mib: int, *, make_room: Callable[[], None] | None = None
@@ -334,7 +398,7 @@ class SessionTable:
     def check(self) -> None:
         for name, inst in self._instances.items():
             rs = [r for held in self._sessions.values() for r in held.values() if r.instance == name]
-            if inst.host_mib != sum(r.host_mib for r in rs) or inst.host_mib > inst.host_cap_mib:
+            if inst.host_mib != sum(r.host_mib for r in rs) or inst.host_mib > self._idle_cap(name, inst):
                 raise InvariantViolation(f"sessions on {name}: host tier {inst.host_mib} MiB")
             if inst.retained_mib != sum(r.gpu_mib for r in inst.idle.values()):
                 raise InvariantViolation(f"sessions on {name}: retained {inst.retained_mib} MiB")
@@ -399,13 +463,14 @@ class SessionTable:
         return True
 
     def _to_host(self, inst: _Instance, r: Residency, mib: int) -> None:
-        keep = min(mib, inst.host_cap_mib)
-        while inst.host_mib - r.host_mib + keep > inst.host_cap_mib and inst.host_lru:
+        cap = self._idle_cap(r.instance, inst)
+        keep = min(mib, cap)
+        while inst.host_mib - r.host_mib + keep > cap and inst.host_lru:
             old = next(iter(inst.host_lru.values()))
             if old is r:
                 break
             self._set_host(inst, old, 0)
-        self._set_host(inst, r, min(keep, inst.host_cap_mib - (inst.host_mib - r.host_mib)))
+        self._set_host(inst, r, min(keep, cap - (inst.host_mib - r.host_mib)))
 
     def _residency(self, session: str, instance: str) -> Residency:
         held = self._sessions.get(session)

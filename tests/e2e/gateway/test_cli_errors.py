@@ -33,6 +33,19 @@ def test_emulate_backend_bad_model_and_fraction() -> None:
     assert r.returncode == 2 and "--compute-fraction" in r.stderr
 
 
+def test_emulate_backend_vram_hold_needs_its_registry_and_gpu(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("GPUPOOL_SIM_VRAM_DIR", raising=False)
+    args = ("emulate-backend", "--model", "qwen2.5-0.5b", "--port", "0", "--hold-vram-mib", "2048")
+    r = run(*args, "--hold-on", "gpu-a/0")
+    assert r.returncode == 2 and "GPUPOOL_SIM_VRAM_DIR" in r.stderr and "Traceback" not in r.stderr
+    monkeypatch.setenv("GPUPOOL_SIM_VRAM_DIR", str(tmp_path / "vram"))
+    r = run(*args)
+    assert r.returncode == 2 and "--hold-on" in r.stderr
+    r = run(*args, "--hold-on", "gpu-a/0", "--sleep-vram-mib", "4096")
+    assert r.returncode == 2 and "--sleep-vram-mib" in r.stderr
+    assert not (tmp_path / "vram").exists()  # nothing was held
+
+
 def test_proxy_replica_bad_options_exit_2_naming_the_option(tmp_path: Path) -> None:
     auth = tmp_path / "auth.yaml"
     auth.write_text("tokens:\n  - {token: replica-admin-token-01, tenant: ops, role: admin}\n")

@@ -19,7 +19,14 @@ from gpupool.core.model import Lease, LeaseState, Request
 from gpupool.core.outcome import OutcomeCode
 from gpupool.core.ports import Backend, GatewayEvent
 from gpupool.core.preemption import victim_order
-from gpupool.core.sessions import RETAINED_PRIORITY, RETAINED_TENANT, is_retained, session_of
+from gpupool.core.sessions import (
+    RATE_WEIGHT,
+    RECOMPUTE_WEIGHT,
+    RETAINED_PRIORITY,
+    RETAINED_TENANT,
+    is_retained,
+    session_of,
+)
 from gpupool.hardware.units import Resources
 
 MODEL = "qwen2.5-0.5b"
@@ -156,9 +163,9 @@ def test_a_request_reclaims_only_what_it_needs_and_the_victims_move_to_the_host_
     ]
     r1, r2 = c.sessions.residency("s1", A), c.sessions.residency("s2", A)
     assert r1 is not None and r2 is not None
-    # both went to the host tier (250 MiB): s2, the later, keeps its 200 there; s1 was pushed out
-    assert (r1.gpu_mib, r1.host_mib) == (0, 0) and (r2.gpu_mib, r2.host_mib) == (0, 200)
-    assert c.sessions.usage(A) == (400, 200) and c.sessions.reclaimed == 2
+    # both left the ledger for the engine's idle room (host tier 250 + KV capacity 900 MiB)
+    assert (r1.gpu_mib, r1.host_mib) == (0, 200) and (r2.gpu_mib, r2.host_mib) == (0, 200)
+    assert c.sessions.usage(A) == (400, 400) and c.sessions.reclaimed == 2
     # a host-tier copy still attracts the session's next turn
     assert c.sessions.prefer("s2", 100, c.kv_load) == A
     c.check_invariants()
@@ -200,7 +207,7 @@ def test_admission_order_preferred_with_reclaim_then_free_elsewhere_then_reclaim
 
 def test_a_retained_prefix_without_room_reclaims_older_ones_or_goes_to_the_host_tier() -> None:
     c, clock = _controller(backends=1)
-    c.sessions.set_host_tier(A, 1000)
+    c.sessions.set_host_tier(A, 300)  # reclaimed prefixes: 300 + the 900 of KV capacity, LRU
     _turn(c, clock, "s1", 400)
     _turn(c, clock, "s2", 400)
     _turn(c, clock, "s3", 400)  # its request reclaimed s1 (LRU) to fit
@@ -214,10 +221,10 @@ def test_a_retained_prefix_without_room_reclaims_older_ones_or_goes_to_the_host_
     assert hold is not None and c.sessions.reclaim_order(A) == []
     c.sessions.begin("s6", A)
     c.session_end("s6", A, 100)  # nothing to reclaim: straight to the host tier
-    # host tier, LRU within 1000 MiB: s1 and s2 were pushed out by s3, s5 and s6
+    # off the ledger, LRU within 1200 MiB: s1 (the oldest there) was pushed out by s5
     host = {s: r.host_mib for s in ("s1", "s2", "s3", "s5", "s6") if (r := c.sessions.residency(s, A))}
-    assert host == {"s1": 0, "s2": 0, "s3": 400, "s5": 300, "s6": 100}
-    assert c.sessions.usage(A) == (0, 800)
+    assert host == {"s1": 0, "s2": 400, "s3": 400, "s5": 300, "s6": 100}
+    assert c.sessions.usage(A) == (0, 1200)
     c.release(hold.id)
     c.check_invariants()
 
@@ -237,3 +244,162 @@ def test_a_queued_request_lease_granted_by_the_pump_emits_its_tickets_granted_ev
     assert st.state == "granted" and st.lease is not None
     (ev,) = [e for e in events if e.ticket == out.ticket and e.kind == "granted"]
     assert ev.lease is not None and ev.lease.id == st.lease.id
+
+
+def test_the_prefill_rate_is_a_moving_average_of_measured_first_tokens() -> None:
+    c, _ = _controller()
+    assert c.sessions.prefill_rate(A) == 0.0
+    c.sessions.prefill_begin(A, 1000)
+    c.sessions.prefill_done(A, 1000)  # no time given (the request ended without a first token)
+    assert c.sessions.prefill_rate(A) == 0.0
+    c.sessions.prefill_done(A, 1000, 2.0)
+    assert c.sessions.prefill_rate(A) == 500.0
+    c.sessions.prefill_done(A, 3000, 1.0)  # 3000 tok/s, weighted RATE_WEIGHT
+    assert c.sessions.prefill_rate(A) == pytest.approx(500.0 + RATE_WEIGHT * 2500.0)
+    assert c.sessions.prefill_rate(B) == 0.0
+
+
+def test_a_running_turn_makes_its_instance_the_holder_and_patience_weighs_the_saved_recompute() -> None:
+    c, clock = _controller()
+    assert c.sessions.holder("s", 1000, 400) == ("", 1000, 0.0)
+    lease = _start(c, "s", 300)  # running: the engine holds its prompt on the GPU
+    where = lease.grants[0].slice_id
+    r = c.sessions.residency("s", where)
+    assert r is not None and r.pinned == 1 and r.gpu_mib == 300
+    # no measured rate yet: the holder, the tokens it would compute there, no patience
+    assert c.sessions.holder("s", 1000, 400) == (where, 250, 0.0)
+    c.sessions.prefill_done(where, 2000, 1.0)  # 2000 tok/s there
+    # it saves 750 tokens: waiting up to RECOMPUTE_WEIGHT x 750 / 2000 s costs less than recomputing
+    assert c.sessions.holder("s", 1000, 400) == (where, 250, RECOMPUTE_WEIGHT * 750 / 2000)
+    _finish(c, clock, "s", lease, 300)
+    assert c.sessions.holder("s", 1000, 400)[:2] == (where, 250)  # now as a retained lease
+
+
+def test_routing_counts_a_host_tier_holder_as_holding_the_prefix() -> None:
+    c, clock = _controller()
+    c.sessions.set_host_tier(A, 1000)
+    assert _turn(c, clock, "s", 400) == A
+    big = c.acquire(_req(800), prefer=A)  # s's prefix on A is reclaimed to A's host tier
+    assert big.lease is not None and big.lease.grants[0].slice_id == A
+    r = c.sessions.residency("s", A)
+    assert r is not None and (r.gpu_mib, r.host_mib) == (0, 400)
+    c.release(big.lease.id)
+    hog = c.acquire(_req(300), prefer=A).lease  # A busier than B now
+    assert hog is not None and hog.grants[0].slice_id == A
+    # A: 300 waiting tokens + nothing to recompute < B: 16 x 1000; the host-tier copy is a hit
+    c.sessions.prefill_begin(A, 300)
+    assert c.sessions.route("s", 400, 1000, [A, B], c.kv_load) == (A, 0)
+    assert c.sessions.holder("s", 1000, 400)[:2] == (A, 0)
+    # a session with no prefix anywhere goes to the least loaded
+    assert c.sessions.route("new", 400, 1000, [A, B], c.kv_load) == (B, 1000)
+
+
+def _queue_turn(c: LeaseController, session: str, mib: int, prompt: int) -> str:
+    """A turn that finds every instance over its red line: queued, waiting for its holder."""
+    assert c.sessions.route(session, mib, prompt, [A, B], c.kv_load) == ("", prompt)
+    holder, _, patience_s = c.sessions.holder(session, prompt, mib)
+    out = c.acquire(_req(mib), session=session, wait_s=60.0, holder=holder, patience_s=patience_s)
+    assert out.code is OutcomeCode.QUEUED and out.ticket, out
+    return out.ticket
+
+
+def test_a_queued_turn_waits_for_its_holder_while_patient_and_others_take_the_other_rooms() -> None:
+    c, clock = _controller()
+    assert _turn(c, clock, "s", 200) == A  # A retains s's 200
+    hog_a = c.acquire(_req(700), prefer=A).lease
+    hog_b = c.acquire(_req(900), prefer=B).lease
+    assert hog_a is not None and hog_b is not None and hog_a.grants[0].slice_id == A
+    c.sessions.prefill_done(A, 1000, 1.0)  # 1000 tok/s on A
+    ticket = _queue_turn(c, "s", 400, 1000)  # saves 500 tokens: patient for 16 x 500 / 1000 = 8 s
+    c.release(hog_b.id)  # B frees first: s's turn keeps waiting for A
+    assert c.ticket(ticket).state == "queued"
+    other = c.acquire(_req(400))  # and does not hold B against a request behind it
+    assert other.lease is not None and other.lease.grants[0].slice_id == B
+    clock.advance(1.0)
+    c.release(hog_a.id)  # A frees: the turn goes there, to its own prefix
+    st = c.ticket(ticket)
+    assert st.state == "granted" and st.lease is not None and st.lease.slice_ids == (A,)
+    c.session_begin("s", st.lease)  # the proxy's call: the pump pinned it already, once
+    r = c.sessions.residency("s", A)
+    assert r is not None and r.pinned == 1 and not r.lease_id and r.gpu_mib == 400
+    assert c.sessions.reclaimed == 0 and not c._begun_queued
+    c.check_invariants()
+
+
+def test_a_queued_turn_past_its_patience_takes_any_instance() -> None:
+    c, clock = _controller()
+    assert _turn(c, clock, "s", 200) == A
+    hog_a = c.acquire(_req(700), prefer=A).lease
+    hog_b = c.acquire(_req(900), prefer=B).lease
+    assert hog_a is not None and hog_b is not None
+    c.sessions.prefill_done(A, 1000, 1.0)
+    ticket = _queue_turn(c, "s", 400, 1000)  # 8 s of patience
+    clock.advance(8.5)
+    c.release(hog_b.id)
+    st = c.ticket(ticket)
+    assert st.state == "granted" and st.lease is not None and st.lease.slice_ids == (B,)
+    c.session_begin("s", st.lease)
+    r = c.sessions.residency("s", A)
+    assert r is not None and r.lease_id and r.gpu_mib == 200  # its prefix on A stays retained
+    c.check_invariants()
+
+
+def test_a_turn_granted_on_its_holder_from_the_queue_reclaims_other_prefixes_lru_first() -> None:
+    c, clock = _controller(backends=1)
+    c.sessions.set_host_tier(A, 1000)
+    for s in ("s", "o1", "o2"):
+        _turn(c, clock, s, 200)  # 600 retained: s, o1, o2 (least recently used first)
+    hog = c.acquire(_req(300)).lease
+    assert hog is not None and c.kv.ledger.free(A).vram_mib == 0
+    c.sessions.prefill_done(A, 1000, 1.0)
+    holder, _, patience_s = c.sessions.holder("s", 1000, 700)
+    assert holder == A and patience_s > 0
+    # 0 free + its own 200 + o1's and o2's 400 < 700 before the hog ends: it queues
+    out = c.acquire(_req(700), session="s", wait_s=60.0, holder=holder, patience_s=patience_s)
+    assert out.code is OutcomeCode.QUEUED and out.ticket
+    c.release(hog.id)  # 300 free + its own 200: 200 more from o1, the least recently used
+    st = c.ticket(out.ticket)
+    assert st.state == "granted" and st.lease is not None and st.lease.slice_ids == (A,)
+    c.session_begin("s", st.lease)
+    assert c.sessions.reclaim_order(A) == ["o2"] and c.sessions.reclaimed == 1
+    o1 = c.sessions.residency("o1", A)
+    assert o1 is not None and (o1.gpu_mib, o1.host_mib) == (0, 200)
+    c.check_invariants()
+
+
+def test_a_queue_wait_for_a_holder_names_bad_values() -> None:
+    c, _ = _controller()
+    with pytest.raises(InvalidInput, match="patience_s"):
+        c.acquire(_req(100), holder=A, patience_s=-1.0)
+    with pytest.raises(InvalidInput, match="patience_s"):
+        c.acquire(_req(100), holder=A, patience_s=float("nan"))
+    with pytest.raises(InvalidInput, match="holder"):
+        c.acquire(_req(100), holder="kv/nope", patience_s=1.0)
+    assert c.request_lease_count() == 0
+
+
+def test_a_turn_whose_holder_is_over_its_red_line_waits_for_it_once_a_rate_is_measured() -> None:
+    c, clock = _controller()
+    assert _turn(c, clock, "s", 200) == A
+    hog = c.acquire(_req(700), prefer=A).lease  # A: 700 held by requests, B idle
+    assert hog is not None and hog.grants[0].slice_id == A
+    # no measured rate on A: over the red line there, the turn goes to B and recomputes
+    assert c.sessions.route("s", 400, 1000, [A, B], c.kv_load) == (B, 1000)
+    c.sessions.prefill_done(A, 1000, 1.0)
+    # with one: it queues for A (the recompute it saves is worth 8 s of waiting) ...
+    assert c.sessions.route("s", 400, 1000, [A, B], c.kv_load) == ("", 1000)
+    holder, fresh, patience_s = c.sessions.holder("s", 1000, 400)
+    assert (holder, fresh, patience_s) == (A, 500, RECOMPUTE_WEIGHT * 500 / 1000)
+    out = c.acquire(_req(400), session="s", wait_s=60.0, holder=holder, patience_s=patience_s)
+    assert out.code is OutcomeCode.QUEUED and out.ticket  # ... though B has room
+    assert c.kv_load(B) == (0, 900)
+    c.release(hog.id)
+    st = c.ticket(out.ticket)
+    assert st.state == "granted" and st.lease is not None and st.lease.slice_ids == (A,)
+    # a holder with room grants at once, on the holder
+    c.session_begin("s", st.lease)
+    _finish(c, clock, "s", st.lease, 400)
+    now = c.acquire(_req(400), session="s", holder=A, patience_s=1.0)
+    assert now.lease is not None and now.lease.slice_ids == (A,)
+    c.session_begin("s", now.lease)
+    c.check_invariants()

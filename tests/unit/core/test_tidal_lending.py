@@ -18,7 +18,7 @@ from gpupool.core import P0, P2, ManualClock, OutcomeCode
 from gpupool.core.controller import Backend, LeaseController
 from gpupool.core.errors import InvalidInput
 from gpupool.core.tidal.lending import GuardConfig, LendingGuard
-from gpupool.core.tidal.plane import PlaneConfig, TidalPlane, p2_usage_of, plane_config
+from gpupool.core.tidal.plane import PlaneConfig, TidalPlane, kv_usage_of, p2_usage_of, plane_config
 from tests.builders import a_request, a_slice
 
 W = 300.0
@@ -148,3 +148,85 @@ def test_lending_settings_are_checked() -> None:
         PlaneConfig(day_policy="greedy")
     with pytest.raises(InvalidInput, match=r"tidal\.lending_target"):
         plane_config({"lending_target": 1.5})
+
+
+# ------------------------------------------------------------------ slice level: the spare KV budget
+def a_kv_plane(**extra: object) -> tuple[LeaseController, TidalPlane, ManualClock]:
+    clock = ManualClock(datetime(2026, 3, 2, 12, tzinfo=ZoneInfo(ZONE)).timestamp())
+    c = LeaseController(
+        [a_slice("g0", gpu="g0"), a_slice("g1", gpu="g1")], clock=clock, store=MemoryLeaseStore()
+    )
+    for i in (0, 1):
+        c.register_backend(
+            Backend(f"be{i}", "m", "http://x", node="n0", gpu_id=f"g{i}", kv_budget_mib=10_000)
+        )
+    doc = {"timezone": ZONE, "initial_baseline": 60.0, "day_policy": "lending", "lending_min_samples": 5}
+    cfg = plane_config({**doc, "lending_scope": "kv-budget", **extra})
+    plane = TidalPlane(cfg, clock=clock, p2_usage=p2_usage_of(c.allocator))
+    plane.kv_usage = kv_usage_of(c)
+    c.admission_hook = plane
+    return c, plane, clock
+
+
+def kv_req(rid: str, prio: int, mib: int) -> object:
+    return replace(a_request(rid, vram_mib=mib, priority=prio), model="m")
+
+
+def raise_level(plane: TidalPlane, clock: ManualClock) -> None:
+    """One clean window of P0 TTFTs, then a tick: the guard raises its level by one step."""
+    clock.advance(plane.config.lending.window_s)
+    for _ in range(10):
+        plane.observe_ttft(0.2)
+    plane.tick()
+
+
+def test_kv_budget_lending_lends_the_spare_kv_of_idle_instances_at_the_guards_level() -> None:
+    c, plane, clock = a_kv_plane()
+    out = c.acquire(kv_req("x0", P2, 1000))  # type: ignore[arg-type]
+    assert out.code is OutcomeCode.SHED and "DAY KV lending at level 0" in out.reason  # nothing lent yet
+    raise_level(plane, clock)
+    assert plane.guard.level == 0.25
+    # two idle instances: spare = 2 x (50 % of 10,000 MiB) = 10,000 MiB; lent at 0.25: 2,500 MiB
+    assert plane.kv_lending("m") == (2500, 10_000, 0)
+    got = [c.acquire(kv_req(f"x{i}", P2, 1000)) for i in range(1, 4)]  # type: ignore[arg-type]
+    assert [o.granted for o in got] == [True, True, False]
+    assert "P2 holds 2000 MiB of the 2500 MiB lent from m's spare KV budget (10000 MiB" in got[2].reason
+    assert plane.refusals["day-lending"] == 2
+    before = sorted(x.id for x in c.request_leases())
+    assert c.acquire(kv_req("x9", P2, 1000)).code is OutcomeCode.SHED  # type: ignore[arg-type]
+    assert sorted(x.id for x in c.request_leases()) == before  # a refusal changes nothing
+    view = plane.view()["lending"]
+    assert isinstance(view, dict) and view["scope"] == "kv-budget"
+
+
+def test_kv_budget_lending_busy_instances_lend_nothing_and_a_breach_backs_off_at_once() -> None:
+    c, plane, clock = a_kv_plane(lending_kv_reserve=0.4)
+    for _ in range(4):
+        raise_level(plane, clock)
+    assert plane.guard.level == 1.0
+    assert plane.kv_lending("m") == (12_000, 12_000, 0)  # 2 x 60 % of 10,000
+    assert c.acquire(kv_req("p2", P2, 3000)).granted  # type: ignore[arg-type]
+    for i in range(2):  # online work fills both instances beyond what they may lend
+        assert c.acquire(kv_req(f"p0-{i}", P0, 6500)).granted  # type: ignore[arg-type]
+    lent, spare, held = plane.kv_lending("m")
+    assert held == 3000 and lent == spare < 3000  # a busy instance lends nothing
+    out = c.acquire(kv_req("more", P2, 100))  # type: ignore[arg-type]
+    assert out.code is OutcomeCode.SHED and "does not fit" in out.reason
+    for lease in list(c.request_leases()):
+        if lease.priority >= 0:
+            c.release(lease.id)
+    assert c.acquire(kv_req("again", P2, 100)).granted  # type: ignore[arg-type]  # idle again: lent
+    plane.observe_ttft(5.0)  # a breach: 10/11 < 0.99 in the window
+    clock.advance(1)
+    plane.tick()
+    assert plane.guard.level == 0.0
+    assert c.acquire(kv_req("after", P2, 100)).code is OutcomeCode.SHED  # type: ignore[arg-type]
+
+
+def test_kv_budget_lending_off_switch_and_settings() -> None:
+    c, _, _ = a_kv_plane(enabled=False)
+    assert c.acquire(kv_req("p2", P2, 1000)).granted  # type: ignore[arg-type]  # off: never refuses
+    with pytest.raises(InvalidInput, match=r"tidal\.lending_scope"):
+        plane_config({"lending_scope": "gpus"})
+    with pytest.raises(InvalidInput, match=r"tidal\.lending_kv_reserve"):
+        plane_config({"lending_kv_reserve": 1})

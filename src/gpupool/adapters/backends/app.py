@@ -8,6 +8,11 @@ add_generation_prompt}`` -> ``{count, max_model_len, tokens, token_strs}``), ``/
 ``vllm:generation_tokens_total``, ``vllm:cache_config_info``) and vLLM's sleep/pause endpoints:
 ``POST /sleep?level=1|2``, ``POST /wake_up``, ``GET /is_sleeping``, ``POST /pause``, ``POST /resume``,
 ``GET /is_paused``. No module-level state.
+Sleep level 1 takes the time of copying the weights to host memory and waking the time of copying
+them back, at `SLEEP_L1_BYTES_S` (the ~21 GiB/s host copy measured for vLLM sleep level 1, the
+figure `gpupool sim tidal` uses), scaled by the engine's ``speed``; ``on_memory(asleep)`` (optional)
+is called when the engine's device memory goes (asleep) or comes back, so a simulated device can
+show it (`gpupool emulate-backend --hold-vram-mib`).
 
 OpenAI semantics honoured: ``n`` choices (index = prompt * n + sample), list prompts, ``stop`` (text cut
 before the stop string, ``finish_reason: stop``), ``finish_reason: length`` at ``max_tokens`` (default
@@ -30,6 +35,7 @@ completion call to an embedding model (``task="embed"``) and the reverse, a non-
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
@@ -38,7 +44,7 @@ import math
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -49,6 +55,8 @@ from gpupool.adapters.backends.kvcache import chunk_keys, chunk_keys_of_ids
 from gpupool.adapters.backends.tokenizer import EmulatedTokenizer
 
 TASKS = ("generate", "embed")
+SLEEP_L1_BYTES_S = 64.0 / 3.0 * 1024**3
+"""Weights copied to or from pinned host memory per second (vLLM sleep level 1: 64 GiB in ~3 s)."""
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DEFAULT_MAX_TOKENS = 16
 
@@ -113,6 +121,7 @@ def create_backend_app(
     task: str = "generate",
     max_model_len: int = 32768,
     scheduling_policy: str = "fcfs",
+    on_memory: Callable[[bool], None] | None = None,
 ) -> FastAPI:
     if task not in TASKS:
         raise ValueError(f"task {task!r}: expected one of {', '.join(TASKS)}")
@@ -435,15 +444,31 @@ def create_backend_app(
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(render_metrics(engine, model), media_type="text/plain; version=0.0.4")
 
+    roof = engine.roofline
+    copy_s = roof.params * roof.bytes_per_param / SLEEP_L1_BYTES_S / engine.speed
+
     @app.post("/sleep")
-    async def sleep(level: int = 1) -> Response:
+    async def sleep(level: int = 1, mode: str = "abort") -> Response:
         if level not in (1, 2):
             return bad("level must be 1 or 2")
+        if mode not in ("keep", "wait", "abort"):
+            return bad("mode must be keep, wait or abort")
+        if engine.sleep_level:
+            return Response(status_code=200)
         engine.sleep(level)
+        if level == 1:
+            await asyncio.sleep(copy_s)  # weights to host memory
+        if on_memory is not None:
+            on_memory(True)
         return Response(status_code=200)
 
     @app.post("/wake_up")
     async def wake_up() -> Response:
+        if not engine.sleep_level:
+            return Response(status_code=200)
+        if on_memory is not None:
+            on_memory(False)
+        await asyncio.sleep(copy_s)  # weights back (level 2: reloaded; modelled at the same rate)
         engine.wake_up()
         return Response(status_code=200)
 

@@ -434,6 +434,8 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
                     )
                     revoked.append(e.lease_id)
             gw.agent_events += len(body.events)
+            for listen in gw.agent_listeners:
+                listen(node, list(body.events))
             gw.device_states[node] = {
                 w.lease_id: w.state
                 for w in body.workloads

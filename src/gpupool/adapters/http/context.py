@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpupool.adapters.http.auth import TokenTable
 from gpupool.adapters.http.runtime import EventHub, GroupCommitter
@@ -46,5 +46,8 @@ class Gateway:
     device_states: dict[str, dict[str, str]] = field(default_factory=dict)
     """node -> lease id -> ``granted-pending-free`` | ``free-failed``, as that node's agent last
     reported (grants whose memory is still being freed; every other lease is ``usable``)."""
+    agent_listeners: list[Callable[[str, list[Any]], None]] = field(default_factory=list)
+    """Called with (node, events) for every ``POST /v1/nodes/{node}/events`` (the events as parsed:
+    ``kind``, ``lease_id``, ``reason``, ``latency_ms`` ...): the tidal plane's engine reports."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)

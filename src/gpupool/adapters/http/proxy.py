@@ -19,8 +19,11 @@ embed, ``max_model_len``) come from `configure_model` or the hardware catalogue.
 Sessions: a request with a session id (``x-gpupool-session``, else ``user`` / ``prompt_cache_key``)
 and every request of a model with several backends goes to the cheapest backend among those it keeps
 below their red line: prompt tokens already waiting there for a first token + a weighted count of
-the tokens the session's prefix there does not cover (`core.sessions.SessionTable.route`); when a turn
-ends its backend keeps the prefix as a retained (preemptible) lease of that session.
+the tokens the session's prefix there does not cover (`core.sessions.SessionTable.route`); if it must
+queue, a session's turn waits for room on the backend holding its prefix first, for as long as the
+recompute it saves would take at the prefill rate measured from streamed first tokens
+(`SessionTable.holder`); when a turn ends its backend keeps the prefix as a retained (preemptible)
+lease of that session.
 Queueing: a request that finds no room waits in the admission queue for its band's default time,
 or ``x-gpupool-queue-timeout`` seconds (``0``: never queue, 429 at once); past it, 429.
 Truncation (opt-in, chat only): ``x-gpupool-truncate: oldest-turns`` drops the oldest turns of a
@@ -356,11 +359,24 @@ def add_proxy_routes(
         t0 = time.perf_counter()
         sid = session_of(request.headers, body)
         prefer, fresh = "", prompt
+        holder, fresh_there, patience_s = "", prompt, 0.0
         if len(backends) > 1:
-            prefer, fresh = sessions.route(sid, mib, prompt, [KV_PREFIX + b.id for b in backends], c.kv_load)
+            insts = [KV_PREFIX + b.id for b in backends]
+            prefer, fresh = sessions.route(sid, mib, prompt, insts, c.kv_load)
+            if sid:  # if it queues, it waits for room on its holder first
+                holder, fresh_there, patience_s = sessions.holder(sid, prompt, mib)
+                if holder not in insts:
+                    holder, fresh_there, patience_s = "", prompt, 0.0
         try:
             if prefer or sid or wait_s:
-                out = c.acquire(req, prefer=prefer, session=sid, wait_s=wait_s or None)
+                out = c.acquire(
+                    req,
+                    prefer=prefer,
+                    session=sid,
+                    wait_s=wait_s or None,
+                    holder=holder,
+                    patience_s=patience_s,
+                )
             else:
                 out = c.acquire(req)
         except InvalidInput as exc:
@@ -389,13 +405,17 @@ def add_proxy_routes(
         lease_id = lease.id
         kv_slice = lease.grants[0].slice_id if lease.grants else ""
         if sid and kv_slice:
+            sessions.note_routed(sid, kv_slice)
             c.session_begin(sid, lease)
-        waiting = [fresh if kv_slice == prefer else prompt]  # prompt tokens waiting for a first token
+        # prompt tokens waiting for a first token there
+        waiting = [fresh if kv_slice == prefer else fresh_there if kv_slice == holder else prompt]
         sessions.prefill_begin(kv_slice, waiting[0])
+        granted_at = time.perf_counter()
 
-        def first_token() -> None:
+        def first_token(measured: bool = False) -> None:
             if waiting[0]:
-                sessions.prefill_done(kv_slice, waiting[0])
+                elapsed = time.perf_counter() - granted_at if measured else 0.0
+                sessions.prefill_done(kv_slice, waiting[0], elapsed)
                 waiting[0] = 0
 
         def release() -> None:
@@ -461,7 +481,7 @@ def add_proxy_routes(
                 async for chunk in upstream.aiter_raw():
                     if first is None:
                         first = time.perf_counter() - t0
-                        first_token()
+                        first_token(measured=True)
                     if b'"prompt_tokens"' in chunk and (actual := usage_prompt_tokens(chunk)) is not None:
                         surf.correction.observe(model, est, actual)
                     yield chunk

@@ -7,9 +7,11 @@ is given. The two dicts are the same documents as ``examples/cluster-a100-l40s.y
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gpupool.adapters.simulated.cluster import SimulatedCluster
+from gpupool.hardware.planner import plan
 from gpupool.hardware.spec import load_cluster_spec, load_workload_spec
 
 DEFAULT_CLUSTER: dict[str, Any] = {
@@ -38,8 +40,9 @@ DEFAULT_WORKLOADS: dict[str, Any] = {
 }  # fmt: skip
 
 
-def embedded_default(*, seed: int = 0) -> SimulatedCluster:
-    """The seed's platform, planned and simulated (deterministic for a given seed)."""
+def embedded_default(*, seed: int = 0, vram_registry: Path | None = None) -> SimulatedCluster:
+    """The seed's platform, planned and simulated (deterministic for a given seed); ``vram_registry``:
+    real processes may hold memory on it (`gpupool.adapters.simulated.vram`)."""
     cluster = load_cluster_spec(DEFAULT_CLUSTER, source="embedded-default-cluster")
     workloads = load_workload_spec(DEFAULT_WORKLOADS, source="embedded-default-workloads")
-    return SimulatedCluster.from_specs(cluster, workloads, seed=seed)
+    return SimulatedCluster(cluster, plan(cluster, workloads), seed=seed, vram_registry=vram_registry)

@@ -14,13 +14,18 @@ Role: the core half of ``gpupool serve``'s day/night time-sharing. It composes t
   DAY, `reclaim` names the P2 placement leases (newest first) that take P2 back under its share.
 - **P2 requests to online engines** (request leases in their KV budgets): by DAY refused under
   ``day_policy: strict`` (the seed), lent at the `LendingGuard`'s level under ``lending`` (the guard
-  is fed P0 TTFTs through `observe_ttft` and updated by `tick`); by NIGHT let in (but for the
-  holdback).
+  is fed P0 TTFTs through `observe_ttft` and updated by `tick`): with ``lending_scope: requests`` a
+  fraction ``level`` of them is let in; with ``kv-budget`` (slice level) one is let in while the P2
+  request leases of its model then hold at most ``level`` x the model's spare KV budget (per instance:
+  its budget above ``lending_kv_reserve`` less what its online requests hold; `kv_usage_of`). By
+  NIGHT let in (but for the holdback).
 - **NIGHT holdback**: a P0 arrival in NIGHT arms a holdback of ``holdback_s``: new P2 placement
   leases are refused until it passes, so capacity that P2 work gives back goes to online work
   first (the fastest path: no process is touched). `after_admit` classifies how that P0 request
   got its capacity (``free`` | ``preempt`` | ``queued`` | ``refused``) and times arrival -> outcome
-  with the injected stopwatch; executors add ``pause`` and ``requeue`` timings (`record_path`).
+  with the injected stopwatch; executors add ``pause`` and ``requeue`` timings (`record_path`), and
+  the standby sleeper the ``sleep`` path (a P0 burst woke a sleeping standby instance: arrival ->
+  the agent confirmed it awake; `gpupool.core.tidal.standby`), fed by every NIGHT P0 arrival.
 - **Schedule**: `next_switch` names the next mode boundary in the configured time zone (DAY: the
   night window's start, where the traffic trigger may fire; NIGHT: the night window's end, and the
   restore deadline planned back from the measured re-partition time: `restore_due`).
@@ -38,20 +43,26 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from datetime import time as dtime
+from typing import TYPE_CHECKING
 
 from gpupool.core.allocator import Allocator
 from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput
+from gpupool.core.kvbackends import KV_PREFIX
 from gpupool.core.model import Lease, Request
 from gpupool.core.outcome import Outcome, OutcomeCode
 from gpupool.core.priority import P0
 from gpupool.core.tidal.lending import LendingGuard, LevelChange
 from gpupool.core.tidal.modes import Mode, TidalController, TidalTransition
 from gpupool.core.tidal.settings import PlaneConfig, plane_config
+from gpupool.core.tidal.standby import StandbySleeper
+
+if TYPE_CHECKING:
+    from gpupool.core.controller import LeaseController
 
 LEASE_API_MODEL = "lease-api"
 """The demand key of an online placement lease that names no model."""
-PATHS = ("free", "preempt", "queued", "refused", "pause", "requeue")
+PATHS = ("free", "preempt", "queued", "refused", "pause", "requeue", "sleep")
 """How a night P0 arrival got its capacity, and what the displaced P2 work went through."""
 PATH_SAMPLES = 512
 """Timings kept per path (the newest; quantiles are over these)."""
@@ -101,6 +112,8 @@ class PathStats:
         return round(xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)], 3)
 
 
+KvUsage = Callable[[str], list[tuple[int, int, int]]]
+"""model -> per instance (KV capacity MiB, MiB held by online request leases, MiB held by P2 ones)."""
 P2Usage = Callable[[], tuple[int, int]]
 """() -> (VRAM MiB held by P2 placement leases, pool VRAM capacity in MiB)."""
 
@@ -138,6 +151,10 @@ class TidalPlane:
         """Guard level changes not yet reported (the runtime turns them into events and clears it)."""
         self.notes: dict[str, object] = {}
         """Extra state for `view` (the re-partition driver's per-GPU status)."""
+        self.kv_usage: KvUsage | None = None
+        """The online instances' KV use per model (``lending_scope: kv-budget``; `kv_usage_of`)."""
+        self.standby: StandbySleeper | None = None
+        """NIGHT sleep of standby instances (set by the composition root when backends are named)."""
 
     # ------------------------------------------------------------------ admission hooks
     @property
@@ -164,11 +181,13 @@ class TidalPlane:
             self.meter.record(request.model or LEASE_API_MODEL, now)
             if prio >= P0 and self.mode is Mode.NIGHT:
                 self.holdback_until = max(self.holdback_until, now + self.config.holdback_s)
+                if self.standby is not None:
+                    self.standby.p0(request.model or LEASE_API_MODEL, now, self._arrived)
             return None
         if not self.config.enabled:
             return None
         if kv:
-            return self._p2_request(now)
+            return self._p2_request(now, request)
         if self.mode is Mode.NIGHT and now < self.holdback_until:
             self.refusals["holdback"] += 1
             return (
@@ -189,7 +208,7 @@ class TidalPlane:
             )
         return None
 
-    def _p2_request(self, now: float) -> str | None:
+    def _p2_request(self, now: float, request: Request) -> str | None:
         """A P2 request to an online engine (a request lease in its KV budget)."""
         if self.mode is Mode.NIGHT:
             if now < self.holdback_until:
@@ -199,12 +218,37 @@ class TidalPlane:
         if self.config.day_policy == "strict":
             self.refusals["day-strict"] += 1
             return "tidal: DAY (strict): P2 requests stay out of the online engines until NIGHT"
+        if self.config.lending_scope == "kv-budget":
+            return self._kv_lend(request)
         if self.guard.admit():
             return None
         self.refusals["day-lending"] += 1
         return (
             f"tidal: DAY lending at level {self.guard.level:g} (P0 TTFT attainment guard): "
             "this P2 request is not lent now"
+        )
+
+    def kv_lending(self, model: str) -> tuple[int, int, int]:
+        """(MiB lent to P2 now = level x spare, spare KV budget MiB, MiB P2 holds) of ``model``."""
+        rows = self.kv_usage(model) if self.kv_usage is not None else []
+        keep = 1.0 - self.config.lending_kv_reserve
+        spare = sum(max(0, int(cap * keep) - online) for cap, online, _ in rows)
+        held = sum(p2 for _, _, p2 in rows)
+        return int(self.guard.level * spare), spare, held
+
+    def _kv_lend(self, request: Request) -> str | None:
+        """``kv-budget`` lending: the P2 request fits in the lent share of its model's spare KV."""
+        model = request.model or ""
+        lent, spare, held = self.kv_lending(model)
+        want = request.demand.vram_mib
+        if self.guard.level > 0 and held + want <= lent:
+            return None
+        self.refusals["day-lending"] += 1
+        return (
+            f"tidal: DAY KV lending at level {self.guard.level:g} (P0 TTFT attainment guard): P2 holds "
+            f"{held} MiB of the {lent} MiB lent from {model}'s spare KV budget ({spare} MiB above the "
+            f"{100 * self.config.lending_kv_reserve:.0f} % kept for online work); {want} MiB more "
+            "does not fit"
         )
 
     def observe_ttft(self, ttft_s: float) -> None:
@@ -280,6 +324,17 @@ class TidalPlane:
         measured = 2.0 * self.repartition_s if self.repartition_s is not None else 0.0
         return max(self.config.restore_lead_min_s, measured)
 
+    def day_starts_in_s(self) -> float:
+        """Seconds until the next day window start (the schedule's ``day_start``)."""
+        now = self.clock.now()
+        return self._next_local(now, self.controller.config.windows()[0]) - now
+
+    def standby_wake_due(self) -> bool:
+        """NIGHT within the standby sleeper's wake lead of the day window (or DAY): wake them now."""
+        if self.mode is Mode.DAY or self.standby is None:
+            return True
+        return self.day_starts_in_s() <= self.standby.wake_lead_s()
+
     def restore_due(self) -> bool:
         """True when re-partitioned GPUs must go back now: DAY, or NIGHT within the lead of the day."""
         if self.mode is Mode.DAY:
@@ -331,6 +386,7 @@ class TidalPlane:
             return None
         a, n = self.guard.attainment(now)
         return {
+            "scope": self.config.lending_scope,
             "level": self.guard.level,
             "p0_ttft_attainment": None if a is None else round(a, 4),
             "samples": n,
@@ -375,6 +431,25 @@ class TidalPlane:
         }
 
 
+def kv_usage_of(controller: LeaseController) -> KvUsage:
+    """A `KvUsage` over a controller's backends and request leases (a scan: P2 requests only)."""
+
+    def usage(model: str) -> list[tuple[int, int, int]]:
+        rows: dict[str, list[int]] = {}
+        for b in controller.models().get(model, ()):
+            cap = controller.kv.ledger.slice(KV_PREFIX + b.id).capacity.vram_mib
+            rows[b.id] = [cap, 0, 0]
+        if not rows:
+            return []
+        for lease in controller.request_leases():
+            on = controller.backend_of(lease)
+            if on is not None and on.id in rows:
+                rows[on.id][1 if lease.priority >= 0 else 2] += lease.total.vram_mib
+        return [(cap, online, p2) for cap, online, p2 in rows.values()]
+
+    return usage
+
+
 def p2_usage_of(allocator: Allocator) -> P2Usage:
     """A `P2Usage` over an allocator's slices and active leases (a scan: run for P2 admissions only)."""
 
@@ -392,6 +467,7 @@ __all__ = [
     "DemandMeter",
     "PlaneConfig",
     "TidalPlane",
+    "kv_usage_of",
     "p2_usage_of",
     "plane_config",
 ]

@@ -105,14 +105,25 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def paths_table(result: dict[str, Any]) -> str:
+def paths_table(result: dict[str, Any], strategy: str = "tidal") -> str:
     rows = ["| path | requests | serve p50 ms | serve p99 ms | max ms |", "|---|---|---|---|---|"]
-    for name, p in result["strategies"]["tidal"]["night_paths"].items():
+    for name, p in result["strategies"][strategy]["night_paths"].items():
         rows.append(
             f"| {name} | {p['requests']:,} | {p['serve_ms_p50']} | {p['serve_ms_p99']} "
             f"| {p['serve_ms_max']} |"
         )
     return "\n".join(rows)
+
+
+def markdown(result: dict[str, Any], title: str) -> str:
+    """``results.md``: the metric table, the night arrival paths of every strategy that lends at
+    night (NIGHT P0 arrival -> served, per path) and the pauser costs."""
+    parts = [f"# {title}", table(result)]
+    for name, st in result["strategies"].items():
+        if sum(p["requests"] for p in st["night_paths"].values()):
+            parts += [f"## Night arrival paths ({name})", paths_table(result, name)]
+    parts += ["## Pauser costs per engine size", costs_table(result)]
+    return "\n\n".join(parts) + "\n"
 
 
 def costs_table(result: dict[str, Any]) -> str:
