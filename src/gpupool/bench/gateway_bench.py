@@ -271,7 +271,8 @@ def run(
         "noop_errors_by_status": noop["errors_by_status"],
         "store": "sqlite WAL synchronous=FULL, group commit"
         if store == "sqlite"
-        else "etcd 3.5 single member on loopback (fsync on), one Txn per group commit",
+        else "etcd 3.5 single member on loopback (fsync on), one Txn per group commit,"
+        " up to 2 in flight over gRPC",
         "store_commits": commits,
         "lease_writes_per_commit": round(2 * lease["round_trips"] / commits, 2) if commits else None,
         "proxy_direct_p50_ms": _r(proxy[1][0]),

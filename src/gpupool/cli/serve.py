@@ -50,6 +50,8 @@ DEFAULT_WORKLOADS = REPO_ROOT / "examples" / "workloads-agent-platform.yaml"
 SYSTEM_TENANT = "gpupool-system"
 INSTANCE_TTL_S = 7 * 24 * 3600.0
 BLOCK_TOKENS = 16
+ETCD_COMMIT_WINDOW = 2
+"""Group commits in flight at once on an etcd store (`GroupCommitter.window`)."""
 DEFAULT_KV_BYTES_PER_TOKEN = 128 * 1024
 """Per-token KV of Llama-3.1-8B in bf16: the estimate for models the catalogue does not know."""
 
@@ -215,8 +217,8 @@ def build(
 
     gw.device_states = parse_device_states(store.get_meta(DEVICE_STATES_META))
     if url.startswith(("etcd://", "etcds://")):
-        # a commit is a network round trip: wait for it in the committer's thread, not on the loop
-        gw.committer.inline = False
+        # a commit is a network round trip: several in flight, awaited on the loop (runtime.py)
+        gw.committer.window = ETCD_COMMIT_WINDOW
     gw.hub.extra.append(metrics.observe_event)
     sim = None
     if simulate:

@@ -23,7 +23,8 @@ their lease. Request-lease (KV) tickets are memory-only, like request leases.
 
 Durability: every lease change is recorded as a compare-and-set `StoreWrite` (coalesced per lease)
 and the events that go with it wait in the same pending batch. `flush` (or `take_batch` + store
-``apply`` in a worker thread + `deliver`, the gateway's group commit) makes the batch durable *before*
+``apply`` on the loop, in a worker thread or pipelined + `deliver`, the gateway's group commit, which
+holds a batch back while `pending_ids` names a lease still in flight) makes the batch durable *before*
 its events are delivered, so every event describes durable state. Request leases (KV budgets) live
 in memory only: they end with the process that serves their request.
 
@@ -377,6 +378,11 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
     @property
     def dirty(self) -> bool:
         return bool(self._pending or self._events)
+
+    def pending_ids(self) -> Iterable[str]:
+        """The lease ids (and ``ticket:``-prefixed ticket ids) the next `take_batch` will write: a
+        pipelined committer holds the batch back while one of its leases is still in flight."""
+        return self._pending.keys()
 
     def recover(self) -> RecoveryReport:
         """Reload active leases from the store (see the module docstring). Call once, before serving."""

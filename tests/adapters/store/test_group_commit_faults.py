@@ -1,6 +1,8 @@
 """`GroupCommitter` on a store that refuses a batch while the event loop keeps changing leases
 (commit in a worker thread): the refused batch AND the changes made on top of it are undone, every
-waiter gets `StoreUnavailable` with the store's error, and health comes back with the store."""
+waiter gets `StoreUnavailable` with the store's error, and health comes back with the store. Also
+the pipelined committer (``window=2``): two batches in flight that fail in the same loop turn are
+both undone and the committer goes on committing (it once stayed stuck, refusing to send)."""
 
 from __future__ import annotations
 
@@ -72,6 +74,57 @@ def test_refused_batch_undoes_the_changes_made_on_top_of_it(tmp_path: Path) -> N
         assert not committer.healthy()
         store.heal()
         assert committer.healthy() and committer.failed is None
+        await committer.close()
+
+    asyncio.run(scenario())
+    store.close()
+
+
+class GatedAsyncStore(FaultyStore):
+    """`apply_async` (the pipelined committer's path) waits for ``gate`` and then fails or applies
+    as `FaultyStore.apply` would: two batches released together settle in the same loop turn."""
+
+    def __init__(self, inner: SqliteLeaseStore) -> None:
+        super().__init__(inner)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.sent = 0
+
+    async def _go(self, writes: Sequence[StoreWrite]) -> None:
+        await self.gate.wait()
+        self.apply(writes)
+
+    def apply_async(self, writes: Sequence[StoreWrite], *, after: object = None) -> object:
+        self.sent += 1
+        return self._go(writes)
+
+
+def test_two_pipelined_batches_failing_together_are_undone_and_the_next_one_commits(tmp_path: Path) -> None:
+    store = GatedAsyncStore(SqliteLeaseStore(tmp_path / "leases.db"))
+    c = LeaseController([a_slice("g0", gpu="g0")], clock=ManualClock(1000.0), store=store, autoflush=False)
+    c.recover()
+
+    async def scenario() -> None:
+        committer = GroupCommitter(c, window=2)
+        store.gate.clear()
+        c.acquire(a_request("one", vram_gib=10, priority=P1))
+        w1 = asyncio.ensure_future(committer.durable())
+        await asyncio.sleep(0.01)
+        c.acquire(a_request("two", vram_gib=10, priority=P1))
+        w2 = asyncio.ensure_future(committer.durable())
+        await asyncio.sleep(0.01)
+        assert store.sent == 2  # both in flight
+        store.disk_full()
+        store.gate.set()  # both fail in the same loop turn
+        for w in (w1, w2):
+            with pytest.raises(StoreUnavailable, match=DISK_FULL):
+                await w
+        assert c.leases() == [] and not c.dirty
+        store.heal()
+        three = c.acquire(a_request("three", vram_gib=10, priority=P1)).lease
+        async with asyncio.timeout(5):
+            await committer.durable()  # the committer is not stuck after the failure
+        assert three is not None and store.inner.active() == [three]
         await committer.close()
 
     asyncio.run(scenario())

@@ -13,12 +13,15 @@ Proves:
 - bad URLs name the value; the etcd options are checked in pairs;
 - every commit that returned is still there after etcd is killed with SIGKILL and restarted, and a
   watch resumes across the restart without losing or repeating a change;
-- with auth on, user + password authenticate (a dropped token is renewed once), and no or wrong
-  credentials are refused with etcd's reason; a user granted only its prefix can run the store.
+- with auth on, user + password authenticate (a dropped token is renewed once, on the pipelined
+  group commit's gRPC and JSON wires too), and no or wrong credentials are refused with etcd's
+  reason; a user granted only its prefix can run the store; with TLS and client certificates both
+  pipelined wires write too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import threading
@@ -59,6 +62,14 @@ def lease(lid: str, *, rev: int = 1) -> Lease:
         expires_at=61.0,
         revision=rev,
     )
+
+
+def pipelined(store: EtcdLeaseStore, wire: str, lid: str) -> None:
+    """Write lease ``lid`` through `apply_async` on ``wire`` (grpc | json) and read it back."""
+    store.wire = wire
+    store._aio = None
+    asyncio.run(store.apply_async([StoreWrite(lease(lid), None)]))
+    assert store.get(lid) == lease(lid)
 
 
 def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
@@ -243,6 +254,11 @@ def test_user_and_password_authenticate_and_are_required_once_auth_is_on() -> No
         s.apply([StoreWrite(lease("a"), None)])
         s.client._token = "not-a-valid-token"  # as after etcd dropped the token: one re-authentication
         assert s.get("a") == lease("a")
+        pipelined(s, "grpc", "j")  # the group commit's wires send the token too (and renew it)
+        s.client._token = "not-a-valid-token"
+        pipelined(s, "json", "k")
+        s.client._token = "not-a-valid-token"
+        pipelined(s, "grpc", "l")
         s.close()
         with pytest.raises(EtcdError, match=r"user name is empty|authentication|permission"):
             open_etcd_store(server.url)
@@ -346,6 +362,8 @@ def test_tls_with_client_certificates_for_reads_writes_and_watch(tmp_path: Path)
         s.apply([StoreWrite(lease("a"), None)])
         assert s.get("a") == lease("a")
         wait_for(lambda: len(seen) == 1, "the change over the TLS watch")
+        pipelined(s, "grpc", "b")  # the group commit's wires: TLS with the client certificate
+        pipelined(s, "json", "c")
         w.cancel()
         s.close()
         with pytest.raises(EtcdError, match="no etcd endpoint answered"):  # no client certificate

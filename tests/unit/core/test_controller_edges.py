@@ -731,3 +731,17 @@ def test_a_refused_batch_fails_its_queued_tickets_even_after_one_it_touched_left
     st = r.c.ticket(later.ticket)
     assert (st.state, st.reason) == ("failed", f"lease store unavailable: {DISK_FULL}")
     assert later.ticket not in r.c.queue
+
+
+# ---------------------------------------------------------------- the pending batch's ids
+def test_pending_ids_name_the_leases_and_tickets_the_next_batch_writes_and_empty_after_take() -> None:
+    r = Rig(a_slice("g0", gpu="g0", vram_gib=40))
+    r.c.autoflush = False
+    one = r.c.acquire(a_request("one", vram_gib=30, priority=P1)).lease
+    queued = r.c.acquire(a_request("two", vram_gib=30, priority=P1), wait_s=60)
+    assert one is not None and queued.ticket
+    assert set(r.c.pending_ids()) == {one.id, "ticket:" + queued.ticket}
+    r.c.flush()
+    assert list(r.c.pending_ids()) == []
+    r.c.renew(one.id, ttl_s=600)
+    assert list(r.c.pending_ids()) == [one.id]

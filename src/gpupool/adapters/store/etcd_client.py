@@ -51,6 +51,7 @@ class EtcdError(StoreUnreachable):
 
 GRPC_UNAVAILABLE = 14
 GRPC_INVALID_ARGUMENT = 3
+GRPC_FAILED_PRECONDITION = 9
 GRPC_PERMISSION_DENIED = 7
 GRPC_OUT_OF_RANGE = 11  # e.g. "mvcc: required revision has been compacted"
 GRPC_UNAUTHENTICATED = 16
@@ -131,6 +132,11 @@ def compare(key: bytes, target: str, value: int) -> dict[str, Any]:
     return {"target": target, "key": b64(key), "result": "EQUAL", field: str(value)}
 
 
+def compare_value(key: bytes, value: bytes) -> dict[str, Any]:
+    """The value of ``key`` EQUAL to ``value`` (false when ``key`` does not exist)."""
+    return {"target": "VALUE", "key": b64(key), "result": "EQUAL", "value": b64(value)}
+
+
 class _NoDelay(http.client.HTTPConnection):
     """``http.client`` sends a request's head and body in two writes; with Nagle's algorithm on, the
     body waits for the server's (delayed) ACK of the head. TCP_NODELAY sends both at once."""
@@ -177,7 +183,10 @@ class EtcdClient:
         self._current = 0
         self.timeout_s = timeout_s
         self.ssl_context: ssl.SSLContext | None = None
+        self.tls_files: tuple[str | None, str | None, str | None] | None = None
+        """(cacert, cert, key) when TLS is on (for a gRPC channel to the same endpoints)."""
         if scheme == "https":
+            self.tls_files = (cacert, cert, key)
             self.ssl_context = ssl.create_default_context(cafile=cacert)
             if cert:
                 self.ssl_context.load_cert_chain(cert, key)
@@ -466,6 +475,7 @@ __all__ = [
     "WatchEvent",
     "b64",
     "compare",
+    "compare_value",
     "delete_op",
     "prefix_end",
     "put_op",
