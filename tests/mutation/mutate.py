@@ -102,6 +102,11 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/unit/core/test_controller.py",
         "tests/adapters/store/test_store_faults.py",
     ],
+    "core/queuepump.py": [
+        "tests/unit/core/test_sessions.py",
+        "tests/unit/core/test_admission_properties.py",
+        "tests/unit/core/test_controller.py",
+    ],
     "core/kvbackends.py": [
         "tests/unit/core/test_kvlane.py",
         "tests/unit/core/test_kv_request_leases.py",

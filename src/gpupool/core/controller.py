@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gpupool.core import placement
-from gpupool.core.admission import NOTHING, AdmissionConfig, AdmissionQueue, Ticketed, Verdict
+from gpupool.core.admission import NOTHING, AdmissionConfig, AdmissionQueue, Ticketed
 from gpupool.core.allocator import Allocator, LeaseEvent
 from gpupool.core.binds import PlacementBinds
 from gpupool.core.clock import Clock
@@ -71,9 +71,10 @@ from gpupool.core.ports import (
     Write,
 )
 from gpupool.core.priority import P0, band
+from gpupool.core.queuepump import QueuePump
 from gpupool.core.sessions import SessionTable
 from gpupool.core.ticketbook import TicketBook
-from gpupool.core.tickets import MissMemo, TicketStatus
+from gpupool.core.tickets import TicketStatus
 from gpupool.core.watermarks import Reading, WatermarkBank, WatermarkConfig
 from gpupool.hardware.slices import Slice
 
@@ -103,11 +104,10 @@ class ControllerConfig:
     watermarks: WatermarkConfig = field(default_factory=WatermarkConfig)
 
 
-MAX_PUMP_PASSES = 4
 """Passes of one pump while a pass itself frees capacity (preemption, expiry); bounded on purpose."""
 
 
-class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
+class LeaseController(GpuAdmin, KvBackends, PlacementBinds, QueuePump, TicketBook):
     def __init__(
         self,
         slices: Iterable[Slice],
@@ -524,65 +524,6 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, TicketBook):
             preempt=not kv and not gpu_id and request.priority >= self.config.preempt_min_priority,
             retry_after_s=self.config.retry_after_s,
         )
-
-    def _patient(self, item: Ticketed) -> bool:
-        """``item`` still waits for room on its session's holder only."""
-        return self.clock.now() < item.enqueued_at + item.patience_s
-
-    def _hold_target(self, item: Ticketed, held: frozenset[str]) -> frozenset[str]:
-        if item.holder and self._patient(item):
-            return frozenset((item.holder,)) if item.holder not in held else NOTHING
-        alloc = self.kv if item.kv else self.allocator
-        kv_models = self._kv_models if item.kv else None
-        return placement.hold_target(alloc, item.request, gpu_id=item.gpu_id, kv_models=kv_models, held=held)
-
-    def _pump(self) -> None:
-        """Offer every queued item capacity (see `AdmissionQueue.drain`); again while a pass ends
-        leases (preemption, expiry), at most `MAX_PUMP_PASSES` times."""
-        self.lane.yield_all()  # queued requests see the KV budgets' true free room
-        for _ in range(MAX_PUMP_PASSES):
-            start = self._ends
-            self._lane_expire()  # (the allocators expire theirs before each placement)
-            self.queue.drain(MissMemo(self._try_queued, lambda: self._ends))
-            if self._ends == start or not len(self.queue):
-                return
-
-    def _try_queued(self, item: Ticketed, avoid: frozenset[str]) -> tuple[Verdict, frozenset[str]]:
-        """Pump one queued item. Whatever goes wrong ends this ticket only (state ``failed``)."""
-        st = self._tickets.get(item.ticket)
-        alloc = self.kv if item.kv else self.allocator
-        kv_models = self._kv_models if item.kv else None
-        self._granting = item
-        why = None
-        try:
-            lease = self._holder_grant(item, avoid) if item.holder else None
-            if lease is not None:
-                out = Outcome(OutcomeCode.GRANTED, lease=lease)
-            elif item.holder and self._patient(item):
-                return Verdict.BLOCKED, self._hold_target(item, avoid)
-            else:
-                if item.kv:
-                    self._reclaim_for(item.request, avoid)
-                out = self._place(item.request, item.gpu_id, kv=item.kv, avoid=avoid)
-            if not out.granted:
-                why = placement.unresolvable(alloc, item.request, gpu_id=item.gpu_id, kv_models=kv_models)
-        except Exception as exc:  # NOTE: pumping is the gateway's own work: never raise into the caller
-            why = f"placing the queued request failed: {exc}"
-        finally:
-            self._granting = None
-        if why is not None:
-            if st is not None:
-                self._end_ticket(st, "failed", reason=why)
-            self.outcomes[(band(item.priority), "failed")] += 1
-            return Verdict.DROPPED, NOTHING
-        if out.granted and out.lease is not None:
-            if st is not None:
-                self._end_ticket(st, "granted", lease=out.lease)
-            if out.victims:
-                self.preemptions += len(out.victims)
-            self.outcomes[(band(item.priority), "granted_from_queue")] += 1
-            return Verdict.GRANTED, NOTHING
-        return Verdict.BLOCKED, self._hold_target(item, avoid)
 
     def _finish(self, out: Outcome | None) -> Outcome:
         if self._freed and len(self.queue):

@@ -66,8 +66,9 @@ class KvBackends:
     def _finish(self, out: Outcome | None) -> Outcome:  # the controller's
         raise NotImplementedError
 
-    def _patient(self, item: Ticketed) -> bool:  # the controller's
-        raise NotImplementedError
+    if TYPE_CHECKING:  # `QueuePump`'s (declared only: it comes later in the controller's bases)
+
+        def _patient(self, item: Ticketed) -> bool: ...
 
     def register_backend(self, b: Backend) -> None:
         if b.id in self.backends:
