@@ -41,7 +41,7 @@ def test_ranks_are_the_documented_shares() -> None:
 
 def test_cpu_heavy_pods_go_to_cpu_rich_nodes_while_cpu_binds() -> None:
     # Usable-GPU loss (x demand x cpu_demand): heavy pod on a 2.5e8, on b 4e8; light pod on a 2.5e8,
-    # on b 1e8; CPU-only pod on a 0, on b 2e8: the rank choice never loses more, so it stands.
+    # on b 1e8; CPU-only pod on a 0, on b 2e8: the rank choice loses strictly less, so it stands.
     # fgd-reserve-servable (FGD's score, then the capacity gain) sends them the other way round.
     balance = get_sim_policy("fgd-reserve-balance")
     assert balance.choose(_ctx(), pod(40_000, 1000, 1), all_rows(_ctx()))[0] == 0

@@ -6,7 +6,7 @@ cards with most cores idle. FGD (GPU-only fragmentation) sees neither. This poli
 to a node whose free CPU per free GPU ranks where the pod's CPU per GPU ranks in the mix, so pods
 that ask many cores per card land on nodes with spare cores and pods that ask few land on
 core-poor nodes, and it does so only while (a) the free CPU cannot carry the free GPU at the mix's
-ratio and (b) the move does not waste more usable GPU than the default's choice would.
+ratio and (b) the move wastes strictly less usable GPU than the default's choice would.
 
 Keys, per pod:
 - while the free CPU carries all the free GPU at the mix's CPU-per-GPU ratio (``cpu_demand /
@@ -18,9 +18,12 @@ Keys, per pod:
   1). Pod rank = the share of the mix's GPU demand asked by shapes with a lower CPU per GPU
   (midpoint for the pod's own; a CPU-only pod ranks 1, so it goes to the nodes whose GPUs are gone
   or nearly so);
-- gate: the rank choice is taken only when its usable-GPU loss is no larger than that of
-  `FGDReserveServablePolicy`'s choice; usable GPU of a node = ``min(free GPU, free CPU x demand /
-  cpu_demand)``, the GPU the mix could still use there. Otherwise the default's choice stands.
+- gate: the rank choice is taken only when its usable-GPU loss is strictly smaller than that of
+  `FGDReserveServablePolicy`'s choice (its expected gain is positive); usable GPU of a node =
+  ``min(free GPU, free CPU x demand / cpu_demand)``, the GPU the mix could still use there.
+  Otherwise the default's choice stands: where every candidate node is CPU-bound (the mix at 3x
+  the trace's CPU) the losses are equal and FGD's card packing is kept. With "no larger" instead
+  of "strictly smaller" the policy lost to FGD on ``cpu300`` (+0.6 %, median of 10 seeds).
 
 No constants: the ratio, both ranks and the gate come from the pod list's shape counts and the
 cluster state. Invariant: on mixes where CPU never binds (the nine published workloads, the default
@@ -132,8 +135,6 @@ class FGDReserveBalancePolicy(FGDReserveServablePolicy):
         ranked = self._rank_choice(ctx, pod, feasible)
         if ranked[0] == default[0]:
             return ranked
-        if self._usable_loss(ctx, reserve, pod, ranked[0]) <= self._usable_loss(
-            ctx, reserve, pod, default[0]
-        ):
+        if self._usable_loss(ctx, reserve, pod, ranked[0]) < self._usable_loss(ctx, reserve, pod, default[0]):
             return ranked
         return default
