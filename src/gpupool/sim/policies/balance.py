@@ -28,7 +28,11 @@ Keys, per pod:
 No constants: the ratio, both ranks and the gate come from the pod list's shape counts and the
 cluster state. Invariant: on mixes where CPU never binds (the nine published workloads, the default
 trace) the choices are `FGDReserveServablePolicy`'s, so its run time and results are unchanged
-there. Measurements and the reasons for each key: docs/fgd/README.md ("CPU-heavy mixes").
+there. Equal ratios are not pooled: nodes with the same free CPU per free GPU take consecutive
+ranks in node order, and a pod takes the midpoint of the first shape with its ratio in the pod
+list's shape order (pooling equal ratios into one midpoint measured worse on ``cpu200`` and
+``cpu300``). Measurements and the reasons for each key: docs/fgd/README.md, "Why `fgd-reserve`
+lost, and the fix", item 4.
 """
 
 from __future__ import annotations
