@@ -37,7 +37,10 @@ def test_golden_report_json(policy: str) -> None:
 RESERVE_TRACE = ("reserve_pods.csv", "reserve_nodes.csv")
 
 
-@pytest.mark.parametrize("policy", ["fgd-capacity", "fgd-reserve", "fgd-reserve-cpu", "fgd-reserve-servable"])
+@pytest.mark.parametrize(
+    "policy",
+    ["fgd-capacity", "fgd-reserve", "fgd-reserve-cpu", "fgd-reserve-servable", "fgd-reserve-balance"],
+)
 def test_golden_reserve_trace(policy: str) -> None:
     got = _run_reserve_trace(policy)
     path = GOLDEN / f"expected_reserve_{policy}.json"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpupool.core.errors import InvalidInput
+from gpupool.sim.policies.balance import FGDReserveBalancePolicy
 from gpupool.sim.policies.base import SimPolicy
 from gpupool.sim.policies.baselines import (
     BestFitPolicy,
@@ -39,11 +40,12 @@ SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     FragBestFitPolicy.name: FragBestFitPolicy,
     FGDReserveCpuPolicy.name: FGDReserveCpuPolicy,
     FGDReserveServablePolicy.name: FGDReserveServablePolicy,
+    FGDReserveBalancePolicy.name: FGDReserveBalancePolicy,
 }
 
 
-DEFAULT_SIM_POLICY = FGDReserveServablePolicy.name
-"""The simulator's default (``gpupool sim fgd``, the variant report); see `gpupool.sim.policies.ours`."""
+DEFAULT_SIM_POLICY = FGDReserveBalancePolicy.name
+"""The simulator's default (``gpupool sim fgd``, the variant report); see `gpupool.sim.policies.balance`."""
 
 
 def get_sim_policy(name: str) -> SimPolicy:

@@ -1,6 +1,7 @@
 """Our policies, built on FGD's fragmentation gradient.
 
-``fgd-reserve-servable`` (the default, `gpupool.sim.policies.DEFAULT_SIM_POLICY`):
+``fgd-reserve-servable`` (the previous default; the default ``fgd-reserve-balance`` in
+`gpupool.sim.policies.balance` is this policy plus rank matching while CPU binds):
 ``fgd-reserve-cpu`` below whose reserve plans only for the demand the cluster can serve: each
 whole-card group's share of the future demand is capped at the share its slots served on the empty
 cluster (`gpupool.sim.reserve`, "Servable demand"). Where every group fits the empty cluster (all
@@ -202,7 +203,7 @@ class FGDReserveCpuPolicy(FGDReservePolicy):
 
 
 class FGDReserveServablePolicy(FGDReserveCpuPolicy):
-    """`FGDReserveCpuPolicy` whose reserve plans only for servable demand (the default)."""
+    """`FGDReserveCpuPolicy` whose reserve plans only for servable demand (the previous default)."""
 
     name: ClassVar[str] = "fgd-reserve-servable"
 
