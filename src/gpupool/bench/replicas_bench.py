@@ -6,7 +6,7 @@ Method (measured part): ``backends`` emulated backends (``gpupool emulate-backen
 model qwen2.5-0.5b; default 2), one leader (``gpupool serve`` with all registered as instances of
 the model), and for each replica count N: N ``gpupool proxy`` processes (share TTL 3 s),
 ``clients`` raw asyncio keep-alive clients spread evenly over the replicas (in this process, or in
-``load_procs`` forked load-generator processes), each POSTing
+``load_procs`` spawned load-generator processes), each POSTing
 ``/v1/completions`` (``max_tokens`` 1) back to back for a warm-up and then ``duration_s``. Every
 answer is counted by status. CPU per answer is read from ``/proc`` for the replicas, the leader and
 the backends over the measured phase.
@@ -115,7 +115,9 @@ def _phase(ports: list[int], clients: int, duration_s: float, warmup_s: float, p
             k += 1
     import multiprocessing
 
-    ctx = multiprocessing.get_context("fork")
+    # spawn, not fork: this process runs threads (log readers of the servers it started), and a child
+    # forked while one of them holds a lock can hang forever (seen once in CI)
+    ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(procs) as pool:
         parts = pool.starmap(_load, [(sorted(x.items()), duration_s, warmup_s) for x in shares if x])
     out = LoadResult(duration_s=duration_s)

@@ -28,7 +28,7 @@ MEASURED_KEYS = {
 
 def test_replicas_bench_measures_leader_and_replicas_and_simulates() -> None:
     args = ["--replicas", "1,2", "--clients", "4", "--duration-s", "0.5", "--warmup-s", "0.2"]
-    args += ["--backends", "3", "--load-procs", "2"]  # (forked load generators)
+    args += ["--backends", "3", "--load-procs", "2"]  # (spawned load generators)
     r = subprocess.run(
         [sys.executable, "-m", "gpupool.cli.main", "bench", "replicas", "--json", *args],
         capture_output=True,
