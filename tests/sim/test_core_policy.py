@@ -42,10 +42,10 @@ def test_core_score_equals_the_simulators_fgd_score(
     feasible = np.flatnonzero((ctx.mirror.gpu_free >= share).any(axis=1))
     if not len(feasible):
         return
-    rows, gpus, values = placements(ctx, p, feasible) if share < 1000 else (feasible, None, None)
-    if share == 1000:  # a whole card: FGD takes the node's first free card
-        values = np.full(len(rows), 1000)
+    rows, _, values = placements(ctx, p, feasible)
     sim = fgd_scores(ctx, rows, after(ctx.frag, p, rows, values))
+    if share == 1000:  # a whole card: FGD takes a fully free card (`placements` reports value 0)
+        values = np.full(len(rows), 1000)
     cap = Resources(NOMINAL_VRAM_MIB, 1000)
     for r, v, want in zip(rows.tolist(), values.tolist(), sim.tolist(), strict=True):
         slice_free = Resources(NOMINAL_VRAM_MIB, int(v))
