@@ -93,7 +93,7 @@ class FragGradient:
     def __init__(self) -> None:
         self.mix = ShapeMix()
         self._bestfit = BestFit2D()
-        self._memo: dict[tuple[Resources, Resources, Resources], int] = {}
+        self._memo: dict[tuple[int, int, int, int, int, int], int] = {}
         self._memo_version = -1
 
     def observe(self, request: Request) -> None:
@@ -119,11 +119,18 @@ class FragGradient:
         if self._memo_version != self.mix.version:
             self._memo.clear()
             self._memo_version = self.mix.version
-        cap = state.slice.capacity
-        key = (cap, state.free, demand)
+        cap, free = state.slice.capacity, state.free
+        key = (
+            cap.vram_mib,
+            cap.compute_milli,
+            free.vram_mib,
+            free.compute_milli,
+            demand.vram_mib,
+            demand.compute_milli,
+        )
         fgd = self._memo.get(key)
         if fgd is None:
-            fgd = (MAX_SCORE - self.score(cap, state.free, demand)) * BESTFIT_SPAN
+            fgd = (MAX_SCORE - self.score(cap, free, demand)) * BESTFIT_SPAN
             self._memo[key] = fgd
         return fgd + self._bestfit.cost(state, demand)
 
