@@ -2,7 +2,8 @@
 
 Role: the GPU-only part of the simulator's default (`gpupool.sim.policies.balance`) that the core can
 run with what it holds. Opt-in (``policy="frag-gradient"``); not the default (docs/fgd/README.md,
-"The core policy": it scans every feasible slice, O(S) per allocate).
+"The core policy": it scans every feasible slice, O(S) per allocate, and without node CPU it
+places worse than FGD on the simulator).
 
 The mix: `ShapeMix`, a bounded, decayed histogram of the demands the allocator was asked for, as
 shapes ``(vram MiB, compute milli, gpu count)``, fed by `observe` (the allocator calls it once per
