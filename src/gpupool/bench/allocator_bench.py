@@ -26,6 +26,7 @@ from typing import Any
 from gpupool.bench import seed_scheduler as seed
 from gpupool.core import P0, P1, P2, Allocator, ManualClock, Request, Resources, Slice, SliceKind
 from gpupool.core.ids import seeded_lease_ids
+from gpupool.core.policies import DEFAULT_POLICY
 
 GIB = 1024
 
@@ -114,10 +115,10 @@ class _State:
     stream: Iterator[Request]
 
 
-def _prepare(num_slices: int, seed_value: int) -> _State:
+def _prepare(num_slices: int, seed_value: int, policy: str = DEFAULT_POLICY) -> _State:
     pool = build_pool(num_slices)
     clock = ManualClock(1000.0)
-    alloc = Allocator(pool, clock=clock, lease_ids=seeded_lease_ids(seed_value))
+    alloc = Allocator(pool, clock=clock, policy=policy, lease_ids=seeded_lease_ids(seed_value))
     sched = seed.GpuResourcePoolScheduler(now_ms=lambda: clock.now() * 1000.0)
     for s in pool:
         sched.register_slice(
@@ -197,10 +198,12 @@ def _occupancy_pct(alloc: Allocator) -> float:
     )
 
 
-def run(*, sizes: list[int], ops: int, seed_ops: int, seed: int) -> dict[str, Any]:
+def run(
+    *, sizes: list[int], ops: int, seed_ops: int, seed: int, policy: str = DEFAULT_POLICY
+) -> dict[str, Any]:
     results = []
     for n in sizes:
-        st = _prepare(n, seed)
+        st = _prepare(n, seed, policy)
         start_pct = _occupancy_pct(st.alloc)  # before the timed phase, which changes it
         requests = [next(st.stream) for _ in range(max(ops, seed_ops))]
         gp_us = _time_gpupool(st, ops, random.Random(seed + 1), requests)

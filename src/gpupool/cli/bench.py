@@ -16,15 +16,21 @@ app = typer.Typer(help="Benchmarks; each prints one JSON object with --json.", n
 @app.command("allocator")
 @user_errors
 def allocator(
+    *,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     sizes: str = typer.Option("1000,10000,100000", help="Comma-separated slice counts."),
     ops: int = typer.Option(20000, help="allocate+release pairs timed per size for gpupool."),
     seed_ops: int = typer.Option(2000, help="Pairs timed for the seed reference (sampled at large sizes)."),
     seed: int = typer.Option(1, help="Random seed of the request stream."),
+    policy: str = typer.Option("bestfit", help="Core placement policy (gpupool's side only)."),
 ) -> None:
     """Steady-state allocate+release cost: gpupool's indexed allocator vs the seed's reference."""
     from gpupool.bench import allocator_bench
     from gpupool.core.errors import InvalidInput
+    from gpupool.core.policies import POLICIES
+
+    if policy not in POLICIES:
+        raise InvalidInput("--policy", policy, f"known policies: {', '.join(sorted(POLICIES))}")
 
     try:
         size_list = [int(x) for x in sizes.split(",") if x.strip()]
@@ -35,7 +41,7 @@ def allocator(
     for name, value in (("--ops", ops), ("--seed-ops", seed_ops)):
         if value < 1:
             raise InvalidInput(name, value, "must be >= 1")
-    result = allocator_bench.run(sizes=size_list, ops=ops, seed_ops=seed_ops, seed=seed)
+    result = allocator_bench.run(sizes=size_list, ops=ops, seed_ops=seed_ops, seed=seed, policy=policy)
     if as_json:
         typer.echo(json.dumps(result))
     else:

@@ -69,6 +69,8 @@ class Allocator:
     ) -> None:
         self.clock = clock
         self.policy: Policy = get_policy(policy) if isinstance(policy, str) else policy
+        self._observe: Callable[[Request], None] | None = getattr(self.policy, "observe", None)
+        """A learning policy's hook (`FragGradient.observe`): told each request once, before scoring."""
         self.ledger = SliceLedger()
         self.leases = LeaseTable(ended_capacity=ended_capacity)
         self._lease_ids = lease_ids
@@ -105,6 +107,8 @@ class Allocator:
         """Grant ``request`` on the best slice, preempting strictly lower-priority work if allowed."""
         validate_request(request)
         self.expire_due()
+        if self._observe is not None:
+            self._observe(request)
         if request.gpu_count > 1:
             return self._allocate_cards(request, preempt=preempt)
         groups = [
@@ -138,6 +142,8 @@ class Allocator:
             raise InvalidInput("slice_ids", slice_ids, "all slices of one request must be on one node")
         if len({st.slice.gpu_id for st in states}) != len(states):
             raise InvalidInput("slice_ids", slice_ids, "a request never takes two slices of one GPU")
+        if self._observe is not None:
+            self._observe(request)  # NOTE: after the checks that raise: bad input leaves the mix unchanged
         for st in states:
             if not request.accepts(st.slice.kind) or not request.demand.fits_in(st.slice.capacity):
                 return Outcome(

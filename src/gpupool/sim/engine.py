@@ -76,7 +76,7 @@ def _counter_ids() -> object:
     return next_id
 
 
-def build_allocator(mirror: MirrorLedger) -> Allocator:
+def build_allocator(mirror: MirrorLedger, policy: str = "seed-bestfit") -> Allocator:
     slices = [
         Slice(
             id=mirror.slice_id(n, g),
@@ -91,7 +91,7 @@ def build_allocator(mirror: MirrorLedger) -> Allocator:
         for g in range(nd.gpu_count)
     ]
     ids = _counter_ids()
-    return Allocator(slices, clock=ManualClock(), policy="seed-bestfit", lease_ids=ids)  # type: ignore[arg-type]
+    return Allocator(slices, clock=ManualClock(), policy=policy, lease_ids=ids)  # type: ignore[arg-type]
 
 
 def cross_check(allocator: Allocator, mirror: MirrorLedger, nodes: Sequence[int] | None = None) -> None:
@@ -141,7 +141,9 @@ def run(
     population = target_workload(pods, popularity=1.0)
     ctx = SimContext(mirror=mirror, frag=frag, target=target, rng=policy_rng, population=population)
     pol = get_sim_policy(policy)
-    allocator = build_allocator(mirror)
+    core_policy: str | None = getattr(pol, "core_policy", None)
+    allocator = build_allocator(mirror, core_policy or "seed-bestfit")
+    row_of = {nd.name: n for n, nd in enumerate(mirror.nodes)}
     masks = _model_masks(pods_by_name, mirror.models)
 
     n_events = len(order)
@@ -173,9 +175,12 @@ def run(
         if len(feasible) == 0:
             failed += 1
         else:
-            node, gpus = pol.choose(ctx, pod, feasible)
-            if pod.num_gpu:
-                _commit(allocator, mirror, step=step, pod=pod, node=node, gpus=gpus)
+            if core_policy is not None and pod.num_gpu:
+                node, gpus = _core_choice(allocator, mirror, row_of, step=step, pod=pod, feasible=feasible)
+            else:
+                node, gpus = pol.choose(ctx, pod, feasible)
+                if pod.num_gpu:
+                    _commit(allocator, mirror, step=step, pod=pod, node=node, gpus=gpus)
             mirror.apply(
                 node, gpus, gpu_milli=pod.gpu_milli, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib
             )
@@ -213,11 +218,9 @@ def run(
     )
 
 
-def _commit(
-    allocator: Allocator, mirror: MirrorLedger, *, step: int, pod: PodView, node: int, gpus: tuple[int, ...]
-) -> None:
+def _request(step: int, pod: PodView, nodes: frozenset[str] = frozenset()) -> Request:
     share = pod.gpu_milli if pod.num_gpu == 1 else MILLI_PER_GPU
-    request = Request(
+    return Request(
         id=f"pod-{step:06d}",
         tenant="trace",
         priority=0,
@@ -225,7 +228,39 @@ def _commit(
         ttl_s=TTL_S,
         kinds=frozenset({SliceKind.WHOLE}),
         gpu_count=pod.num_gpu,
+        nodes=nodes,
     )
+
+
+def _core_choice(
+    allocator: Allocator,
+    mirror: MirrorLedger,
+    row_of: dict[str, int],
+    *,
+    step: int,
+    pod: PodView,
+    feasible: np.ndarray,
+) -> tuple[int, tuple[int, ...]]:
+    """The core allocator places the pod itself, restricted to the feasible nodes (CPU, memory and
+    GPU model are the mirror's filter); returns the (node row, GPU indices) its lease took."""
+    nodes = frozenset(mirror.nodes[int(n)].name for n in feasible)
+    out = allocator.allocate(_request(step, pod, nodes), preempt=False)
+    if out.lease is None:
+        raise InvariantViolation(f"core found no slice for pod-{step:06d} on {len(nodes)} feasible nodes")
+    node = row_of[out.lease.node]
+    if node not in feasible:
+        raise InvariantViolation(
+            f"core placed pod-{step:06d} on {out.lease.node}, outside the feasible nodes"
+        )
+    prefix = f"{out.lease.node}/gpu"
+    gpus = tuple(sorted(int(sid[len(prefix) :]) for sid in out.lease.slice_ids))
+    return node, gpus
+
+
+def _commit(
+    allocator: Allocator, mirror: MirrorLedger, *, step: int, pod: PodView, node: int, gpus: tuple[int, ...]
+) -> None:
+    request = _request(step, pod)
     out = allocator.place(request, tuple(mirror.slice_id(node, g) for g in gpus))
     if not out.granted:
         raise InvariantViolation(

@@ -54,3 +54,14 @@ def test_demo_pool_is_a_legal_mig_layout() -> None:
     mig = [s for s in seed_example_pool() if s.kind.value == "mig"]
     starts = [MigInstance(s.profile, int(s.id.rsplit("-", 1)[1])) for s in mig]
     validate_layout("A100-SXM4-80GB", starts)
+
+
+def test_bench_allocator_takes_a_core_policy_and_rejects_an_unknown_one() -> None:
+    out = gpupool(
+        "bench", "allocator", "--json", "--sizes", "200", "--ops", "100", "--seed-ops", "30",
+        "--policy", "frag-gradient",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["results"][0]["gpupool_us_per_op"] > 0
+    bad = gpupool("bench", "allocator", "--sizes", "200", "--policy", "nope")
+    assert bad.returncode == 2 and "--policy" in bad.stderr and "nope" in bad.stderr

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from gpupool.core.policies.base import Policy
 from gpupool.core.policies.bestfit import BestFit2D
+from gpupool.core.policies.fraggradient import FragGradient
 from gpupool.core.policies.seed_bestfit import SeedBestFit
 from gpupool.core.policies.spread import Spread
 
 POLICIES: dict[str, type[Policy]] = {
     BestFit2D.name: BestFit2D,
+    FragGradient.name: FragGradient,
     SeedBestFit.name: SeedBestFit,
     Spread.name: Spread,
 }
@@ -30,4 +32,13 @@ def get_policy(name: str) -> Policy:
         raise InvalidInput("policy", name, f"known policies: {', '.join(sorted(POLICIES))}") from None
 
 
-__all__ = ["DEFAULT_POLICY", "POLICIES", "BestFit2D", "Policy", "SeedBestFit", "Spread", "get_policy"]
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "BestFit2D",
+    "FragGradient",
+    "Policy",
+    "SeedBestFit",
+    "Spread",
+    "get_policy",
+]

@@ -18,6 +18,7 @@ from gpupool.sim.policies.baselines import (
     RandomPolicy,
     SeedBestFitPolicy,
 )
+from gpupool.sim.policies.core import CoreFragGradientPolicy
 from gpupool.sim.policies.fgd import FGDPolicy
 from gpupool.sim.policies.ours import (
     FGDCapacityPolicy,
@@ -41,6 +42,7 @@ SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     FGDReserveCpuPolicy.name: FGDReserveCpuPolicy,
     FGDReserveServablePolicy.name: FGDReserveServablePolicy,
     FGDReserveBalancePolicy.name: FGDReserveBalancePolicy,
+    CoreFragGradientPolicy.name: CoreFragGradientPolicy,
 }
 
 
