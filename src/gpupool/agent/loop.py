@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupool.agent.evict import EvictionPolicy, Evictor, Freed, pid_map
-from gpupool.agent.pressure import health_problem, to_reading
+from gpupool.agent.pressure import health_problem, relief_candidates, to_reading
 from gpupool.agent.source import DeviceSource, GpuSample
 from gpupool.agent.standby import EngineSleeps
 from gpupool.agent.values import (
@@ -52,8 +52,6 @@ from gpupool.agent.values import (
 from gpupool.agent.workloads import Entry, RunState, WorkloadTable, workload_from_lease
 from gpupool.core.clock import Clock
 from gpupool.core.pausers import (
-    Candidate,
-    Frees,
     PauseAction,
     Pauser,
     PauseResult,
@@ -283,8 +281,8 @@ class NodeAgent:
             )
             if deficit > 0:
                 # Budget = the whole window since the crossing: a pauser declared to free VRAM within
-                # it is trusted while it works (a failed one is not, see _candidates).
-                cands = self._candidates(entries, sample)
+                # it is trusted while it works (a failed one is not, see relief_candidates).
+                cands = relief_candidates(entries, sample, self.pausers, self._failed)
                 for d in plan_relief(cands, deficit_mib=deficit, budget_s=revoke_after):
                     if d.step is ReliefStep.REVOKE:
                         e = self.workloads.get(d.lease_id)
@@ -293,31 +291,6 @@ class NodeAgent:
         for e in self.workloads.on_gpu(gpu):
             if e.state is RunState.RUNNING and self._retry_at.get(e.workload.lease_id, -math.inf) <= now:
                 self._start(e, PauseAction.PAUSE, now)
-
-    def _candidates(self, entries: Sequence[Entry], sample: GpuSample) -> list[Candidate]:
-        used_by_pid = {p.pid: p.used_mib for p in sample.processes}
-        out = []
-        for e in entries:
-            w = e.workload
-            pids = w.pids or ((w.pgid,) if w.pgid is not None else ())
-            measured = sum(used_by_pid.get(pid, 0) for pid in pids)
-            p = self.pausers.get(w.pauser)
-            if p is None:
-                out.append(
-                    Candidate(
-                        w.lease_id,
-                        w.priority,
-                        max(w.vram_mib, measured),
-                        Frees.COMPUTE,
-                        math.inf,
-                        f"unknown pauser {w.pauser!r}",
-                    )
-                )
-                continue
-            vram = 0 if e.vram_freed else max(w.vram_mib, measured)
-            refusal = p.check(w) or self._failed.get(w.lease_id)
-            out.append(Candidate(w.lease_id, w.priority, vram, p.frees, p.vram_free_estimate_s, refusal))
-        return out
 
     def _resume_gpu(self, gpu: str, now: float) -> None:
         if not self.workloads.has_paused(gpu):

@@ -19,10 +19,13 @@ through unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpupool.agent.source import GpuSample
+from gpupool.agent.workloads import Entry
+from gpupool.core.pausers import Candidate, Frees, Pauser
 from gpupool.core.watermarks import Reading
 
 APP_LEVEL_XIDS = frozenset({13, 31, 43, 45, 68, 109})
@@ -93,3 +96,34 @@ def health_problem(sample: GpuSample, *, app_xids: frozenset[int] = APP_LEVEL_XI
     if fatal:
         return "XID " + ",".join(str(x) for x in fatal)
     return ""
+
+
+def relief_candidates(
+    entries: Sequence[Entry], sample: GpuSample, pausers: Mapping[str, Pauser], failed: Mapping[str, str]
+) -> list[Candidate]:
+    """What `plan_relief` may pause or revoke on one GPU: each workload's VRAM (the larger of its
+    lease and what its processes use now; 0 once freed), its pauser's effect and time to free, and
+    why it may not be paused (its pauser's refusal, or a pause of it that failed: ``failed``)."""
+    used_by_pid = {p.pid: p.used_mib for p in sample.processes}
+    out = []
+    for e in entries:
+        w = e.workload
+        pids = w.pids or ((w.pgid,) if w.pgid is not None else ())
+        measured = sum(used_by_pid.get(pid, 0) for pid in pids)
+        p = pausers.get(w.pauser)
+        if p is None:
+            out.append(
+                Candidate(
+                    w.lease_id,
+                    w.priority,
+                    max(w.vram_mib, measured),
+                    Frees.COMPUTE,
+                    math.inf,
+                    f"unknown pauser {w.pauser!r}",
+                )
+            )
+            continue
+        vram = 0 if e.vram_freed else max(w.vram_mib, measured)
+        refusal = p.check(w) or failed.get(w.lease_id)
+        out.append(Candidate(w.lease_id, w.priority, vram, p.frees, p.vram_free_estimate_s, refusal))
+    return out

@@ -31,6 +31,9 @@ import typer
 
 from gpupool.cli.console import say
 from gpupool.cli.errors import UserError, check_port, check_range, user_errors
+from gpupool.cli.kvsizer import KvSizer
+
+__all__ = ["KvSizer", "build", "load_tokens", "serve"]
 from gpupool.cli.serving import run_loop, serve_forever
 from gpupool.cli.stopping import catch_early_stop
 from gpupool.cli.store_options import store_settings
@@ -49,47 +52,8 @@ DEFAULT_CLUSTER = REPO_ROOT / "examples" / "cluster-a100-l40s.yaml"
 DEFAULT_WORKLOADS = REPO_ROOT / "examples" / "workloads-agent-platform.yaml"
 SYSTEM_TENANT = "gpupool-system"
 INSTANCE_TTL_S = 7 * 24 * 3600.0
-BLOCK_TOKENS = 16
 ETCD_COMMIT_WINDOW = 2
 """Group commits in flight at once on an etcd store (`GroupCommitter.window`)."""
-DEFAULT_KV_BYTES_PER_TOKEN = 128 * 1024
-"""Per-token KV of Llama-3.1-8B in bf16: the estimate for models the catalogue does not know."""
-
-
-class KvSizer:
-    """Token counts -> MiB with the hardware KV estimator (rounded up to 16-token vLLM blocks)."""
-
-    def __init__(self, quant: dict[str, str] | None = None) -> None:
-        self._per_tok: dict[str, int] = {}
-        self.quant = quant or {}
-
-    def kv_bytes_per_token(self, model: str) -> int:
-        per = self._per_tok.get(model)
-        if per is None:
-            from gpupool.hardware.memory import kv_bytes_per_token_of, resolve_model
-
-            try:
-                per = kv_bytes_per_token_of(resolve_model(model))
-            except ValueError:
-                per = DEFAULT_KV_BYTES_PER_TOKEN  # a backend serving a model the catalogue lacks
-            self._per_tok[model] = per
-        return per
-
-    def request_mib(self, model: str, tokens: int) -> int:
-        blocks = math.ceil(max(1, tokens) / BLOCK_TOKENS)
-        return max(1, math.ceil(blocks * BLOCK_TOKENS * self.kv_bytes_per_token(model) / (1024 * 1024)))
-
-    def instance_mib(self, model: str, tokens: int) -> int:
-        from gpupool.hardware.memory import estimate
-
-        return estimate(model, quant=self.quant.get(model, "bf16"), max_context=max(1, tokens)).total_mib
-
-    def kv_budget_mib(self, model: str, slice_vram_mib: int, quant: str = "bf16") -> int:
-        """What a slice leaves for KV cache after the model's weights and runtime overhead (>= 1)."""
-        from gpupool.hardware.memory import estimate
-
-        base = estimate(model, quant=quant, max_context=1, kv_tokens=0)
-        return max(1, slice_vram_mib - base.weights_mib - base.overhead_mib)
 
 
 def load_tokens(auth_file: Path | None, data_dir: Path) -> tuple[list[tuple[str, str, str]], str | None]:

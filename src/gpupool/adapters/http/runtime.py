@@ -156,25 +156,7 @@ class GroupCommitter:
                             await loop.run_in_executor(self._executor, c.store.apply, batch.writes)
                     except Exception as exc:
                         err = self.failed = exc
-                if err is not None:
-                    c.undo(batch, _describe(err))  # (should it raise, `finally` fails every waiter)
-                self.batches += 1
-                self.writes += len(batch.writes)
-                self._done_gen = gen
-                if err is None:
-                    if batch.writes:
-                        self.failed = None
-                    c.deliver(batch)
-                    for fut in self._waiters.pop(gen, ()):
-                        if not fut.done():
-                            fut.set_result(None)
-                else:
-                    # the undo also took back every change made after this batch: fail all waiters
-                    failed = StoreUnavailable(_describe(err))
-                    for g in list(self._waiters):
-                        for fut in self._waiters.pop(g):
-                            if not fut.done():
-                                fut.set_exception(failed)
+                self._finish(gen, batch, err)  # (should its undo raise, `finally` fails every waiter)
         finally:
             self._running = False
             done = None if err is None else StoreUnavailable(_describe(err))
