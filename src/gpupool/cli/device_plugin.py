@@ -119,7 +119,12 @@ def device_plugin(
         mps_shm_dir=mps_shm_dir,
         pod_resources_socket=pod_resources_socket,
     )
-    plugin = DevicePlugin(cfg, cards, mps=mps_client_side).start()
+    plugin = DevicePlugin(cfg, cards, mps=mps_client_side)
+    if api is not None and cluster is None:
+        # the pipe directories the agent published, read before kubelet can call Allocate: an
+        # Allocate answered before the first read would get the default directory
+        plugin.read_node_once(api, cfg.names.slices)
+    plugin.start()
     if api is not None and cluster is None:
         threading.Thread(
             target=plugin.run_node_feed,

@@ -190,7 +190,9 @@ def test_the_node_loop_end_to_end(dirs: dict[str, Path], tmp_path: Path) -> None
                     PluginConfig(node=n, plugin_dir=str(dirs[n]), replicas=4, poll_s=0.05, mps_shm_dir=SHM),
                     cards_of(ann[n], n),
                     mps=mps_client_side,
-                ).start()
+                )
+                plugin.read_node_once(api, KEY)  # as `gpupool device-plugin` does before it registers
+                plugin.start()
                 plugins.append(plugin)
                 for target, kw in (
                     (plugin.run_pod_feed, {"watch_timeout_s": 1}),
