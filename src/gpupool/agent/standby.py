@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from gpupool.core.pausers import Pauser, PauseResult, Workload
 
@@ -116,20 +117,13 @@ class EngineSleeps:
         kind = "engine_sleep_failed" if d.state == "asleep" else "engine_wake_failed"
         if pauser is None:
             e.retry_at = math.inf
-            self.emit(
-                kind,
-                now,
-                gpu_id=d.gpu_id,
-                lease_id=d.id,
-                pauser=d.pauser,
-                reason=f"unknown pauser {d.pauser!r}",
-            )
+            self._say(kind, now, d, reason=f"unknown pauser {d.pauser!r}")
             return
         w = Workload(d.id, d.gpu_id, d.pauser, priority=0, endpoint=d.endpoint, sleep_level=d.level)
         why = pauser.check(w)
         if why is not None:
             e.retry_at = math.inf
-            self.emit(kind, now, gpu_id=d.gpu_id, lease_id=d.id, pauser=d.pauser, reason=why)
+            self._say(kind, now, d, reason=why)
             return
         if d.state == "awake" and self.blocked is not None and self.blocked(d.gpu_id):
             return  # memory on the GPU is still being freed: wake on a later tick
@@ -151,41 +145,23 @@ class EngineSleeps:
         exc = fut.exception()
         if exc is not None:
             e.retry_at = now + self.retry_s
-            self.emit(
-                kind_bad,
-                now,
-                gpu_id=d.gpu_id,
-                lease_id=d.id,
-                pauser=d.pauser,
-                reason=f"{type(exc).__name__}: {exc}",
-            )
+            self._say(kind_bad, now, d, reason=f"{type(exc).__name__}: {exc}")
             return
         r, sleeping = fut.result()
         confirmed = r.ok and sleeping is (target == "asleep")
         if not confirmed:
             e.retry_at = now + self.retry_s
             why = r.reason if not r.ok else f"is_sleeping reads {sleeping} after the call"
-            self.emit(
-                kind_bad,
-                now,
-                gpu_id=d.gpu_id,
-                lease_id=d.id,
-                pauser=d.pauser,
-                reason=why,
-                latency_ms=r.latency_ms,
-            )
+            self._say(kind_bad, now, d, reason=why, latency_ms=r.latency_ms)
             return
         e.actual = target
-        self.emit(
-            kind_ok,
-            now,
-            gpu_id=d.gpu_id,
-            lease_id=d.id,
-            pauser=d.pauser,
-            frees=r.frees.value,
-            reason=f"{d.endpoint}: {r.reason}",
-            latency_ms=r.latency_ms,
+        self._say(
+            kind_ok, now, d, frees=r.frees.value, reason=f"{d.endpoint}: {r.reason}", latency_ms=r.latency_ms
         )
+
+    def _say(self, kind: str, now: float, d: Directive, **fields: Any) -> None:
+        """An event about directive ``d``'s engine (its GPU, lease id and pauser named)."""
+        self.emit(kind, now, gpu_id=d.gpu_id, lease_id=d.id, pauser=d.pauser, **fields)
 
 
 __all__ = ["Directive", "EngineSleeps", "parse_directives"]
