@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from gpupool.core.errors import DuplicateId, UnknownId
-from gpupool.core.tidal.jobs import BatchJobSpec, JobState, check_transition, validate_job
+from gpupool.core.tidal.jobs import (
+    BatchJobSpec,
+    JobRecord,
+    JobState,
+    check_transition,
+    spec_from_dict,
+    validate_job,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS batch_jobs (
@@ -40,23 +47,8 @@ CREATE INDEX IF NOT EXISTS batch_jobs_order ON batch_jobs (state, deadline, subm
 """
 
 
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    spec: BatchJobSpec
-    state: JobState
-    submitted_at: float
-    attempts: int
-    lease_id: str
-    worker: str
-    reason: str
-    returncode: int | None
-
-
 def _spec_from(text: str) -> BatchJobSpec:
-    d = json.loads(text)
-    d["command"] = tuple(d["command"])
-    d["args"] = tuple(d["args"])
-    return BatchJobSpec(**d)
+    return spec_from_dict(json.loads(text))
 
 
 class BatchJobQueue:

@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpupool.adapters.batch.queue import BatchJobQueue, JobRecord
+from gpupool.adapters.batch.queue import BatchJobQueue
 from gpupool.core.controller import LeaseController
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Lease, Request
 from gpupool.core.outcome import Outcome
-from gpupool.core.tidal.jobs import FINAL, BatchJobSpec, JobState, lease_request
+from gpupool.core.tidal.jobs import FINAL, BatchJobSpec, JobRecord, JobState, lease_request
 
 
 class Handle(Protocol):

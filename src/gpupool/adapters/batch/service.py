@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpupool.adapters.batch.queue import BatchJobQueue, JobRecord
+from gpupool.adapters.batch.queue import BatchJobQueue
 from gpupool.adapters.batch.runner import BatchRunner
-from gpupool.core.tidal.jobs import BatchJobSpec, JobState
+from gpupool.core.tidal.jobs import BatchJobSpec, JobRecord, JobState
 
 
 def job_json(rec: JobRecord) -> dict[str, Any]:

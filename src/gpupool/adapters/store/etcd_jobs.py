@@ -1,7 +1,7 @@
 """`EtcdJobQueue`: the durable batch-job queue on etcd, beside the leases (key ``PREFIX job/<id>``).
 
 Role: the same methods and semantics as the SQLite ``BatchJobQueue`` (``gpupool.adapters.batch.queue``;
-adapters never import each other, so `JobRecord` has the same fields here), so that a new leader
+both keep the core's `gpupool.core.tidal.jobs.JobRecord`), so that a new leader
 finds every queued, running and paused job where the old one left them.
 
 Invariants:
@@ -18,27 +18,23 @@ Invariants:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from gpupool.adapters.store.etcd import EtcdLeaseStore, NotLeader
 from gpupool.adapters.store.etcd_client import KeyValue, compare, prefix_end, put_op, range_op
 from gpupool.core.errors import DuplicateId, UnknownId
-from gpupool.core.tidal.jobs import BatchJobSpec, JobState, check_transition, queue_key, validate_job
+from gpupool.core.tidal.jobs import (
+    BatchJobSpec,
+    JobRecord,
+    JobState,
+    check_transition,
+    queue_key,
+    spec_from_dict,
+    validate_job,
+)
 
 MAX_CAS_TRIES = 100
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    spec: BatchJobSpec
-    state: JobState
-    submitted_at: float
-    attempts: int
-    lease_id: str
-    worker: str
-    reason: str
-    returncode: int | None
 
 
 def _encode(rec: JobRecord, updated_at: float) -> bytes:
@@ -50,11 +46,8 @@ def _encode(rec: JobRecord, updated_at: float) -> bytes:
 
 def _decode(value: bytes) -> JobRecord:
     d = json.loads(value)
-    s = d["spec"]
-    s["command"] = tuple(s["command"])
-    s["args"] = tuple(s["args"])
     return JobRecord(
-        spec=BatchJobSpec(**s),
+        spec=spec_from_dict(d["spec"]),
         state=JobState(d["state"]),
         submitted_at=float(d["submitted_at"]),
         attempts=int(d["attempts"]),

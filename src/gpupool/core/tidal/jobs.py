@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Request
@@ -76,6 +77,25 @@ class BatchJobSpec:
     """Work size in tokens (for reporting throughput), 0 when unknown."""
 
 
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A job as a durable queue holds it (the SQLite and the etcd queue keep the same fields)."""
+
+    spec: BatchJobSpec
+    state: JobState
+    submitted_at: float
+    attempts: int
+    lease_id: str
+    worker: str
+    reason: str
+    returncode: int | None
+
+
+def spec_from_dict(d: dict[str, Any]) -> BatchJobSpec:
+    """A spec back from its stored JSON object (``dataclasses.asdict`` of it: lists become tuples)."""
+    return BatchJobSpec(**{**d, "command": tuple(d["command"]), "args": tuple(d["args"])})
+
+
 def validate_job(spec: BatchJobSpec) -> BatchJobSpec:
     """Raise `InvalidInput` naming the first bad field; return the spec otherwise."""
     if not isinstance(spec.id, str) or not spec.id or len(spec.id) > 200:
@@ -125,9 +145,11 @@ def lease_request(spec: BatchJobSpec, *, attempt: int, ttl_s: float) -> Request:
 __all__ = [
     "FINAL",
     "BatchJobSpec",
+    "JobRecord",
     "JobState",
     "check_transition",
     "lease_request",
     "queue_key",
+    "spec_from_dict",
     "validate_job",
 ]
