@@ -257,3 +257,13 @@ def test_a_backend_without_tokenize_falls_back_to_the_estimate(stack: Stack) -> 
     stack.sdk().completions.create(model="echo-fcfs", prompt="a few words " * 12, max_tokens=20)
     assert stack.surface.tokenize_calls == before + 1  # asked (near the 64-token context), got a 404
     assert stack.seen[-1]["max_tokens"] == 20  # and forwarded anyway: the backend has the last word
+
+
+def test_a_prompt_estimated_past_every_kv_budget_is_forwarded_not_a_503(stack: Stack) -> None:
+    # Before: with no /tokenize answer, a prompt whose estimate (120,000 tokens) needed more KV than
+    # any instance holds was answered 503 "unresolvable" (a 5xx for the client's own input) instead
+    # of reaching the backend, which owns the final word on the context (a sequence never holds
+    # more KV than its context, so it is sized at the context).
+    words = "a few words " * 40_000
+    stack.sdk().completions.create(model="echo-fcfs", prompt=words, max_tokens=20)
+    assert stack.seen[-1]["prompt"] == words

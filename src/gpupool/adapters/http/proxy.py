@@ -343,7 +343,9 @@ def add_proxy_routes(
                 gw.default_max_tokens if ctx is None else max(1, min(gw.default_max_tokens, ctx - prompt))
             )
             out_tokens = each * shape.n * shape.prompts
-        tokens = prompt + out_tokens
+        # a sequence never holds more KV than its context: an estimate over it (no /tokenize answer)
+        # is sized at the context and forwarded, and the backend gives its 400
+        tokens = (prompt if ctx is None else min(prompt, ctx)) + out_tokens
         try:
             mib = gw.sizer.request_mib(model, tokens) if gw.sizer is not None else max(1, tokens // 8)
         except ValueError as exc:
