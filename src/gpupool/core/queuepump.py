@@ -56,6 +56,11 @@ class QueuePump:
         """``item`` still waits for room on its session's holder only."""
         return self.clock.now() < item.enqueued_at + item.patience_s
 
+    def _memo_scope(self, item: Ticketed) -> tuple[object, ...]:
+        """`MissMemo`'s scope: a turn waiting for its holder only while patient (it targets only the
+        holder then, any instance after), so patient and impatient turns never share a miss."""
+        return (*item.scope, self._patient(item)) if item.holder else item.scope
+
     def _hold_target(self, item: Ticketed, held: frozenset[str]) -> frozenset[str]:
         if item.holder and self._patient(item):
             return frozenset((item.holder,)) if item.holder not in held else NOTHING
@@ -70,7 +75,7 @@ class QueuePump:
         for _ in range(MAX_PUMP_PASSES):
             start = self._ends
             self._lane_expire()  # (the allocators expire theirs before each placement)
-            self.queue.drain(MissMemo(self._try_queued, lambda: self._ends))
+            self.queue.drain(MissMemo(self._try_queued, lambda: self._ends, self._memo_scope))
             if self._ends == start or not len(self.queue):
                 return
 
