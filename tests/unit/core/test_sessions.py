@@ -435,3 +435,49 @@ def test_a_patient_turn_keeps_holding_its_holder_after_an_impatient_turn_for_the
     out = c.acquire(_req(450), wait_s=1.0)  # fits A's 500 free, but s2 waits there
     assert out.lease is None or out.lease.slice_ids != (A,), out
     c.check_invariants()
+
+
+def test_room_that_frees_on_a_holder_goes_to_the_turn_waiting_for_it_not_to_a_request_queued_earlier() -> (
+    None
+):
+    """A request with no prefix anywhere queued first could take any instance; the turn queued after
+    it can use only its holder A. When A frees, the turn gets it: anything admitted there first
+    would evict the idle prefix the turn waits for. The other request waits for another instance."""
+    c, clock = _controller()
+    assert _turn(c, clock, "s", 200) == A
+    hog_a = c.acquire(_req(700), prefer=A).lease
+    hog_b = c.acquire(_req(900), prefer=B).lease
+    assert hog_a is not None and hog_b is not None and hog_a.slice_ids == (A,)
+    c.sessions.prefill_done(A, 1000, 1.0)
+    plain = c.acquire(_req(400), wait_s=60.0)
+    assert plain.code is OutcomeCode.QUEUED and plain.ticket
+    turn = _queue_turn(c, "s", 600, 1000)  # 16 x 333 / 1000: patient about 5 s
+    c.release(hog_a.id)  # 700 free on A (+ the turn's own 200)
+    st = c.ticket(turn)
+    assert st.state == "granted" and st.lease is not None and st.lease.slice_ids == (A,)
+    assert c.ticket(plain.ticket).state == "queued"
+    c.session_begin("s", st.lease)
+    c.release(hog_b.id)
+    other = c.ticket(plain.ticket)
+    assert other.state == "granted" and other.lease is not None and other.lease.slice_ids == (B,)
+    c.check_invariants()
+
+
+def test_a_turn_routed_to_its_holder_queues_for_it_when_queued_requests_hold_the_room_there() -> None:
+    c, clock = _controller()
+    for s in ("s", "o"):
+        turn = c.acquire(_req(100), prefer=A, session=s).lease
+        assert turn is not None and turn.slice_ids == (A,)
+        c.session_begin(s, turn)
+        _finish(c, clock, s, turn, 100)
+    hog_a = c.acquire(_req(500), prefer=A).lease
+    assert hog_a is not None and hog_a.slice_ids == (A,)
+    c.sessions.prefill_done(A, 1000, 1.0)
+    waiting = _queue_turn(c, "o", 800, 8000)  # o waits for A
+    prefer, _ = c.sessions.route("s", 150, 1500, [A, B], c.kv_load)
+    holder, _, patience_s = c.sessions.holder("s", 1500, 150)
+    assert prefer == holder == A and patience_s > 0
+    out = c.acquire(_req(150), prefer=prefer, session="s", wait_s=60.0, holder=holder, patience_s=patience_s)
+    assert out.code is OutcomeCode.QUEUED and out.ticket, out  # not sent to B, away from its prefix
+    assert c.ticket(waiting).state == "queued"
+    c.check_invariants()
