@@ -45,6 +45,7 @@ import asyncio
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -168,9 +169,28 @@ def render(hash_ids: list[int], input_length: int) -> str:
 
 
 # ---------------------------------------------------------------------- the servers (own processes)
-def serve_backend(port: int, speed: float, host_tier_mib: int, stream_interval: int = 1) -> None:
+def _listen_and_report(port_file: Path) -> socket.socket:
+    """A listening socket on a port the kernel picks, its number written to ``port_file`` (whole, by
+    rename). The server binds it itself: a port picked by the parent and closed before the child
+    binds it can be handed out twice, and a second server on a taken port fails to bind while the
+    first answers its health checks, so one engine silently served two instances' traffic."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(2048)
+    tmp = port_file.with_suffix(".tmp")
+    tmp.write_text(str(sock.getsockname()[1]))
+    tmp.replace(port_file)
+    return sock
+
+
+def _uvicorn_on(app: Any, sock: socket.socket) -> None:
     import uvicorn
 
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def serve_backend(port_file: Path, speed: float, host_tier_mib: int, stream_interval: int = 1) -> None:
     from gpupool.adapters.backends import EmulatedEngine, Roofline, gpu_peaks, pcie_bytes_s
     from gpupool.adapters.backends.app import create_backend_app
     from gpupool.cli.serve import KvSizer
@@ -195,11 +215,10 @@ def serve_backend(port: int, speed: float, host_tier_mib: int, stream_interval: 
         stream_interval=stream_interval,
     )
     app = create_backend_app(engine, model=MODEL, max_model_len=arch.max_positions)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    _uvicorn_on(app, _listen_and_report(port_file))
 
 
-def serve_gateway(port: int, backends: list[str], host_tier_mib: int) -> None:
-    import uvicorn
+def serve_gateway(port_file: Path, backends: list[str], host_tier_mib: int) -> None:
     from fastapi.responses import JSONResponse
 
     from gpupool.adapters.http.app import create_app
@@ -236,12 +255,49 @@ def serve_gateway(port: int, backends: list[str], host_tier_mib: int) -> None:
         )
 
     app.add_api_route("/bench/sessions", stats, methods=["GET"])
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    _uvicorn_on(app, _listen_and_report(port_file))
 
 
 def _spawn(args: list[str], log: Any) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "gpupool.bench.kv_bench", *args]
     return subprocess.Popen(cmd, env=env_unbuffered(), stdout=log, stderr=subprocess.STDOUT)
+
+
+def _reported_url(port_file: Path, proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> str:
+    """The URL of the server ``proc`` started, once it wrote its port to ``port_file``."""
+    deadline = time.monotonic() + timeout_s
+    while not port_file.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} before listening")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not listen within {timeout_s:.0f} s")
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{int(port_file.read_text())}"
+
+
+def start_servers(
+    role: str,
+    args_each: list[list[str]],
+    tmp: Path,
+    log: Any,
+    procs: list[subprocess.Popen[bytes]],
+    *,
+    timeout_s: float,
+    health: str,
+) -> list[str]:
+    """Start one server (``role``: backend | gateway) per argument list, each on a port it binds
+    itself, and wait until every one answers ``health``; their processes are appended to ``procs``
+    (the caller stops them). The URLs are distinct: each names a socket its own process holds."""
+    files = []
+    for args in args_each:
+        f = tmp / f"{role}-{len(procs)}.port"
+        f.unlink(missing_ok=True)
+        procs.append(_spawn([role, "--port-file", str(f), *args], log))
+        files.append((f, procs[-1]))
+    urls = [_reported_url(f, p, timeout_s, f"{role} {i}") for i, (f, p) in enumerate(files)]
+    for u, (_, p) in zip(urls, files, strict=True):
+        wait_http(u + health, p, timeout_s=timeout_s, what=role)
+    return urls
 
 
 # ---------------------------------------------------------------------- replay and metrics
@@ -366,28 +422,23 @@ def run(
             procs: list[subprocess.Popen[bytes]] = []
             try:
                 log = (tmp / f"{router}.log").open("wb")
-                urls = []
-                for _ in range(instances):
-                    port = free_port()
-                    procs.append(
-                        _spawn(
-                            [
-                                "backend",
-                                "--port",
-                                str(port),
-                                "--speed",
-                                str(time_scale),
-                                "--host-tier-mib",
-                                str(host_tier_mib),
-                                "--stream-interval",
-                                str(stream_interval),
-                            ],
-                            log,
-                        )
-                    )
-                    urls.append(f"http://127.0.0.1:{port}")
-                for u, p in zip(urls, procs, strict=True):
-                    wait_http(u + "/health", p, timeout_s=start_timeout_s, what="emulated backend")
+                each = [
+                    "--speed",
+                    str(time_scale),
+                    "--host-tier-mib",
+                    str(host_tier_mib),
+                    "--stream-interval",
+                    str(stream_interval),
+                ]
+                urls = start_servers(
+                    "backend",
+                    [each] * instances,
+                    tmp,
+                    log,
+                    procs,
+                    timeout_s=start_timeout_s,
+                    health="/health",
+                )
                 targets, headers = urls, {"content-type": "application/json"}
                 gw = ""
                 if router == "vllm-router-cache-aware":
@@ -405,11 +456,10 @@ def run(
                     gw = f"http://127.0.0.1:{port}"
                     wait_http(gw + "/health", procs[-1], timeout_s=start_timeout_s, what=router)
                 elif router == "gpupool":
-                    port = free_port()
-                    gw_args = ["gateway", "--port", str(port), "--host-tier-mib", str(host_tier_mib), *urls]
-                    procs.append(_spawn(gw_args, log))
-                    gw = f"http://127.0.0.1:{port}"
-                    wait_http(gw + "/healthz", procs[-1], timeout_s=start_timeout_s, what=router)
+                    gw_args = ["--host-tier-mib", str(host_tier_mib), *urls]
+                    gw = start_servers(
+                        "gateway", [gw_args], tmp, log, procs, timeout_s=start_timeout_s, health="/healthz"
+                    )[0]
                     headers = {**headers, "authorization": f"Bearer {TOKEN}"}
                 if gw:
                     targets = [gw]
@@ -479,20 +529,20 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="gpupool.bench.kv_bench")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("backend")
-    b.add_argument("--port", type=int, required=True)
+    b.add_argument("--port-file", type=Path, required=True)
     b.add_argument("--speed", type=float, required=True)
     b.add_argument("--host-tier-mib", type=int, required=True)
     b.add_argument("--stream-interval", type=int, default=1)
     g = sub.add_parser("gateway")
-    g.add_argument("--port", type=int, required=True)
+    g.add_argument("--port-file", type=Path, required=True)
     g.add_argument("--host-tier-mib", type=int, required=True)
     g.add_argument("backends", nargs="+")
     a = p.parse_args(argv)
     exit_on_sigterm()
     if a.cmd == "backend":
-        serve_backend(a.port, a.speed, a.host_tier_mib, a.stream_interval)
+        serve_backend(a.port_file, a.speed, a.host_tier_mib, a.stream_interval)
     else:
-        serve_gateway(a.port, a.backends, a.host_tier_mib)
+        serve_gateway(a.port_file, a.backends, a.host_tier_mib)
 
 
 if __name__ == "__main__":

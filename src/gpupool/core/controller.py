@@ -203,7 +203,8 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, QueuePump, TicketBoo
         is never reclaimed for it. Queued, a model request waits for room on ``holder`` (the KV
         slice holding its session's prefix: `SessionTable.holder`) for ``patience_s`` seconds
         before it takes any slice (`KvBackends._holder_grant`); with a ``holder``, a patience and
-        no ``prefer``, it is granted now only on the holder, else it queues for it."""
+        no ``prefer`` or ``prefer`` = ``holder``, it is granted now only on the holder, else it
+        queues for it."""
         validate_request(request)
         if not (0.0 <= patience_s <= self.config.admission.max_wait_s):  # also NaN
             raise InvalidInput(
@@ -433,8 +434,9 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, QueuePump, TicketBoo
         kv_models = self._kv_models if kv else None
         if kv:
             self._lane_expire()
-        # granted now on its holder or queued for it (`acquire`), never placed elsewhere now
-        only_holder = bool(kv and holder and patience_s > 0 and not prefer)
+        # granted now on its holder or queued for it (`acquire`), never placed elsewhere now (also when
+        # routing preferred the holder: room there taken by queued requests is not a reason to go)
+        only_holder = bool(kv and holder and patience_s > 0 and prefer in ("", holder))
         if kv and KvLane.eligible(request):
             held = self.queue.avoid(request.priority) if len(self.queue) else NOTHING
             if only_holder:

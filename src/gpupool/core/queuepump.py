@@ -6,12 +6,18 @@ Role: a mixin of `LeaseController` only (it owns none of the state it touches; t
 Invariants (the controller's): a pump pass never raises into its caller (a queued item whose
 placement fails ends its own ticket, state ``failed``); a session's queued turn waits for room on
 the instance holding its prefix only while it is patient (``patience_s`` after it queued), then
-takes any instance; a pass that ended leases is followed by another, at most `MAX_PUMP_PASSES`.
+takes any instance; while it is patient, no queued request of its band or a lower one that is not
+waiting for the same holder is placed there, wherever it stands in the queue (room that frees on
+the holder is the waiting turn's: anything else admitted there first evicts the idle prefix the turn
+waits for, the least recently used blocks of the engine); a pass that ended leases is followed by
+another, at most `MAX_PUMP_PASSES`.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from gpupool.core import placement
@@ -39,6 +45,8 @@ class QueuePump:
     _granting: Ticketed | None
     _kv_models: dict[str, str]
     _ends: int
+    _awaited: Mapping[str, int] = MappingProxyType({})
+    """Holder slice -> the highest priority of a patient turn waiting for it (this pump pass)."""
 
     if TYPE_CHECKING:  # the controller's and its other halves' (declared only: no runtime shadowing)
 
@@ -56,6 +64,11 @@ class QueuePump:
         """``item`` still waits for room on its session's holder only."""
         return self.clock.now() < item.enqueued_at + item.patience_s
 
+    def _memo_scope(self, item: Ticketed) -> tuple[object, ...]:
+        """`MissMemo`'s scope: a turn waiting for its holder only while patient (it targets only the
+        holder then, any instance after), so patient and impatient turns never share a miss."""
+        return (*item.scope, self._patient(item)) if item.holder else item.scope
+
     def _hold_target(self, item: Ticketed, held: frozenset[str]) -> frozenset[str]:
         if item.holder and self._patient(item):
             return frozenset((item.holder,)) if item.holder not in held else NOTHING
@@ -70,13 +83,22 @@ class QueuePump:
         for _ in range(MAX_PUMP_PASSES):
             start = self._ends
             self._lane_expire()  # (the allocators expire theirs before each placement)
-            self.queue.drain(MissMemo(self._try_queued, lambda: self._ends))
+            awaited: dict[str, int] = {}
+            for x in self.queue:
+                if x.holder and self._patient(x) and awaited.get(x.holder, x.priority - 1) < x.priority:
+                    awaited[x.holder] = x.priority
+            self._awaited = awaited
+            self.queue.drain(MissMemo(self._try_queued, lambda: self._ends, self._memo_scope))
             if self._ends == start or not len(self.queue):
                 return
 
     def _try_queued(self, item: Ticketed, avoid: frozenset[str]) -> tuple[Verdict, frozenset[str]]:
         """Pump one queued item. Whatever goes wrong ends this ticket only (state ``failed``)."""
         st = self._tickets.get(item.ticket)
+        if self._awaited and item.kv:  # holders that patient turns wait for are theirs
+            awaited = [h for h, p in self._awaited.items() if p >= item.priority and h != item.holder]
+            if awaited:
+                avoid = avoid | frozenset(awaited)
         alloc = self.kv if item.kv else self.allocator
         kv_models = self._kv_models if item.kv else None
         self._granting = item

@@ -12,7 +12,9 @@ Invariants:
   same scope, of no lower priority and no larger demand, was blocked while avoiding a subset of the
   units this one must avoid: capacity only shrinks during a pass, so this one cannot fit either. Such
   an item holds nothing this pass (the earlier one, still queued, holds its target). The memo forgets
-  everything as soon as a lease ends mid-pass (preemption, expiry: capacity grew).
+  everything as soon as a lease ends mid-pass (preemption, expiry: capacity grew). The scope is the
+  caller's (``scope_of``): two turns waiting for the same holder share a target only while both are
+  patient (one past its patience may take, and holds, any instance).
 """
 
 from __future__ import annotations
@@ -77,9 +79,15 @@ class MissMemo:
 
     PER_SCOPE = 8
 
-    def __init__(self, try_grant: TryGrant, ends: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        try_grant: TryGrant,
+        ends: Callable[[], int],
+        scope_of: Callable[[Ticketed], tuple[object, ...]] = lambda item: item.scope,
+    ) -> None:
         self._try_grant = try_grant
         self._ends = ends
+        self._scope_of = scope_of
         self._seen = ends()
         self._misses: dict[tuple[object, ...], list[_Miss]] = {}
 
@@ -90,7 +98,7 @@ class MissMemo:
             self._seen = ends
         r = item.request
         v, c = r.demand.vram_mib, r.demand.compute_milli
-        scope = item.scope
+        scope = self._scope_of(item)
         for prio, mv, mc, seen in self._misses.get(scope, ()):
             if r.priority <= prio and v >= mv and c >= mc and (seen is avoid or seen <= avoid):
                 return Verdict.BLOCKED, NOTHING  # NOTE: the earlier item holds what this one would

@@ -198,3 +198,21 @@ def test_a_request_the_pool_can_never_hold_is_400_not_a_hang() -> None:
         ok = cl.post("/v1/completions", json={"model": "m", "prompt": [5] * 1000, "max_tokens": 8})
         assert ok.status_code == 200
     assert eng.requests_total == 1
+
+
+def test_a_request_that_cannot_fit_waits_without_evicting_idle_chunks() -> None:
+    """As vLLM's allocator: evictable cached blocks count as free, and an allocation that cannot be
+    made fails before any of them is evicted (a waiting request would otherwise flush the cache to
+    the host tier, and the host tier's oldest chunks out, on every scheduler step)."""
+    eng = _engine(gpu_blocks=100, host_mib=2)
+    a = chunk_keys_of_ids([1, 2], 2)
+    eng.submit(1024 + 10, 1, keys=a)
+    eng._admit()
+    _finish_all(eng)  # A's two chunks idle on the GPU: 64 blocks
+    eng.submit(470, 1)  # 31 blocks: fits in the 36 free, nothing evicted
+    eng._admit()
+    big = eng.submit(1270, 1)  # 81 blocks > 5 free + 64 idle: it waits
+    eng._admit()
+    assert big in eng.waiting and len(eng.running) == 1
+    assert eng.cache.offloaded_chunks == 0 and eng.cache.lookup(a) == (2, 0)
+    eng.check()

@@ -159,3 +159,54 @@ def test_an_ended_turn_leaves_a_retained_lease_that_is_not_a_request_lease(
     assert r is not None and r.lease_id and r.gpu_mib > 0 and not r.pinned
     assert all(x.request.tenant != "gpupool-sessions" for x in c.leases())
     sessions.check()
+
+
+def test_a_waiter_cancelled_after_its_queued_grant_leaves_no_lease_and_no_pinned_session() -> None:
+    """The proxy's waiter for a queued request can be cancelled (a stream's client gone on the
+    native path, the server stopping) after the pump granted its ticket and before it resumes: the
+    grant must be given back, and the session not left marked as running there."""
+    import asyncio
+
+    from gpupool.core.model import Request
+    from gpupool.hardware.units import Resources
+
+    with running(build_backend_app(MODEL, kv_budget_mib=BUDGET_MIB, speed=2.0)) as u0:
+        c = LeaseController(
+            seed_example_pool(),
+            clock=FunctionClock(time.time),
+            store=MemoryLeaseStore(),
+            config=ControllerConfig(kv_red_line_pct=90),
+        )
+        c.register_backend(
+            Backend("be0", MODEL, u0, node="gpu-b", gpu_id="gpu-b/0", kv_budget_mib=BUDGET_MIB)
+        )
+        app = create_app(c, tokens=TokenTable([(TOK, "t", "tenant")]), sizer=KvSizer())
+        cap = BUDGET_MIB * 90 // 100
+        hog = c.acquire(
+            Request(id="hog", tenant="t", priority=50, demand=Resources(cap, 0), ttl_s=60.0, model=MODEL)
+        )
+        assert hog.lease is not None
+
+        async def main() -> None:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw") as cl:
+                headers = {**AUTH, "x-gpupool-session": "s", "x-gpupool-queue-timeout": "30"}
+                body = {"model": MODEL, "prompt": "hello", "max_tokens": 4}
+                task = asyncio.create_task(cl.post("/v1/completions", headers=headers, json=body))
+                for _ in range(500):
+                    if len(c.queue):
+                        break
+                    await asyncio.sleep(0.01)
+                assert len(c.queue) == 1
+                assert hog.lease is not None
+                c.release(hog.lease.id)  # the pump grants the queued ticket now
+                assert not len(c.queue) and c.request_lease_count() == 1
+                task.cancel()  # before the waiter resumes
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+        asyncio.run(main())
+        assert c.request_lease_count() == 0
+        r = c.sessions.residency("s", "kv/be0")
+        assert r is None or r.pinned == 0
+        c.check_invariants()

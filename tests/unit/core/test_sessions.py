@@ -403,3 +403,81 @@ def test_a_turn_whose_holder_is_over_its_red_line_waits_for_it_once_a_rate_is_me
     assert now.lease is not None and now.lease.slice_ids == (A,)
     c.session_begin("s", now.lease)
     c.check_invariants()
+
+
+def test_a_patient_turn_keeps_holding_its_holder_after_an_impatient_turn_for_the_same_holder_missed() -> None:
+    """Two turns wait for the same holder A; the first is past its patience (it may take any
+    instance, and waits for the most free one, C), the second is not. In a pump pass the first
+    misses everywhere; the second must still hold A (a new request must not take the room that
+    frees there), not be answered "blocked, holding nothing" as if the first held its target."""
+    c, clock = _controller(backends=3)
+    C = KV_PREFIX + "be2"
+    for s in ("s1", "s2"):
+        turn = c.acquire(_req(100), prefer=A, session=s).lease
+        assert turn is not None and turn.slice_ids == (A,)
+        c.session_begin(s, turn)
+        _finish(c, clock, s, turn, 100)
+    hog_a = c.acquire(_req(200), prefer=A).lease
+    hog_a2 = c.acquire(_req(500), prefer=A).lease
+    hog_b = c.acquire(_req(900), prefer=B).lease
+    hog_c = c.acquire(_req(300), prefer=C).lease
+    assert all(x is not None for x in (hog_a, hog_a2, hog_b, hog_c))
+    assert hog_a2 is not None and hog_a2.slice_ids == (A,) and c._room(C)[0] == 600
+    c.sessions.prefill_done(A, 1000, 1.0)
+    routes = c.sessions.route("s1", 800, 800, [A, B, C], c.kv_load)
+    assert routes == ("", 800)
+    t1 = _queue_turn(c, "s1", 800, 800)  # patient 16 x 100 / 1000 = 1.6 s
+    t2 = _queue_turn(c, "s2", 850, 8500)  # patient 16 s
+    clock.advance(2.0)
+    c.release(hog_a2.id)  # A: 500 free; s1 (past its patience) misses everywhere, s2 misses on A
+    assert c.ticket(t1).state == "queued" and c.ticket(t2).state == "queued"
+    assert A in c.queue.avoid(50)
+    out = c.acquire(_req(450), wait_s=1.0)  # fits A's 500 free, but s2 waits there
+    assert out.lease is None or out.lease.slice_ids != (A,), out
+    c.check_invariants()
+
+
+def test_room_that_frees_on_a_holder_goes_to_the_turn_waiting_for_it_not_to_a_request_queued_earlier() -> (
+    None
+):
+    """A request with no prefix anywhere queued first could take any instance; the turn queued after
+    it can use only its holder A. When A frees, the turn gets it: anything admitted there first
+    would evict the idle prefix the turn waits for. The other request waits for another instance."""
+    c, clock = _controller()
+    assert _turn(c, clock, "s", 200) == A
+    hog_a = c.acquire(_req(700), prefer=A).lease
+    hog_b = c.acquire(_req(900), prefer=B).lease
+    assert hog_a is not None and hog_b is not None and hog_a.slice_ids == (A,)
+    c.sessions.prefill_done(A, 1000, 1.0)
+    plain = c.acquire(_req(400), wait_s=60.0)
+    assert plain.code is OutcomeCode.QUEUED and plain.ticket
+    turn = _queue_turn(c, "s", 600, 1000)  # 16 x 333 / 1000: patient about 5 s
+    c.release(hog_a.id)  # 700 free on A (+ the turn's own 200)
+    st = c.ticket(turn)
+    assert st.state == "granted" and st.lease is not None and st.lease.slice_ids == (A,)
+    assert c.ticket(plain.ticket).state == "queued"
+    c.session_begin("s", st.lease)
+    c.release(hog_b.id)
+    other = c.ticket(plain.ticket)
+    assert other.state == "granted" and other.lease is not None and other.lease.slice_ids == (B,)
+    c.check_invariants()
+
+
+def test_a_turn_routed_to_its_holder_queues_for_it_when_queued_requests_hold_the_room_there() -> None:
+    c, clock = _controller()
+    for s in ("s", "o"):
+        turn = c.acquire(_req(100), prefer=A, session=s).lease
+        assert turn is not None and turn.slice_ids == (A,)
+        c.session_begin(s, turn)
+        _finish(c, clock, s, turn, 100)
+    hog_a = c.acquire(_req(500), prefer=A).lease
+    assert hog_a is not None and hog_a.slice_ids == (A,)
+    c.sessions.prefill_done(A, 1000, 1.0)
+    waiting = _queue_turn(c, "o", 800, 8000)  # o waits for A
+    prefer, _ = c.sessions.route("s", 150, 1500, [A, B], c.kv_load)
+    holder, _, patience_s = c.sessions.holder("s", 1500, 150)
+    assert prefer == holder == A and patience_s > 0
+    out = c.acquire(_req(150), prefer=prefer, session="s", wait_s=60.0, holder=holder, patience_s=patience_s)
+    assert out.code is OutcomeCode.QUEUED and out.ticket, out  # not sent to B, away from its prefix
+    assert c.ticket(waiting).state == "queued"
+    c.check_invariants()

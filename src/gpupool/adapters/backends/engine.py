@@ -219,7 +219,12 @@ class EmulatedEngine:
         s.held = 0
 
     def _room(self, blocks: int) -> bool:
-        """Evict idle prefix chunks (LRU, to the host tier) until ``blocks`` are free."""
+        """Evict idle prefix chunks (LRU, to the host tier) until ``blocks`` are free; False, evicting
+        nothing, when free + idle blocks cannot make it (vLLM's allocator counts evictable cached
+        blocks as free and fails an allocation before touching them: a request that waits for room
+        does not flush the prefix cache on every step)."""
+        if self.free_blocks + self.idle_blocks < blocks:
+            return False
         while self.free_blocks < blocks:
             if not self.cache.evict_idle():
                 return False

@@ -261,6 +261,26 @@ def add_proxy_routes(
             return None
         return count if type(count) is int and count >= 0 else None
 
+    def _give_back(ticket: str, sid: str) -> None:
+        """A waiter that will not use its ticket: cancel it, or release what the pump granted it
+        meanwhile (and end the session's pin there: the engine never saw this turn, so the view
+        keeps no prefix of it there)."""
+        st = c.ticket(ticket)
+        if st.state == "queued":
+            c.cancel(ticket)
+            return
+        lease = st.lease if st.state == "granted" else None
+        if lease is None:
+            return
+        try:  # noqa: SIM105
+            c.release(lease.id, reason="the client went away while queued")
+        except UnknownId:
+            pass
+        kv_slice = lease.grants[0].slice_id if lease.grants else ""
+        if sid and kv_slice:
+            c.session_begin(sid, lease)
+            c.session_end(sid, kv_slice, 0)
+
     async def forward(request: Incoming, path: str, kind: str) -> Response:
         who = principal(request)
         if isinstance(who, Response):
@@ -390,7 +410,11 @@ def add_proxy_routes(
                 c.cancel(out.ticket)
                 return err(429, "no room now and the request asked not to queue", "shed", retry=1.0)
             if st.state == "queued":
-                await gw.hub.wait_ticket(out.ticket, max(0.0, st.deadline_at - c.clock.now()) + 0.05)
+                try:
+                    await gw.hub.wait_ticket(out.ticket, max(0.0, st.deadline_at - c.clock.now()) + 0.05)
+                except BaseException:  # cancelled (a stream's client gone, the server stopping)
+                    _give_back(out.ticket, sid)
+                    raise
                 st = c.ticket(out.ticket)
                 if st.state == "queued":
                     c.cancel(out.ticket)

@@ -12,6 +12,13 @@ responses framed by Content-Length, ``Transfer-Encoding: chunked`` (decoded) or 
 keep-alive reuse of fully-read connections, one retry on a fresh connection when a reused idle
 connection turns out closed before any answer came.
 
+Why that retry is safe for a non-idempotent POST (an inference the engine would otherwise run
+twice): a uvicorn server (vLLM's, the emulated backend's) closes a connection before answering only
+on its keep-alive timeout, which it arms when a response ends and disarms on the next byte it
+reads, so the request it drops was never read. A server that takes a request and then closes
+without a response head would see it twice; `tests/e2e/gateway/test_upstream_keepalive_race.py`
+makes the race frequent against the real backend and counts what its engine admitted.
+
 Invariants:
 - a connection returns to the idle pool only after its response was read to the end and the
   backend did not ask to close it;
