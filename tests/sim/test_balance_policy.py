@@ -1,9 +1,11 @@
-"""``fgd-reserve-balance`` (the simulator's default): CPU-per-GPU rank matching while CPU binds.
+"""``fgd-balance`` (the simulator's default) and ``fgd-reserve-balance``: rank matching while CPU binds.
 
 Proves, on hand-worked tiny clusters: the node and pod ranks are the documented shares; while the
 free CPU cannot carry the free GPU at the mix's ratio, a CPU-heavy pod goes to the CPU-rich node, a
 CPU-light pod to the CPU-poor one and a CPU-only pod to the CPU-rich one, whatever FGD prefers;
-where CPU does not bind, every choice is ``fgd-reserve-servable``'s.
+while CPU binds ``fgd-balance`` takes no advice from the whole-card reserve, which
+``fgd-reserve-balance`` follows against FGD; where CPU does not bind, every choice of both is
+``fgd-reserve-servable``'s (the reserve acting included).
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ def test_cpu_heavy_pods_go_to_cpu_rich_nodes_while_cpu_binds() -> None:
     # Usable-GPU loss (x demand x cpu_demand): heavy pod on a 2.5e8, on b 4e8; light pod on a 2.5e8,
     # on b 1e8; CPU-only pod on a 0, on b 2e8: the rank choice loses strictly less, so it stands.
     # fgd-reserve-servable (FGD's score, then the capacity gain) sends them the other way round.
-    balance = get_sim_policy("fgd-reserve-balance")
-    assert balance.choose(_ctx(), pod(40_000, 1000, 1), all_rows(_ctx()))[0] == 0
-    assert balance.choose(_ctx(), pod(10_000, 1000, 1), all_rows(_ctx()))[0] == 1
-    assert balance.choose(_ctx(), pod(20_000, 0, 0), all_rows(_ctx()))[0] == 0
+    for name in ("fgd-reserve-balance", "fgd-balance"):
+        balance = get_sim_policy(name)
+        assert balance.choose(_ctx(), pod(40_000, 1000, 1), all_rows(_ctx()))[0] == 0
+        assert balance.choose(_ctx(), pod(10_000, 1000, 1), all_rows(_ctx()))[0] == 1
+        assert balance.choose(_ctx(), pod(20_000, 0, 0), all_rows(_ctx()))[0] == 0
     servable = get_sim_policy("fgd-reserve-servable")
     assert servable.choose(_ctx(), pod(40_000, 1000, 1), all_rows(_ctx()))[0] == 1
     assert servable.choose(_ctx(), pod(10_000, 1000, 1), all_rows(_ctx()))[0] == 0
@@ -55,7 +58,42 @@ def test_cpu_heavy_pods_go_to_cpu_rich_nodes_while_cpu_binds() -> None:
 def test_where_cpu_does_not_bind_it_is_the_servable_policy() -> None:
     # 400 + 400 cores carry 32 cards' worth of the mix > 10 free cards.
     for p in (pod(40_000, 1000, 1), pod(10_000, 1000, 1), pod(20_000, 0, 0)):
-        ctx_a, ctx_b = _ctx(400_000, 400_000), _ctx(400_000, 400_000)
-        assert get_sim_policy("fgd-reserve-balance").choose(ctx_a, p, all_rows(ctx_a)) == get_sim_policy(
-            "fgd-reserve-servable"
-        ).choose(ctx_b, p, all_rows(ctx_b))
+        for name in ("fgd-reserve-balance", "fgd-balance"):
+            ctx_a, ctx_b = _ctx(400_000, 400_000), _ctx(400_000, 400_000)
+            assert get_sim_policy(name).choose(ctx_a, p, all_rows(ctx_a)) == get_sim_policy(
+                "fgd-reserve-servable"
+            ).choose(ctx_b, p, all_rows(ctx_b))
+
+
+# The reserve while CPU binds (fgd-balance). a = 8 free cards, b = 7 free cards (one used), 10 cores
+# each. FGD's target: B only. Population: A = (8 cores, 8 cards) x 1, B = (4 cores, 1 card) x 8:
+# demand 16,000 milli-GPU, 40,000 milli-CPU; 20 free cores carry 8,000 < 15,000 free milli-GPU: CPU
+# binds. The pod asks 1 card and no CPU. FGD (target B) sees no change on either node: a tie, node
+# order takes a; a GPU pod asking no CPU skips the capacity tie-break. The reserve: A's only slot is
+# a (b has 7 cards); A dominates B, so D(A) = 8,000, D(B) = 16,000 capped to the empty cluster's 4
+# B slots x 1,000 x 16,000 // horizon 8,000 = 8,000. Horizon after = min(14,000, 20,000 x 16,000 //
+# 40,000 = 8,000). On a: A has no slot, short 8,000 x 8,000 = 64e6; on b: nothing short. So
+# fgd-reserve-balance takes b; fgd-balance, without the reserve while CPU binds, takes FGD's a (the
+# rank choice agrees: pod rank 0.25, node ranks a 4,000 / 15,000, b 11,500 / 15,000).
+RESERVE_MIX = target((8000, 1000, 8, 1), (4000, 1000, 1, 8))
+
+
+def _reserve_ctx(cpu: int = 10_000) -> SimContext:
+    free = [[1000] * 8, [1000] * 7 + [0]]
+    ctx = context([node("a", 8, cpu=cpu), node("b", 8, cpu=cpu)], target((4000, 1000, 1, 8)), gpu_free=free)
+    ctx.population = RESERVE_MIX
+    return ctx
+
+
+def test_the_reserve_steps_aside_while_cpu_binds() -> None:
+    p = pod(0, 1000, 1)
+    assert get_sim_policy("fgd").choose(_reserve_ctx(), p, all_rows(_reserve_ctx()))[0] == 0
+    assert get_sim_policy("fgd-reserve-balance").choose(_reserve_ctx(), p, all_rows(_reserve_ctx()))[0] == 1
+    assert get_sim_policy("fgd-balance").choose(_reserve_ctx(), p, all_rows(_reserve_ctx()))[0] == 0
+
+
+def test_the_reserve_still_acts_where_cpu_does_not_bind() -> None:
+    # 2 x 100 cores carry 80,000 milli-GPU > 15,000: the reserve keeps a's 8 cards for A in both.
+    p = pod(0, 1000, 1)
+    for name in ("fgd-reserve-servable", "fgd-reserve-balance", "fgd-balance"):
+        assert get_sim_policy(name).choose(_reserve_ctx(100_000), p, all_rows(_reserve_ctx(100_000)))[0] == 1

@@ -39,7 +39,14 @@ RESERVE_TRACE = ("reserve_pods.csv", "reserve_nodes.csv")
 
 @pytest.mark.parametrize(
     "policy",
-    ["fgd-capacity", "fgd-reserve", "fgd-reserve-cpu", "fgd-reserve-servable", "fgd-reserve-balance"],
+    [
+        "fgd-capacity",
+        "fgd-reserve",
+        "fgd-reserve-cpu",
+        "fgd-reserve-servable",
+        "fgd-reserve-balance",
+        "fgd-balance",
+    ],
 )
 def test_golden_reserve_trace(policy: str) -> None:
     got = _run_reserve_trace(policy)

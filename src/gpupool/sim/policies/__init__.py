@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpupool.core.errors import InvalidInput
-from gpupool.sim.policies.balance import FGDReserveBalancePolicy
+from gpupool.sim.policies.balance import FGDBalancePolicy, FGDReserveBalancePolicy
 from gpupool.sim.policies.base import SimPolicy
 from gpupool.sim.policies.baselines import (
     BestFitPolicy,
@@ -42,11 +42,12 @@ SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     FGDReserveCpuPolicy.name: FGDReserveCpuPolicy,
     FGDReserveServablePolicy.name: FGDReserveServablePolicy,
     FGDReserveBalancePolicy.name: FGDReserveBalancePolicy,
+    FGDBalancePolicy.name: FGDBalancePolicy,
     CoreFragGradientPolicy.name: CoreFragGradientPolicy,
 }
 
 
-DEFAULT_SIM_POLICY = FGDReserveBalancePolicy.name
+DEFAULT_SIM_POLICY = FGDBalancePolicy.name
 """The simulator's default (``gpupool sim fgd``, the variant report); see `gpupool.sim.policies.balance`."""
 
 

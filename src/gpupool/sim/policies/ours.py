@@ -1,7 +1,8 @@
 """Our policies, built on FGD's fragmentation gradient.
 
-``fgd-reserve-servable`` (the previous default; the default ``fgd-reserve-balance`` in
-`gpupool.sim.policies.balance` is this policy plus rank matching while CPU binds):
+``fgd-reserve-servable`` (an earlier default; the default ``fgd-balance`` in
+`gpupool.sim.policies.balance` is this policy where CPU does not bind, and FGD, the capacity gain
+and rank matching, without the reserve, while it binds):
 ``fgd-reserve-cpu`` below whose reserve plans only for the demand the cluster can serve: each
 whole-card group's share of the future demand is capped at the share its slots served on the empty
 cluster (`gpupool.sim.reserve`, "Servable demand"). Where every group fits the empty cluster (all
