@@ -59,6 +59,14 @@ from gpupool.adapters.http.openai_request import (
     priority_of,
     usage_prompt_tokens,
 )
+from gpupool.adapters.http.proxylimits import (
+    NEAR_CONTEXT,
+    QUEUE_TIMEOUT_HEADER,
+    TOKENIZE_TIMEOUT_S,
+    queue_timeout,
+    tokenize_body,
+    too_long,
+)
 from gpupool.adapters.http.surface import OpenAISurface
 from gpupool.adapters.http.truncate import TRUNCATE_HEADER, TRUNCATED_HEADER, drop_oldest_turns, truncate_mode
 from gpupool.core.errors import InvalidInput, UnknownId
@@ -73,11 +81,6 @@ from gpupool.hardware.units import Resources
 if TYPE_CHECKING:
     from gpupool.adapters.http.auth import Principal
     from gpupool.adapters.http.proxyhost import ProxyHost
-
-NEAR_CONTEXT = 0.8
-"""Ask ``/tokenize`` when the estimated prompt + max_tokens exceeds this share of the context."""
-TOKENIZE_TIMEOUT_S = 5.0
-"""A ``/tokenize`` that takes longer is abandoned and the estimate is used (the backend still checks)."""
 
 
 class Incoming(Protocol):
@@ -134,17 +137,6 @@ def _media(ct: str) -> bytes:
 
 def _err(exc: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-
-
-def _tokenize_body(model: str, body: dict[str, Any], kind: str) -> bytes | None:
-    if kind == CHAT:
-        doc: dict[str, Any] = {"model": model, "messages": body["messages"], "add_generation_prompt": True}
-    else:
-        text = body.get("input" if kind == EMBEDDINGS else "prompt")
-        if not isinstance(text, str):
-            return None  # list prompts are not worth a round trip each
-        doc = {"model": model, "prompt": text}
-    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def add_proxy_routes(
@@ -240,7 +232,7 @@ def add_proxy_routes(
 
     async def exact_prompt_tokens(url: str, model: str, body: dict[str, Any], kind: str) -> int | None:
         """The backend's ``/tokenize`` count, or None when it cannot say (no such route, error)."""
-        doc = _tokenize_body(model, body, kind)
+        doc = tokenize_body(model, body, kind)
         if doc is None:
             return None
         surf.tokenize_calls += 1
@@ -319,7 +311,7 @@ def add_proxy_routes(
                     code="model_not_supported",
                 )
             prio = priority_of(request.headers, surf.objectives)
-            wait_s = _queue_timeout(request.headers.get(QUEUE_TIMEOUT_HEADER), c.config.admission.max_wait_s)
+            wait_s = queue_timeout(request.headers.get(QUEUE_TIMEOUT_HEADER), c.config.admission.max_wait_s)
             est = shape.prompt_estimate
             prompt = surf.correction.predict(model, est)
             ctx = card.max_model_len
@@ -338,7 +330,7 @@ def add_proxy_routes(
 
                 cut = drop_oldest_turns(body["messages"], fits)
                 if cut is None:
-                    raise _too_long(ctx, mt, prompt, kind)
+                    raise too_long(ctx, mt, prompt, kind)
                 body["messages"] = cut[0]
                 raw = json.dumps(body, separators=(",", ":")).encode()
                 shape = inspect(body, kind)
@@ -347,13 +339,13 @@ def add_proxy_routes(
                 truncated = f"turns={cut[1]}; tokens={before - prompt}"
             if ctx is not None:
                 if mt >= ctx:
-                    raise _too_long(ctx, mt, None, kind)
+                    raise too_long(ctx, mt, None, kind)
                 if prompt + mt > NEAR_CONTEXT * ctx:
                     exact = await exact_prompt_tokens(backends[0].url, model, body, kind)
                     if exact is not None:
                         prompt = exact
                         if exact + mt > ctx:
-                            raise _too_long(ctx, mt, exact, kind)
+                            raise too_long(ctx, mt, exact, kind)
         except OpenAIError as exc:
             return _err(exc)
         if kind == EMBEDDINGS:
@@ -544,47 +536,8 @@ def add_proxy_routes(
     app.state.native_proxy = NativeProxy(app=app, forward=forward, paths=PROXY_PATHS)
 
 
-QUEUE_TIMEOUT_HEADER = "x-gpupool-queue-timeout"
-
-
-def _queue_timeout(value: str | None, max_wait_s: float) -> float | None:
-    """Seconds the request may wait in the queue (None: its band's default; 0: never queue)."""
-    if value is None:
-        return None
-    try:
-        v = float(value)
-    except ValueError:
-        v = -1.0
-    if not 0 <= v <= max_wait_s:  # also refuses nan
-        raise OpenAIError(
-            400,
-            f"{QUEUE_TIMEOUT_HEADER} must be a number of seconds in [0, {max_wait_s:g}], got {value[:40]!r}",
-            param=QUEUE_TIMEOUT_HEADER,
-            code="invalid_value",
-        )
-    return v
-
-
 PROXY_PATHS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/embeddings": EMBEDDINGS}
 """The proxy's POST paths and the request kind each one serves (`ProxyFastPath`)."""
-
-
-def _too_long(ctx: int, max_tokens: int, prompt: int | None, kind: str) -> OpenAIError:
-    what = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input"}[kind]
-    if prompt is None:
-        msg = (
-            f"max_tokens {max_tokens} leaves no room for the {what}: this model's maximum context "
-            f"length is {ctx} tokens."
-        )
-        param = "max_tokens"
-    else:
-        msg = (
-            f"This model's maximum context length is {ctx} tokens. However, you requested "
-            f"{prompt + max_tokens} tokens ({prompt} in the {what}, {max_tokens} in the completion). "
-            f"Please reduce the length of the {what} or completion."
-        )
-        param = what
-    return OpenAIError(400, msg, param=param, code="context_length_exceeded")
 
 
 class ProxyFastPath:

@@ -199,24 +199,19 @@ class LocalEtcd:
         is one of them."""
         return not ((3, 5, 0) <= self.version() < (3, 5, 5))
 
-    def terminate(self) -> None:
-        """SIGTERM the server (a clean shutdown, data kept); `start` again restarts it."""
+    def terminate(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM the server (a clean shutdown, data kept; SIGKILL after ``timeout_s``); `start`
+        again restarts it."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.terminate(timeout_s=5.0)
         self.proc = None
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
