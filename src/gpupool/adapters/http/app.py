@@ -56,6 +56,7 @@ from gpupool.adapters.http.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PRO
 from gpupool.adapters.http.runtime import EventHub, GroupCommitter, StoreUnavailable
 from gpupool.adapters.http.views import (
     STATUS,
+    FastJSONResponse,
     event_json,
     lease_json,
     outcome_response,
@@ -283,11 +284,11 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
 
     @app.post("/v1/noop", status_code=201, responses=_resp(*BODY, _201=s.NoopOut))
     async def noop_acquire(who: Who, body: s.LeaseIn) -> JSONResponse:
-        return JSONResponse({"id": "noop", "tenant": who.tenant}, status_code=201)
+        return FastJSONResponse({"id": "noop", "tenant": who.tenant}, status_code=201)
 
     @app.delete("/v1/noop/{noop_id}", responses=_resp(*AUTH, _200=s.NoopOut))
     async def noop_release(noop_id: str, who: Who) -> JSONResponse:
-        return JSONResponse({"id": noop_id, "state": "released"})
+        return FastJSONResponse({"id": noop_id, "state": "released"})
 
     @app.post(
         "/v1/leases",
@@ -309,11 +310,11 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
 
     @app.get("/v1/leases", responses=_resp(*AUTH, _200=s.LeasesOut))
     async def list_leases(who: Who) -> JSONResponse:
-        return JSONResponse({"leases": [lease_json(gw, x) for x in c.leases(tenant=scope(who))]})
+        return FastJSONResponse({"leases": [lease_json(gw, x) for x in c.leases(tenant=scope(who))]})
 
     @app.get("/v1/leases/{lease_id}", responses=_resp(*AUTH, 404, _200=s.LeaseOut))
     async def get_lease(lease_id: str, who: Who) -> JSONResponse:
-        return JSONResponse(lease_json(gw, c.get(lease_id, tenant=scope(who))))
+        return FastJSONResponse(lease_json(gw, c.get(lease_id, tenant=scope(who))))
 
     @app.post(
         "/v1/leases/{lease_id}/renew",
@@ -331,14 +332,14 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
                 "code": "already_ended",
                 "lease": body_out,
             }
-        return JSONResponse(body_out, status_code=status)
+        return FastJSONResponse(body_out, status_code=status)
 
     @app.delete("/v1/leases/{lease_id}", responses=_resp(*AUTH, 404, _200=s.LeaseOut))
     async def release(lease_id: str, who: Who) -> JSONResponse:
         out = c.release(lease_id, tenant=scope(who))
         await gw.committer.durable()
         assert out.lease is not None
-        return JSONResponse(lease_json(gw, out.lease))
+        return FastJSONResponse(lease_json(gw, out.lease))
 
     @app.get("/v1/tickets/{ticket}", responses=_resp(*AUTH, 404, 422, _200=s.TicketOut))
     async def get_ticket(
@@ -348,7 +349,7 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         if st.state == "queued" and wait_s > 0:
             await gw.hub.wait_ticket(ticket, wait_s)
             st = c.ticket(ticket, tenant=scope(who))
-        return JSONResponse(ticket_json(gw, st))
+        return FastJSONResponse(ticket_json(gw, st))
 
     @app.delete("/v1/tickets/{ticket}", responses=_resp(*AUTH, 404, 409, _200=s.TicketOut))
     async def cancel_ticket(ticket: str, who: Who) -> JSONResponse:
@@ -358,11 +359,11 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
             lid = st.lease.id
             msg = f"ticket {ticket} was already granted lease {lid}; release it with DELETE /v1/leases/{lid}"
             return err(409, msg, "already_granted")
-        return JSONResponse(ticket_json(gw, st))
+        return FastJSONResponse(ticket_json(gw, st))
 
     @app.get("/v1/pool", responses=_resp(*AUTH, _200=dict[str, Any]))
     async def pool(who: Who) -> JSONResponse:
-        return JSONResponse(pool_view(c))
+        return FastJSONResponse(pool_view(c))
 
     @app.get(
         "/v1/events",
@@ -411,7 +412,7 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
                 signals.append({"gpu_id": ev.gpu_id, "signal": ev.kind, "lease_ids": list(ev.lease_ids)})
         gw.committer.kick()
         await gw.committer.durable()
-        return JSONResponse(
+        return FastJSONResponse(
             {"accepted": len(body.gpus), "signals": signals, "paused_gpus": sorted(c.paused_gpus())}
         )
 
@@ -454,7 +455,7 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
                 except Exception:  # (in memory it is current; the next report writes it again)
                     gw.device_states_saved = False
             await gw.committer.durable()
-            return JSONResponse({"accepted": len(body.events), "revoked": revoked})
+            return FastJSONResponse({"accepted": len(body.events), "revoked": revoked})
 
     @app.put("/v1/nodes/{node}/slices", responses=_resp(*ADMIN_BODY, _200=s.NodeSlicesOut))
     async def node_slices(node: str, body: s.NodeSlicesIn, who: AdminWho) -> JSONResponse:
@@ -479,7 +480,7 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         report = c.sync_node(node, slices)
         gw.committer.kick()
         await gw.committer.durable()
-        return JSONResponse({"node": node, "slices": len(slices), **report})
+        return FastJSONResponse({"node": node, "slices": len(slices), **report})
 
     @app.post("/v1/admin/gpus/{gpu_id:path}/drain", responses=_resp(*ADMIN_BODY, 404, _200=s.DrainOut))
     async def drain(gpu_id: str, body: s.DrainIn, who: AdminWho) -> JSONResponse:
@@ -489,7 +490,7 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         else:
             ended = c.drain_gpu(gpu_id, revoke=body.revoke, reason=body.reason)
         await gw.committer.durable()
-        return JSONResponse({"gpu_id": gpu_id, "drained": not body.undo, "leases": [x.id for x in ended]})
+        return FastJSONResponse({"gpu_id": gpu_id, "drained": not body.undo, "leases": [x.id for x in ended]})
 
     @app.post(
         "/v1/admin/slices/{slice_id:path}/health", responses=_resp(*ADMIN_BODY, 404, _200=s.SliceHealthOut)
@@ -497,7 +498,9 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
     async def slice_health(slice_id: str, body: s.SliceHealthIn, who: AdminWho) -> JSONResponse:
         ended = c.mark_slice(slice_id, healthy=body.healthy, revoke=body.revoke, reason=body.reason)
         await gw.committer.durable()
-        return JSONResponse({"slice_id": slice_id, "healthy": body.healthy, "leases": [x.id for x in ended]})
+        return FastJSONResponse(
+            {"slice_id": slice_id, "healthy": body.healthy, "leases": [x.id for x in ended]}
+        )
 
     def set_watermarks(values: dict[str, Any]) -> JSONResponse:
         cfg = WatermarkConfig(**values)  # InvalidInput (422) on an inconsistent set, nothing changed
@@ -506,11 +509,11 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         except Exception as exc:
             raise StoreUnavailable(str(exc)) from exc
         c.set_watermarks(cfg)
-        return JSONResponse(values)
+        return FastJSONResponse(values)
 
     @app.get("/v1/admin/watermarks", responses=_resp(*ADMIN, _200=s.WatermarksOut))
     async def get_watermarks(who: AdminWho) -> JSONResponse:
-        return JSONResponse(_watermarks(c))
+        return FastJSONResponse(_watermarks(c))
 
     @app.put(
         "/v1/admin/watermarks",

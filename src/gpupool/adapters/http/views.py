@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse
 
+from gpupool.adapters.fastjson import dumps
 from gpupool.adapters.http import errors
 from gpupool.adapters.http.auth import Principal
 from gpupool.adapters.http.errors import err
@@ -27,6 +28,15 @@ from gpupool.core.priority import band
 
 if TYPE_CHECKING:
     from gpupool.adapters.http.context import Gateway
+
+
+class FastJSONResponse(JSONResponse):
+    """Starlette's `JSONResponse` with the body encoded by `gpupool.adapters.fastjson` (orjson where
+    installed): the same JSON, for the lease API's answers and the no-op endpoints that measure it."""
+
+    def render(self, content: Any) -> bytes:
+        return dumps(content)
+
 
 STATUS: dict[OutcomeCode, int] = {
     OutcomeCode.GRANTED: 201,
@@ -100,18 +110,18 @@ def ticket_json(gw: Gateway, st: TicketStatus) -> dict[str, Any]:
 def outcome_response(gw: Gateway, out: Outcome, who: Principal | None = None) -> JSONResponse:
     status = STATUS[out.code]
     if out.granted and out.lease is not None:
-        return JSONResponse(lease_json(gw, out.lease, out, who), status_code=201)
+        return FastJSONResponse(lease_json(gw, out.lease, out, who), status_code=201)
     if out.code is OutcomeCode.QUEUED and out.ticket:
         st = gw.controller.ticket(out.ticket)
         if st.state == "granted" and st.lease is not None:
-            return JSONResponse(lease_json(gw, st.lease), status_code=201)
+            return FastJSONResponse(lease_json(gw, st.lease), status_code=201)
         body = ticket_json(gw, st)
         body["poll"] = f"/v1/tickets/{out.ticket}"
         if st.state == "shed":
             return err(429, st.reason or "shed", "shed", retry=gw.controller.config.retry_after_s)
         if st.state == "failed":
             return err(503, st.reason or "failed", "failed")
-        return JSONResponse(body, status_code=202, headers={"Location": body["poll"]})
+        return FastJSONResponse(body, status_code=202, headers={"Location": body["poll"]})
     code = out.code.value
     return err(status, out.reason or code, code, retry=out.retry_after_s if status == 429 else None)
 

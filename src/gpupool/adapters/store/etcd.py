@@ -68,6 +68,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool.adapters.fastjson import lease_record, ticket_record
 from gpupool.adapters.store.etcd_client import (
     GRPC_INVALID_ARGUMENT,
     GRPC_OUT_OF_RANGE,
@@ -101,8 +102,6 @@ from gpupool.core.ports import (
     Write,
     decode_lease,
     decode_ticket,
-    encode_lease,
-    encode_ticket,
 )
 
 DEFAULT_PREFIX = "/gpupool/"
@@ -264,8 +263,8 @@ class EtcdLeaseStore(PipelinedCommits):
                 raise RevisionConflict(lid, exp, known[0])
             compares.append((key, "MOD", known[1]))
             expected_mod[lid] = known[1]
-        puts = [(self._key("lease", lid), encode_lease(x).encode()) for lid, (_, x) in leases.items()]
-        puts += [(self._key("ticket", tid), encode_ticket(t).encode()) for tid, t in tickets.items()]
+        puts = [(self._key("lease", lid), lease_record(x)) for lid, (_, x) in leases.items()]
+        puts += [(self._key("ticket", tid), ticket_record(t)) for tid, t in tickets.items()]
         reads = [self._key("lease", lid) for lid in leases]
         if chain is not None:
             puts.append((chain.key, chain.token))

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from gpupool.adapters.fastjson import lease_record, ticket_record
 from gpupool.core.errors import InvalidInput, StoreDamaged
 from gpupool.core.model import Lease
 from gpupool.core.ports import (
@@ -40,8 +41,6 @@ from gpupool.core.ports import (
     Write,
     decode_lease,
     decode_ticket,
-    encode_lease,
-    encode_ticket,
 )
 
 SCHEMA_VERSION = "1"
@@ -209,7 +208,7 @@ class SqliteLeaseStore:
                             continue
                         lease = w.lease
                         args = (lease.revision, lease.state.value, lease.request.tenant, lease.ended_at)
-                        body = encode_lease(lease)
+                        body = lease_record(lease).decode()
                         if w.expected_revision is None:
                             cur = db.execute(
                                 "INSERT OR IGNORE INTO leases(revision, state, tenant, ended_at, body, id)"
@@ -322,5 +321,5 @@ def _put_ticket(db: sqlite3.Connection, t: TicketRecord) -> None:
         "INSERT INTO tickets(id, state, ended_at, body) VALUES (?, ?, ?, ?)"
         " ON CONFLICT(id) DO UPDATE SET state=excluded.state, ended_at=excluded.ended_at,"
         " body=excluded.body",
-        (t.ticket, t.state, t.ended_at, encode_ticket(t)),
+        (t.ticket, t.state, t.ended_at, ticket_record(t).decode()),
     )
