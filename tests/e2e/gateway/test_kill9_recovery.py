@@ -90,14 +90,15 @@ def test_kill9_under_load_loses_nothing_and_leaks_nothing(tmp_path: Path) -> Non
                     return
                 if r.status_code != 201:
                     continue
-                lid = r.json()["id"]
+                granted = r.json()
+                lid = granted["id"]
                 with lock:
                     acked[lid] = "active"
                 if n % 3 == 0:  # keep every third lease while the kept ones hold under half the pool
                     with lock:
-                        room = kept[0] + r.json()["vram_mib"] <= keep_mib
+                        room = kept[0] + granted["vram_mib"] <= keep_mib
                         if room:
-                            kept[0] += r.json()["vram_mib"]
+                            kept[0] += granted["vram_mib"]
                     if room:
                         continue
                 try:

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 class FastJSONResponse(JSONResponse):
     """Starlette's `JSONResponse` with the body encoded by `gpupool.adapters.fastjson` (orjson where
-    installed): the same JSON, for the lease API's answers and the no-op endpoints that measure it."""
+    installed): the same JSON. Every answer of the gateway app (`app.py`: the lease API, the no-op
+    endpoints that measure it, pool, tickets, admin) goes through it."""
 
     def render(self, content: Any) -> bytes:
         return dumps(content)

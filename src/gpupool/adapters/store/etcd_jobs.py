@@ -21,6 +21,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from gpupool.adapters.fastjson import dumps
 from gpupool.adapters.store.etcd import EtcdLeaseStore, NotLeader
 from gpupool.adapters.store.etcd_client import KeyValue, compare, prefix_end, put_op, range_op
 from gpupool.core.errors import DuplicateId, UnknownId
@@ -41,7 +42,7 @@ def _encode(rec: JobRecord, updated_at: float) -> bytes:
     d = asdict(rec)
     d["state"] = rec.state.value
     d["updated_at"] = updated_at
-    return json.dumps(d, separators=(",", ":"), sort_keys=True).encode()
+    return dumps(d, sort_keys=True)
 
 
 def _decode(value: bytes) -> JobRecord:
