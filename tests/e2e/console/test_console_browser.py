@@ -4,7 +4,7 @@ address bar, loads with no console error, shows every GPU of ``/v1/pool``, a GPU
 watermark as paused, its heat map follows a grant within 1 s (the SSE event triggers the refresh; the
 periodic poll alone is 2 s), a drain from the page changes ``/v1/pool``, it has no horizontal overflow
 at 800 px, a tenant token sees only its own leases and no admin controls, and the event stream
-reconnects after failures. Screenshots go to
+reconnects after failures; a late 401 for an old token does not sign out a newer one. Screenshots go to
 ``.gpupool/artifacts/console/`` (gitignored).
 
 Skipped when chromium or playwright is absent (``.ci/run`` installs chromium).
@@ -254,3 +254,43 @@ def test_console_tenant_sees_own_leases_and_bad_token_is_refused(
     assert "admin" in page.inner_text(".toast.bad")
     assert page.locator(f".gpu[data-gpu-id='{first}'] .gpu-actions").is_hidden()
     assert not any(g["drained"] for g in _gpus(_client(url, ADMIN).get("/v1/pool").json()))
+
+
+def test_console_late_refusal_of_an_old_token_keeps_the_new_sign_in(
+    gateway: tuple[str, Any], browser: Any
+) -> None:
+    """A bad token's sign-in reads /v1/pool and /v1/leases at once; the first 401 shows the sign-in
+    form. When the second 401 arrives only after a good token has signed in, it refers to the old
+    token and must not sign the new one out (it did: the admin action that followed went out with
+    no token and was refused as "missing bearer token" instead of "needs admin")."""
+    url, _ = gateway
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    held: list[Any] = []
+
+    def hold_bad(route: Any) -> None:
+        if route.request.headers.get("authorization") == "Bearer not-a-real-token":
+            held.append(route)  # answered later, after the good sign-in
+        else:
+            route.continue_()
+
+    page.route("**/v1/leases", hold_bad)
+    page.goto(f"{url}/ui")
+    page.wait_for_selector("#signin-form", state="visible")
+    page.fill("#token", "not-a-real-token")
+    page.click("#signin-form button[type='submit']")
+    wait_js(page, "() => document.getElementById('signin-error').textContent.includes('rejected')")
+    assert len(held) == 1
+
+    page.fill("#token", ALICE)
+    page.click("#signin-form button[type='submit']")
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    held.pop().continue_()  # the old token's refusal arrives now
+    page.wait_for_timeout(300)
+    assert page.evaluate("sessionStorage.getItem('gpupool.token')") == ALICE
+    assert page.locator("#app").is_visible()
+
+    first = _gpus(_client(url, ADMIN).get("/v1/pool").json())[0]["gpu_id"]
+    page.locator(f".gpu[data-gpu-id='{first}'] button[data-action='drain']").click()
+    page.click("#confirm-ok")
+    page.wait_for_selector(".toast.bad", timeout=5000)
+    assert "admin" in page.inner_text(".toast.bad")

@@ -44,7 +44,8 @@
   }
 
   async function api(method, path, body) {
-    const headers = { Authorization: `Bearer ${state.token}` };
+    const token = state.token;
+    const headers = { Authorization: `Bearer ${token}` };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     const r = await fetch(path, {
       method,
@@ -59,7 +60,8 @@
       data = null;
     }
     if (r.status === 401) {
-      signOut("The gateway rejected this token.");
+      // a late answer to an earlier token (two reads race at sign-in) must not sign out a newer one
+      if (token === state.token) signOut("The gateway rejected this token.");
       throw new ApiError(401, data);
     }
     if (!r.ok) throw new ApiError(r.status, data);
@@ -479,7 +481,9 @@
         schedule(0); // catch up on what happened while disconnected
       },
       onDisconnected: () => setLive(false),
-      onUnauthorized: () => signOut("The gateway rejected this token."),
+      onUnauthorized: (token) => {
+        if (token === state.token) signOut("The gateway rejected this token.");
+      },
     });
   }
 

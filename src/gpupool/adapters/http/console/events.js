@@ -24,19 +24,20 @@
   }
 
   // opts: token(), lastEventId(), onId(id), onEvent(kind, data), onConnected(), onDisconnected(),
-  // onUnauthorized(). Returns an AbortController: abort() stops the stream for good.
+  // onUnauthorized(token) with the token the stream was refused for. Returns an AbortController: abort() stops the stream for good.
   function open(opts) {
     const ctrl = new AbortController();
     (async () => {
       let backoff = 500;
       while (!ctrl.signal.aborted) {
         try {
-          const headers = { Authorization: `Bearer ${opts.token()}`, Accept: "text/event-stream" };
+          const token = opts.token();
+          const headers = { Authorization: `Bearer ${token}`, Accept: "text/event-stream" };
           const last = opts.lastEventId();
           if (last) headers["Last-Event-ID"] = last;
           const r = await fetch("/v1/events", { headers, signal: ctrl.signal, cache: "no-store" });
           if (r.status === 401) {
-            opts.onUnauthorized();
+            opts.onUnauthorized(token);
             return;
           }
           if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}`);
