@@ -5,23 +5,27 @@ an ended turn leaves a retained (preemptible) lease."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
 
+from gpupool.adapters.backends.app import create_backend_app
 from gpupool.adapters.http.app import create_app
 from gpupool.adapters.http.auth import TokenTable
 from gpupool.adapters.store import MemoryLeaseStore
 from gpupool.cli.demo import seed_example_pool
-from gpupool.cli.emulate import build_backend_app
+from gpupool.cli.emulate import build_backend_app, build_engine
 from gpupool.cli.serve import KvSizer
 from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import ControllerConfig, LeaseController
 from gpupool.core.ports import Backend
 from gpupool.core.sessions import SessionTable
+from gpupool.hardware.memory import resolve_model
 from tests.adapters.http.servers import running
 
 TOK = "sessions-token-1"
@@ -30,10 +34,32 @@ BUDGET_MIB = 64
 AUTH = {"Authorization": f"Bearer {TOK}"}
 
 
+SPEED = 2.0
+Gateway = tuple[str, LeaseController, SessionTable, dict[str, Any]]
+
+
+@contextlib.contextmanager
+def held_open(*engines: Any) -> Iterator[None]:
+    """Slow these engines to a crawl while the block runs, so that a stream they serve keeps its
+    lease (at full speed a 2,400-token stream can end before the next request is routed) and the
+    block's other requests run on the other engine. The engine reads its speed at every step."""
+    for e in engines:
+        e.speed = SPEED / 200
+    try:
+        yield
+    finally:
+        for e in engines:
+            e.speed = SPEED
+
+
+def _backend(engine: Any) -> Any:
+    return create_backend_app(engine, model=MODEL, max_model_len=resolve_model(MODEL).max_positions)
+
+
 @pytest.fixture
-def gateway() -> Iterator[tuple[str, LeaseController, SessionTable]]:
-    slow = {"kv_budget_mib": BUDGET_MIB, "speed": 2.0}
-    with running(build_backend_app(MODEL, **slow)) as u0, running(build_backend_app(MODEL, **slow)) as u1:
+def gateway() -> Iterator[Gateway]:
+    engines = {n: build_engine(MODEL, kv_budget_mib=BUDGET_MIB, speed=SPEED) for n in ("be0", "be1")}
+    with running(_backend(engines["be0"])) as u0, running(_backend(engines["be1"])) as u1:
         c = LeaseController(
             seed_example_pool(),
             clock=FunctionClock(time.time),
@@ -46,7 +72,7 @@ def gateway() -> Iterator[tuple[str, LeaseController, SessionTable]]:
             )
         app = create_app(c, tokens=TokenTable([(TOK, "t", "tenant")]), sizer=KvSizer())
         with running(app) as url:
-            yield url, c, app.state.sessions
+            yield url, c, app.state.sessions, engines
 
 
 def _ask(cl: httpx.Client, max_tokens: int, headers: dict[str, str] | None = None, **body: object) -> str:
@@ -60,9 +86,9 @@ def _ask(cl: httpx.Client, max_tokens: int, headers: dict[str, str] | None = Non
 
 
 def test_a_session_returns_to_its_instance_unless_over_the_red_line(
-    gateway: tuple[str, LeaseController, SessionTable],
+    gateway: Gateway,
 ) -> None:
-    url, c, sessions = gateway
+    url, c, sessions, engines = gateway
     sizer = KvSizer()
     hold_tokens, turn_tokens = 2400, 2500
     hold, turn = sizer.request_mib(MODEL, hold_tokens + 2), sizer.request_mib(MODEL, turn_tokens + 2)
@@ -71,12 +97,15 @@ def test_a_session_returns_to_its_instance_unless_over_the_red_line(
     with httpx.Client(base_url=url, timeout=30) as cl, httpx.Client(base_url=url, timeout=30) as side:
         # all idle: the most free is the first of equals, for a session's first turn and without one
         assert _ask(cl, 2) == "be0"
-        with side.stream(
-            "POST",
-            "/v1/completions",
-            headers=AUTH,
-            json={"model": MODEL, "prompt": "hold", "max_tokens": hold_tokens, "stream": True},
-        ) as held:
+        with (
+            held_open(engines["be0"]),
+            side.stream(
+                "POST",
+                "/v1/completions",
+                headers=AUTH,
+                json={"model": MODEL, "prompt": "hold", "max_tokens": hold_tokens, "stream": True},
+            ) as held,
+        ):
             assert held.headers["x-gpupool-backend"] == "be0"
             # be0 is busy: session s's first turn lands on be1 (most free) ...
             assert _ask(cl, 2, {"x-gpupool-session": "s"}) == "be1"
@@ -84,21 +113,27 @@ def test_a_session_returns_to_its_instance_unless_over_the_red_line(
         assert _ask(cl, 2, {"x-gpupool-session": "s"}) == "be1"
         assert _ask(cl, 2, user="s") == "be1"  # OpenAI's `user` names the same session
         assert _ask(cl, 2) == "be0"  # no session: most free, as before
-        with side.stream(
-            "POST",
-            "/v1/completions",
-            headers=AUTH,
-            json={"model": MODEL, "prompt": "hold", "max_tokens": hold_tokens, "stream": True},
-        ) as held:
+        with (
+            held_open(engines["be0"]),
+            side.stream(
+                "POST",
+                "/v1/completions",
+                headers=AUTH,
+                json={"model": MODEL, "prompt": "hold", "max_tokens": hold_tokens, "stream": True},
+            ) as held,
+        ):
             assert held.headers["x-gpupool-backend"] == "be0"
             # s's prefix is on be1; a big turn there while be1 holds nothing stays on be1
             assert _ask(cl, turn_tokens, {"x-gpupool-session": "s"}) == "be1"
-        with side.stream(
-            "POST",
-            "/v1/completions",
-            headers={**AUTH, "x-gpupool-session": "s"},
-            json={"model": MODEL, "prompt": "hold", "max_tokens": hold_tokens, "stream": True},
-        ) as held:
+        with (
+            held_open(engines["be1"]),
+            side.stream(
+                "POST",
+                "/v1/completions",
+                headers={**AUTH, "x-gpupool-session": "s"},
+                json={"model": MODEL, "prompt": "hold", "max_tokens": hold_tokens, "stream": True},
+            ) as held,
+        ):
             assert held.headers["x-gpupool-backend"] == "be1"
             # be1 now holds `hold` MiB; this turn would take it over 90 %: routed to be0 instead
             assert _ask(cl, turn_tokens, {"x-gpupool-session": "s"}) == "be0"
@@ -112,9 +147,9 @@ def test_a_session_returns_to_its_instance_unless_over_the_red_line(
 
 
 def test_a_full_gateway_queues_the_request_unless_it_asks_not_to(
-    gateway: tuple[str, LeaseController, SessionTable],
+    gateway: Gateway,
 ) -> None:
-    url, c, _ = gateway
+    url, c, _, engines = gateway
     sizer = KvSizer()
     hold_tokens, turn_tokens = 2400, 2500
     hold, turn = sizer.request_mib(MODEL, hold_tokens + 2), sizer.request_mib(MODEL, turn_tokens + 2)
@@ -123,6 +158,7 @@ def test_a_full_gateway_queues_the_request_unless_it_asks_not_to(
     body = {"model": MODEL, "prompt": "hold", "max_tokens": hold_tokens, "stream": True}
     turn_body = {"model": MODEL, "prompt": "hello", "max_tokens": turn_tokens}
     with (
+        held_open(*engines.values()),
         httpx.Client(base_url=url, timeout=20) as cl,
         httpx.Client(base_url=url, timeout=30) as s0,
         httpx.Client(base_url=url, timeout=30) as s1,
@@ -141,14 +177,15 @@ def test_a_full_gateway_queues_the_request_unless_it_asks_not_to(
                 assert not waiting.done(), waiting.result().text
                 time.sleep(0.01)
             h0.close()
+            engines["be0"].speed = engines["be1"].speed = SPEED
             # it is answered once the held stream's room is free (well before its 30 s queue deadline)
             assert waiting.result().status_code == 200
 
 
 def test_an_ended_turn_leaves_a_retained_lease_that_is_not_a_request_lease(
-    gateway: tuple[str, LeaseController, SessionTable],
+    gateway: Gateway,
 ) -> None:
-    url, c, sessions = gateway
+    url, c, sessions, _ = gateway
     with httpx.Client(base_url=url, timeout=30) as cl:
         where = _ask(cl, 2, {"x-gpupool-session": "conv-1"})
     deadline = time.monotonic() + 20
