@@ -49,7 +49,8 @@ import httpx
 
 from gpupool.adapters.store.etcd import open_etcd_store
 from gpupool.adapters.store.etcd_client import EtcdError
-from gpupool.adapters.store.etcd_server import LocalEtcd, free_port
+from gpupool.adapters.store.etcd_server import LocalEtcd
+from gpupool.cli.serving import free_port
 from gpupool.core.model import LeaseState
 
 TOKEN = "failover-tenant-token-01"

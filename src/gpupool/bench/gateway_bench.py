@@ -42,7 +42,6 @@ from typing import Any
 from gpupool.bench.httpload import (
     env_unbuffered,
     exit_on_sigterm,
-    free_port,
     pct,
     post_loop,
     read_response,
@@ -51,6 +50,7 @@ from gpupool.bench.httpload import (
     stop,
     wait_http,
 )
+from gpupool.cli.serving import free_port
 
 TOKEN = "bench-tenant-token-0001"
 ADMIN_TOKEN = "bench-admin-token-0001"

@@ -53,8 +53,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpupool.bench.httpload import env_unbuffered, exit_on_sigterm, free_port, stop, wait_http
+from gpupool.bench.httpload import env_unbuffered, exit_on_sigterm, stop, wait_http
 from gpupool.bench.proxy_peers_bench import ensure_peers
+from gpupool.cli.serving import free_port
 
 MODEL = "qwen2.5-14b"
 GPU = "A100-SXM4-80GB"

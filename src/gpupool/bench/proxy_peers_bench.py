@@ -52,13 +52,13 @@ from gpupool.bench.httpload import (
     LoadResult,
     env_unbuffered,
     exit_on_sigterm,
-    free_port,
     post_loop,
     runner,
     stop,
     tree_cpu_s,
     wait_http,
 )
+from gpupool.cli.serving import free_port
 
 MODEL = "qwen2.5-0.5b"
 TOKEN = "bench-tenant-token-0001"

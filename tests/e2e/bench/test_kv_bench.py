@@ -97,7 +97,6 @@ def test_instances_listen_on_ports_they_hold(tmp_path: Path, monkeypatch: pytest
         s.bind(("127.0.0.1", 0))
         same = s.getsockname()[1]
     monkeypatch.setattr(kv_bench, "free_port", lambda: same)
-    monkeypatch.setattr(httpload, "free_port", lambda: same)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with (tmp_path / "log").open("wb") as log:

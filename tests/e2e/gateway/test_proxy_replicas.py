@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpupool.bench.httpload import free_port, stop, wait_http
+from gpupool.bench.httpload import stop, wait_http
+from gpupool.cli.serving import free_port
 
 pytestmark = pytest.mark.slow
 
