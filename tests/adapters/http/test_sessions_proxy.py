@@ -85,6 +85,15 @@ def _ask(cl: httpx.Client, max_tokens: int, headers: dict[str, str] | None = Non
     return r.headers["x-gpupool-backend"]
 
 
+@contextlib.contextmanager
+def _hold(side: httpx.Client, engine: Any, tokens: int, session: str = "") -> Iterator[str]:
+    """A stream of ``tokens`` held open on ``engine`` (see `held_open`); yields its backend's name."""
+    headers = {**AUTH, "x-gpupool-session": session} if session else AUTH
+    body = {"model": MODEL, "prompt": "hold", "max_tokens": tokens, "stream": True}
+    with held_open(engine), side.stream("POST", "/v1/completions", headers=headers, json=body) as held:
+        yield held.headers["x-gpupool-backend"]
+
+
 def test_a_session_returns_to_its_instance_unless_over_the_red_line(
     gateway: Gateway,
 ) -> None:
@@ -97,44 +106,20 @@ def test_a_session_returns_to_its_instance_unless_over_the_red_line(
     with httpx.Client(base_url=url, timeout=30) as cl, httpx.Client(base_url=url, timeout=30) as side:
         # all idle: the most free is the first of equals, for a session's first turn and without one
         assert _ask(cl, 2) == "be0"
-        with (
-            held_open(engines["be0"]),
-            side.stream(
-                "POST",
-                "/v1/completions",
-                headers=AUTH,
-                json={"model": MODEL, "prompt": "hold", "max_tokens": hold_tokens, "stream": True},
-            ) as held,
-        ):
-            assert held.headers["x-gpupool-backend"] == "be0"
+        with _hold(side, engines["be0"], hold_tokens) as where:
+            assert where == "be0"
             # be0 is busy: session s's first turn lands on be1 (most free) ...
             assert _ask(cl, 2, {"x-gpupool-session": "s"}) == "be1"
         # ... and with everything idle again its next turns return there, not to be0
         assert _ask(cl, 2, {"x-gpupool-session": "s"}) == "be1"
         assert _ask(cl, 2, user="s") == "be1"  # OpenAI's `user` names the same session
         assert _ask(cl, 2) == "be0"  # no session: most free, as before
-        with (
-            held_open(engines["be0"]),
-            side.stream(
-                "POST",
-                "/v1/completions",
-                headers=AUTH,
-                json={"model": MODEL, "prompt": "hold", "max_tokens": hold_tokens, "stream": True},
-            ) as held,
-        ):
-            assert held.headers["x-gpupool-backend"] == "be0"
+        with _hold(side, engines["be0"], hold_tokens) as where:
+            assert where == "be0"
             # s's prefix is on be1; a big turn there while be1 holds nothing stays on be1
             assert _ask(cl, turn_tokens, {"x-gpupool-session": "s"}) == "be1"
-        with (
-            held_open(engines["be1"]),
-            side.stream(
-                "POST",
-                "/v1/completions",
-                headers={**AUTH, "x-gpupool-session": "s"},
-                json={"model": MODEL, "prompt": "hold", "max_tokens": hold_tokens, "stream": True},
-            ) as held,
-        ):
-            assert held.headers["x-gpupool-backend"] == "be1"
+        with _hold(side, engines["be1"], hold_tokens, session="s") as where:
+            assert where == "be1"
             # be1 now holds `hold` MiB; this turn would take it over 90 %: routed to be0 instead
             assert _ask(cl, turn_tokens, {"x-gpupool-session": "s"}) == "be0"
     assert sessions.red_line_hits == 1
