@@ -4,13 +4,21 @@ recorded in BENCHMARKS.md together with the command that produced them."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from gpupool.cli.errors import UserError, check_range, user_errors
 
 app = typer.Typer(help="Benchmarks; each prints one JSON object with --json.", no_args_is_help=True)
+
+
+def _echo_rows(rows: dict[str, dict[str, Any]], width: int, line: Callable[[dict[str, Any]], str]) -> None:
+    """One line per compared target: its name, then ``line(row)``, or why it was unavailable."""
+    for name, row in rows.items():
+        typer.echo(f"{name:<{width}} " + (line(row) if row["available"] else f"unavailable: {row['reason']}"))
 
 
 @app.command("allocator")
@@ -172,14 +180,14 @@ def proxy_peers(  # noqa: PLR0917 (typer options)
     if as_json:
         typer.echo(json.dumps(result))
         return
-    for name, t in result["targets"].items():
-        if not t["available"]:
-            typer.echo(f"{name:<12} unavailable: {t['reason']}")
-            continue
-        typer.echo(
-            f"{name:<12} p50 {t['p50_ms']} ms  p99 {t['p99_ms']} ms  added p50 {t['added_p50_ms']} ms  "
+    _echo_rows(
+        result["targets"],
+        12,
+        lambda t: (
+            f"p50 {t['p50_ms']} ms  p99 {t['p99_ms']} ms  added p50 {t['added_p50_ms']} ms  "
             f"{t['requests_per_s']} req/s at {clients} clients  non-200 {t['non_200']}"
-        )
+        ),
+    )
 
 
 @app.command("preempt")
@@ -319,15 +327,15 @@ def kv(  # noqa: PLR0917 (typer options)
     if as_json:
         typer.echo(json.dumps(result))
         return
-    for name, r in result["routers"].items():
-        if not r["available"]:
-            typer.echo(f"{name:<24} unavailable: {r['reason']}")
-            continue
-        typer.echo(
-            f"{name:<24} hit {r['prefix_hit_rate']:.3f}  recomputed {r['recomputed_prompt_tokens']}  "
+    _echo_rows(
+        result["routers"],
+        24,
+        lambda r: (
+            f"hit {r['prefix_hit_rate']:.3f}  recomputed {r['recomputed_prompt_tokens']}  "
             f"TTFT p50 {r['ttft_p50_ms']} ms p99 {r['ttft_p99_ms']} ms  "
             f"preemptions {r['engine_preemptions']}  served {r['served']} shed {r['shed']}"
-        )
+        ),
+    )
 
 
 @app.command("replicas")

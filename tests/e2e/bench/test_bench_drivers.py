@@ -146,6 +146,24 @@ def test_proxy_peers_bench_reports_missing_peers_unavailable(tmp_path: Path) -> 
     assert "round 1/1 gpupool" in err
 
 
+def test_proxy_peers_bench_prints_one_line_per_target_without_json(tmp_path: Path) -> None:
+    args = ["--targets", "direct,vllm-router", "--clients", "1", "--duration-s", "0.2", "--warmup-s", "0"]
+    args += ["--no-install-peers", "--peers-venv", str(tmp_path / "no-peers")]
+    r = subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", "bench", "proxy-peers", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout
+    assert lines[0].startswith("direct ") and " p99 " in lines[0] and "req/s at 1 clients" in lines[0]
+    assert lines[1].startswith("vllm-router  unavailable: ") and "not installed" in lines[1]
+
+
 def test_proxy_peers_bench_rejects_unknown_target(tmp_path: Path) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "gpupool.cli.main", "bench", "proxy-peers", "--targets", "direct,nginx"],
