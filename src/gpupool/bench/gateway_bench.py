@@ -134,22 +134,18 @@ async def _loop(  # noqa: PLR0917 (one client's whole configuration)
         writer.close()
 
 
+Samples = tuple[list[float], Counter[int]]
+"""(latencies s, non-2xx answers by status) of one kind of round trip."""
+
+
 async def _phase(
-    port: int,
-    kind: str,
-    clients: int,
-    duration_s: float,
-    warmup_s: float = 1.0,
-    *,
-    into: tuple[list[float], Counter[int]] | None = None,
-) -> dict[str, Any]:
-    """One closed-loop phase; ``into``: (latencies, errors) to add to (a phase run in slices)."""
-    lat, errors = into if into is not None else ([], Counter())
-    before = len(lat)
+    port: int, kind: str, clients: int, *, duration_s: float, warmup_s: float, into: Samples
+) -> None:
+    """One closed-loop part of a phase; its latencies and errors are added to ``into``."""
+    lat, errors = into
     now = time.perf_counter()
     t_start, t_end = now + warmup_s, now + warmup_s + duration_s
     await asyncio.gather(*(_loop(port, kind, t_start, t_end, lat, errors) for _ in range(clients)))
-    return {"round_trips": len(lat) - before}
 
 
 def _summary(lat: list[float], errors: Counter[int], duration_s: float) -> dict[str, Any]:
@@ -169,12 +165,13 @@ def _sliced(
     """The no-op and lease phases, each cut into ``slices`` parts run alternately (no-op, lease,
     no-op, ...), so that a change of the machine's speed during the run weighs on both alike. The
     first part of each kind gets the warm-up; later ones a short ramp (``SLICE_RAMP_S``)."""
-    acc: dict[str, tuple[list[float], Counter[int]]] = {"noop": ([], Counter()), "lease": ([], Counter())}
+    acc: dict[str, Samples] = {"noop": ([], Counter()), "lease": ([], Counter())}
     each = duration_s / slices
     for i in range(slices):
         for kind in ("noop", "lease"):
             _log(f"{kind} phase: {clients} clients x {each:.1f} s (part {i + 1}/{slices})")
-            run_(_phase(port, kind, clients, each, warmup_s if i == 0 else SLICE_RAMP_S, into=acc[kind]))
+            warm = warmup_s if i == 0 else SLICE_RAMP_S
+            run_(_phase(port, kind, clients, duration_s=each, warmup_s=warm, into=acc[kind]))
     return {kind: _summary(lat, errors, duration_s) for kind, (lat, errors) in acc.items()}
 
 

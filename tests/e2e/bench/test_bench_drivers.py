@@ -64,15 +64,20 @@ TARGET_KEYS = {
 }
 
 
-def _bench(tmp_path: Path, *args: str) -> tuple[dict[str, object], str]:
-    r = subprocess.run(
+def _cli(tmp_path: Path, *args: str, timeout_s: float = 280) -> subprocess.CompletedProcess[str]:
+    """``gpupool bench ARGS`` in ``tmp_path``, its output captured."""
+    return subprocess.run(
         [sys.executable, "-m", "gpupool.cli.main", "bench", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout_s,
         check=False,
     )
+
+
+def _bench(tmp_path: Path, *args: str) -> tuple[dict[str, object], str]:
+    r = _cli(tmp_path, *args)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout), r.stderr
 
@@ -102,7 +107,7 @@ def test_gateway_bench_runs_against_gpupool_serve_and_counts_answers(tmp_path: P
     assert isinstance(out["store_commits"], float) and out["store_commits"] > 0
 
 
-def test_gateway_bench_in_slices_alternates_the_phases_and_counts_every_part(tmp_path: Path) -> None:
+def test_gateway_bench_in_slices_alternates_the_phases(tmp_path: Path) -> None:
     args = ["--clients", "2", "--duration-s", "0.6", "--warmup-s", "0.1", "--proxy-duration-s", "0.2"]
     args += ["--proxy-clients", "2"]
     out, err = _bench(tmp_path, "gateway", "--json", "--slices", "3", *args)
@@ -114,14 +119,7 @@ def test_gateway_bench_in_slices_alternates_the_phases_and_counts_every_part(tmp
 
 
 def test_gateway_bench_rejects_zero_slices(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "gpupool.cli.main", "bench", "gateway", "--slices", "0"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    r = _cli(tmp_path, "gateway", "--slices", "0", timeout_s=30)
     assert r.returncode == 2 and "--slices" in r.stderr, r.stderr
 
 
@@ -173,14 +171,7 @@ def test_proxy_peers_bench_reports_missing_peers_unavailable(tmp_path: Path) -> 
 def test_proxy_peers_bench_prints_one_line_per_target_without_json(tmp_path: Path) -> None:
     args = ["--targets", "direct,vllm-router", "--clients", "1", "--duration-s", "0.2", "--warmup-s", "0"]
     args += ["--no-install-peers", "--peers-venv", str(tmp_path / "no-peers")]
-    r = subprocess.run(
-        [sys.executable, "-m", "gpupool.cli.main", "bench", "proxy-peers", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    r = _cli(tmp_path, "proxy-peers", *args, timeout_s=120)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     assert len(lines) == 2, r.stdout
@@ -189,14 +180,7 @@ def test_proxy_peers_bench_prints_one_line_per_target_without_json(tmp_path: Pat
 
 
 def test_proxy_peers_bench_rejects_unknown_target(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "gpupool.cli.main", "bench", "proxy-peers", "--targets", "direct,nginx"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    r = _cli(tmp_path, "proxy-peers", "--targets", "direct,nginx", timeout_s=30)
     assert r.returncode == 2 and "--targets" in r.stderr and "nginx" in r.stderr
 
 

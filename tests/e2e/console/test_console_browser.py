@@ -80,6 +80,20 @@ def _gpus(pool: dict[str, Any]) -> list[dict[str, Any]]:
     return [g for n in pool["nodes"] for g in n["gpus"]]
 
 
+def _submit_token(page: Any, token: str) -> None:
+    page.fill("#token", token)
+    page.click("#signin-form button[type='submit']")
+
+
+def _drain_first_gpu_as_tenant(page: Any, url: str) -> str:
+    """Ask the page to drain the pool's first GPU and confirm; returns the refusal toast's text."""
+    first = _gpus(_client(url, ADMIN).get("/v1/pool").json())[0]["gpu_id"]
+    page.locator(f".gpu[data-gpu-id='{first}'] button[data-action='drain']").click()
+    page.click("#confirm-ok")
+    page.wait_for_selector(".toast.bad", timeout=5000)
+    return str(page.inner_text(".toast.bad"))
+
+
 def _granted(g: dict[str, Any]) -> int:
     return sum(s["granted"]["vram_mib"] for s in g["slices"])
 
@@ -233,13 +247,11 @@ def test_console_tenant_sees_own_leases_and_bad_token_is_refused(
     page.route("**/v1/events", flaky)
     page.goto(f"{url}/ui")
     page.wait_for_selector("#signin-form", state="visible")
-    page.fill("#token", "not-a-real-token")
-    page.click("#signin-form button[type='submit']")
+    _submit_token(page, "not-a-real-token")
     wait_js(page, "() => document.getElementById('signin-error').textContent.includes('rejected')")
     assert page.evaluate("sessionStorage.getItem('gpupool.token')") is None
 
-    page.fill("#token", ALICE)
-    page.click("#signin-form button[type='submit']")
+    _submit_token(page, ALICE)
     page.wait_for_selector("body[data-ready='1']", timeout=10_000)
     tenants = page.eval_on_selector_all(
         "#lease-bands tr[data-tenant]", "els => els.map(e => e.dataset.tenant)"
@@ -247,11 +259,8 @@ def test_console_tenant_sees_own_leases_and_bad_token_is_refused(
     assert tenants == ["alice"]
 
     # an admin action with a tenant token: refused (403, shown), admin controls hidden, pool unchanged
+    assert "admin" in _drain_first_gpu_as_tenant(page, url)
     first = _gpus(_client(url, ADMIN).get("/v1/pool").json())[0]["gpu_id"]
-    page.locator(f".gpu[data-gpu-id='{first}'] button[data-action='drain']").click()
-    page.click("#confirm-ok")
-    page.wait_for_selector(".toast.bad", timeout=5000)
-    assert "admin" in page.inner_text(".toast.bad")
     assert page.locator(f".gpu[data-gpu-id='{first}'] .gpu-actions").is_hidden()
     assert not any(g["drained"] for g in _gpus(_client(url, ADMIN).get("/v1/pool").json()))
 
@@ -276,21 +285,15 @@ def test_console_late_refusal_of_an_old_token_keeps_the_new_sign_in(
     page.route("**/v1/leases", hold_bad)
     page.goto(f"{url}/ui")
     page.wait_for_selector("#signin-form", state="visible")
-    page.fill("#token", "not-a-real-token")
-    page.click("#signin-form button[type='submit']")
+    _submit_token(page, "not-a-real-token")
     wait_js(page, "() => document.getElementById('signin-error').textContent.includes('rejected')")
     assert len(held) == 1
 
-    page.fill("#token", ALICE)
-    page.click("#signin-form button[type='submit']")
+    _submit_token(page, ALICE)
     page.wait_for_selector("body[data-ready='1']", timeout=10_000)
     held.pop().continue_()  # the old token's refusal arrives now
     page.wait_for_timeout(300)
     assert page.evaluate("sessionStorage.getItem('gpupool.token')") == ALICE
     assert page.locator("#app").is_visible()
 
-    first = _gpus(_client(url, ADMIN).get("/v1/pool").json())[0]["gpu_id"]
-    page.locator(f".gpu[data-gpu-id='{first}'] button[data-action='drain']").click()
-    page.click("#confirm-ok")
-    page.wait_for_selector(".toast.bad", timeout=5000)
-    assert "admin" in page.inner_text(".toast.bad")
+    assert "admin" in _drain_first_gpu_as_tenant(page, url)

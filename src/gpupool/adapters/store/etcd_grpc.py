@@ -51,13 +51,13 @@ Cmp = tuple[bytes, str, int | bytes]
 class GrpcTxn:
     def __init__(self, client: EtcdClient) -> None:
         self.client = client
-        self._stubs: dict[tuple[int, int], tuple[asyncio.AbstractEventLoop, grpc.aio.Channel, Any]] = {}
+        self._stubs: dict[tuple[int, asyncio.AbstractEventLoop], tuple[grpc.aio.Channel, Any]] = {}
 
     def _stub(self, at: int) -> Any:
         """The KV stub of endpoint ``at`` on the running loop (a grpc.aio channel belongs to one loop)."""
         loop = asyncio.get_running_loop()
-        got = self._stubs.get((at, id(loop)))
-        if got is None or got[0] is not loop:
+        got = self._stubs.get((at, loop))
+        if got is None:
             target = self.client.urls[at].split("://", 1)[1]
             files = self.client.tls_files
             if files is None:
@@ -66,8 +66,8 @@ class GrpcTxn:
                 cacert, cert, key = (None if f is None else Path(f).read_bytes() for f in files)
                 creds = grpc.ssl_channel_credentials(cacert, key, cert)
                 channel = grpc.aio.secure_channel(target, creds)
-            got = self._stubs[(at, id(loop))] = (loop, channel, pbg.KVStub(channel))
-        return got[2]
+            got = self._stubs[(at, loop)] = (channel, pbg.KVStub(channel))
+        return got[1]
 
     async def txn(
         self, compares: list[Cmp], puts: list[tuple[bytes, bytes]], reads: list[bytes]
@@ -116,7 +116,7 @@ class GrpcTxn:
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             here = None
-        for loop, channel, _ in stubs.values():
+        for (_, loop), (channel, _) in stubs.items():
             if loop is here:
                 loop.create_task(channel.close())
             elif loop.is_running():

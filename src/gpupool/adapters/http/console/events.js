@@ -24,7 +24,8 @@
   }
 
   // opts: token(), lastEventId(), onId(id), onEvent(kind, data), onConnected(), onDisconnected(),
-  // onUnauthorized(token) with the token the stream was refused for. Returns an AbortController: abort() stops the stream for good.
+  // onUnauthorized(token) with the token the stream was refused for. Returns an AbortController:
+  // abort() stops the stream for good.
   function open(opts) {
     const ctrl = new AbortController();
     (async () => {
