@@ -113,8 +113,12 @@ def start_services(
         return
     rec = PodReconciler(pool, names=names)
     ext.status["drift"] = lambda: [f"{d.pod}: {d.kind}: {d.detail}" for d in list(rec.drifts)[-20:]]
-    pods, listed_at = listed if listed is not None else list_pods_or_exit(api, pool.allocator.clock.now())
-    rec.resync(pods, listed_at=listed_at)  # NOTE: adopt bound pods before serving
+    # NOTE: adopt bound pods before serving
+    if listed is not None:
+        rec.resync(listed[0], listed_at=listed[1])
+    else:
+        before = rec.held()
+        rec.resync(list_pods_or_exit(api), held_before=before)
     threading.Thread(target=rec.run, args=(api, stop), name="gpupool-reconciler", daemon=True).start()
     if preempt_interval_s > 0:
         pre = Preemptor(pool, names=names)
@@ -127,12 +131,12 @@ def start_services(
         ).start()
 
 
-def list_pods_or_exit(api: KubeApi, now: float) -> tuple[list[Any], float]:
-    """Every pod, and ``now`` (read before listing); `UserError` when the API cannot list them."""
+def list_pods_or_exit(api: KubeApi) -> list[Any]:
+    """Every pod; `UserError` when the API cannot list them."""
     from gpupool.adapters.k8s.kubeapi import KubeApiError
 
     try:
-        return api.list_pods()[0], now
+        return api.list_pods()[0]
     except KubeApiError as exc:
         raise UserError(f"cannot list pods from the Kubernetes API: {exc}") from None
 

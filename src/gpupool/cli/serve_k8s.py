@@ -70,7 +70,8 @@ def check(opts: KubeOptions) -> Prepared:
         raise UserError(f"cannot listen on {opts.host}:{opts.port} (--extender-port): {exc}") from None
     # listed before the store opens: an unreachable API exits 2 at start-up; the clock reading is
     # the wall clock the controller uses (leases granted after it are kept by the first resync)
-    listed = None if api is None else list_pods_or_exit(api, time.time())
+    now = time.time()
+    listed = None if api is None else (list_pods_or_exit(api), now)
     return Prepared(server, ext, api, listed)
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import pytest
 from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_pod
 from tests.adapters.k8s.k8s_helpers import Client, make_pool, wait_until
 
-from gpupool.adapters.k8s.kubeapi import KubeApi
+from gpupool.adapters.k8s.kubeapi import KubeApi, KubeApiError
 from gpupool.adapters.k8s.reconciler import PodReconciler
 
 
@@ -200,3 +202,74 @@ def test_inventory_sync_follows_node_annotations() -> None:
     )
     assert report["removed"] == [held]
     pool.check()
+
+
+def test_a_pod_deleted_between_watches_is_released_by_the_next_list(
+    extender: Any, fake_api: FakeApiServer
+) -> None:
+    """The DELETED event can fall between one watch's end and the next list; that list's resync
+    must release the lease, even when the pool's clock has not moved since the grant (the frozen
+    clock here), while a lease granted after the list started is kept."""
+    ext, _, client = extender
+    rec = PodReconciler(ext.pool)
+    bind(client, fake_api, make_pod("gone", vram_mib=2000, priority=-1), "gpu-b")
+    gone = fake_api.pod("default", "gone")["metadata"]["uid"]
+    before = rec.held()
+    fake_api.delete_pod("default", "gone")  # no watch runs: only the list can tell
+    pods, _ = KubeApi.for_host(fake_api.url).list_pods()
+    bind(client, fake_api, make_pod("late", vram_mib=2000), "gpu-b")  # raced the list
+    late = fake_api.pod("default", "late")["metadata"]["uid"]
+    summary = rec.resync(pods, held_before=before)
+    assert summary["released"] == 1
+    assert ext.pool.lease_of(gone) is None and ext.pool.lease_of(late) is not None
+    ext.pool.check()
+
+
+def test_resync_needs_exactly_one_age_rule() -> None:
+    rec = PodReconciler(make_pool())
+    for kw in ({}, {"held_before": frozenset[str](), "listed_at": 1.0}):
+        with pytest.raises(TypeError, match="exactly one"):
+            rec.resync([], **kw)  # type: ignore[arg-type]
+
+
+class _BrokenWatch(BaseHTTPRequestHandler):
+    """Answers a watch with one good event, then a chunk cut off mid-way (``/cut``) or a line
+    that is no JSON (``/junk``), as a dying API server or a proxy in the way can."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        good = json.dumps({"type": "ADDED", "object": make_pod("p")}).encode() + b"\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(good), good))
+        if self.server.mode == "junk":  # type: ignore[attr-defined]
+            self.wfile.write(b"6\r\n{oops\n\r\n0\r\n\r\n")
+        else:
+            self.wfile.write(b'400\r\n{"type": "MOD')
+        self.wfile.flush()
+        self.close_connection = True
+
+
+@pytest.mark.parametrize("mode", ["cut", "junk"])
+def test_a_broken_watch_stream_is_one_api_error(mode: str) -> None:
+    """A watch stream that breaks off or carries junk ends in `KubeApiError` after the events that
+    arrived whole, so the reconciler's and the device plugin's loops back off and list again
+    instead of their threads dying on a raw transport or JSON error."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _BrokenWatch)
+    server.mode = mode  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        api = KubeApi.for_host(f"http://127.0.0.1:{server.server_address[1]}")
+        seen: list[str] = []
+        with pytest.raises(KubeApiError) as err:
+            for kind, obj in api.watch_pods("5", timeout_s=1):
+                seen.append(f"{kind} {obj['metadata']['name']}")
+        assert seen == ["ADDED p"]
+        assert ("not an event" if mode == "junk" else "watch broken") in str(err.value)
+    finally:
+        server.shutdown()
+        server.server_close()

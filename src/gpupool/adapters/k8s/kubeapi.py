@@ -146,6 +146,7 @@ class KubeApi:
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """``(ADDED|MODIFIED|DELETED, pod)`` events after ``resource_version``; ends at the timeout."""
         from kubernetes.watch import watch as _watch
+        from urllib3.exceptions import HTTPError
 
         iter_resp_lines: Any = _watch.iter_resp_lines
 
@@ -155,12 +156,24 @@ class KubeApi:
         if field_selector:
             kw["field_selector"] = field_selector
         resp = self._call(self._core.list_pod_for_all_namespaces, **kw)
+        lines = iter(iter_resp_lines(resp))
         try:
-            for line in iter_resp_lines(resp):
+            while True:
+                try:
+                    line = next(lines)
+                except StopIteration:
+                    return
+                except (OSError, HTTPError) as exc:  # the stream broke off: one error for the callers' retry
+                    raise KubeApiError(0, f"pod watch broken: {exc}") from None
                 if not line.strip():
                     continue
-                event = json.loads(line)
-                kind, obj = event.get("type", ""), event.get("object") or {}
+                try:
+                    event = json.loads(line)
+                    kind, obj = str(event.get("type", "")), dict(event.get("object") or {})
+                except (ValueError, TypeError, AttributeError):
+                    raise KubeApiError(
+                        0, f"pod watch sent a line that is not an event: {line[:120]!r}"
+                    ) from None
                 if kind == "ERROR":
                     code = int(obj.get("code") or 0)
                     if code == 410:

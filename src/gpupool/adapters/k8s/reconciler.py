@@ -12,8 +12,12 @@ Events (from a list + watch of all pods):
 Resync (at start and whenever a watch ends: its timeout is the resync period): adopt from the full
 list, renew the leases of live pods (so placement leases never expire under running pods), and
 release leases whose pod is gone, except leases granted after the list started (a bind that raced
-the list). Invariant after a resync: every pool lease belongs to a live, unfinished pod
-of the list or was granted after it.
+the list). The watch loop knows which leases the pool held when it listed (their ids, read just
+before the list), so a lease is "older than the list" by identity, whatever the clock; a resync of
+a list taken before the pool existed (start-up) compares grant times with the clock reading before
+that list instead. Invariant after a resync: every pool lease belongs to a live, unfinished pod of
+the list or was granted after it. A pod deleted between one watch's end and the next list is
+therefore released by that list's resync, not missed.
 """
 
 from __future__ import annotations
@@ -104,8 +108,24 @@ class PodReconciler:
             return self._drift(key, "adopt-failed", str(exc))
         return "adopted"
 
-    def resync(self, pods: list[dict[str, Any]], *, listed_at: float) -> dict[str, int]:
-        """Apply the full list, renew live leases, release leases of pods that are gone."""
+    def held(self) -> frozenset[str]:
+        """The ids of the leases the pool's pods hold now (read it before listing, for `resync`)."""
+        return frozenset(lease.id for uid in self.pool.pod_uids() if (lease := self.pool.lease_of(uid)))
+
+    def resync(
+        self,
+        pods: list[dict[str, Any]],
+        *,
+        held_before: frozenset[str] | None = None,
+        listed_at: float | None = None,
+    ) -> dict[str, int]:
+        """Apply the full list, renew live leases, release leases of pods that are gone.
+
+        A gone pod's lease is released only when it is older than the list: its id is in
+        ``held_before`` (`held` read before listing) or, without that, it was granted before
+        ``listed_at`` (the pool's clock reading before listing). Exactly one must be given."""
+        if (held_before is None) == (listed_at is None):
+            raise TypeError("resync needs exactly one of held_before and listed_at")
         live: set[str] = set()
         for pod in pods:
             self.apply("ADDED", pod)
@@ -119,7 +139,11 @@ class PodReconciler:
                 continue
             if uid in live:
                 renewed += self.pool.renew_pod(uid)
-            elif lease.granted_at < listed_at and self.pool.release_pod(uid, reason="pod gone") is not None:
+            elif held_before is not None and lease.id not in held_before:
+                continue  # granted after the list started: its pod may be newer than the list
+            elif listed_at is not None and lease.granted_at >= listed_at:
+                continue
+            elif self.pool.release_pod(uid, reason="pod gone", lease_id=lease.id) is not None:
                 released += 1
         return {"pods": len(pods), "released": released, "renewed": renewed}
 
@@ -130,9 +154,9 @@ class PodReconciler:
         which is therefore also the resync and lease-renewal period), expires (410) or fails."""
         while not stop.is_set():
             try:
-                listed_at = self.pool.allocator.clock.now()
+                before = self.held()
                 pods, rv = api.list_pods()
-                self.resync(pods, listed_at=listed_at)
+                self.resync(pods, held_before=before)
                 for kind, obj in api.watch_pods(rv, timeout_s=watch_timeout_s):
                     if kind != "BOOKMARK":
                         self.apply(kind, obj)
