@@ -153,6 +153,24 @@ def test_error_texts_carry_values_not_python_reprs(gw: tuple[str, LeaseControlle
             assert "SliceKind" not in text and "[<" not in text and "'x'" not in text
         r = cl.get("/no/such/route")
         assert r.status_code == 404 and r.json()["code"] == "not_found"
+        r = cl.get("/v1/leases/nope")
+        assert r.status_code == 404 and r.json()["error"] == 'unknown lease "nope"', r.text
+
+
+def test_error_texts_never_echo_more_than_a_line_of_what_was_sent(gw: tuple[str, LeaseController]) -> None:
+    """An unknown id or model of 50,000 characters is named, cut, in a short error: the answer to a
+    bad request is never as large as the request."""
+    url, _ = gw
+    huge = "z" * 50_000
+    with httpx.Client(base_url=url, headers=h(A), timeout=10) as cl:
+        for r in (cl.get(f"/v1/leases/{huge}"), cl.delete(f"/v1/leases/{huge}")):
+            assert r.status_code == 404 and r.json()["code"] == "not_found", r.text[:200]
+            assert r.json()["error"].startswith('unknown lease "zzz') and r.json()["error"].endswith("...")
+            assert len(r.content) < 400
+        body = {"model": huge, "messages": [{"role": "user", "content": "hi"}]}
+        r = cl.post("/v1/chat/completions", json=body)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text[:200]
+        assert "zzz..." in r.json()["error"]["message"] and len(r.content) < 400
 
 
 def test_label_count_and_size_limits_name_the_field(gw: tuple[str, LeaseController]) -> None:

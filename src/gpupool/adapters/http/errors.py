@@ -48,7 +48,12 @@ def show(value: object) -> str:
         text = json.dumps(_plain(value), ensure_ascii=False, allow_nan=True)
     except (TypeError, ValueError):
         text = str(value)
-    text = safe(text)
+    return clip(safe(text))
+
+
+def clip(text: str) -> str:
+    """``text`` cut at `SHOW_MAX_CHARS` characters (``...`` marks the cut): an error names what it
+    got without echoing a megabyte a client sent."""
     return text if len(text) <= SHOW_MAX_CHARS else text[: SHOW_MAX_CHARS - 3] + "..."
 
 
@@ -157,7 +162,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(UnknownId)
     async def unknown(_: Request, exc: UnknownId) -> JSONResponse:
-        return err(404, str(exc), "not_found")
+        return err(404, f"unknown {exc.kind} {show(exc.value)}", "not_found")
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -49,6 +49,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpupool.adapters.http.errors import clip
 from gpupool.adapters.http.jsonbody import JsonBodyError, loads_bounded
 from gpupool.adapters.http.openai_request import (
     CHAT,
@@ -208,7 +209,7 @@ def add_proxy_routes(
         return _err(
             OpenAIError(
                 404,
-                f"The model `{model}` does not exist or no backend serves it.",
+                f"The model `{clip(model)}` does not exist or no backend serves it.",
                 param="model",
                 code="model_not_found",
             )
