@@ -122,6 +122,7 @@ def test_written_variant_loads_back_unchanged(tmp_path: Path) -> None:
     ("name", "message"),
     [
         ("cpu400", "cpu must be in [0, 300] %, got 400"),
+        ("cpu9999", "cpu must be in [0, 300] %, got 9999"),
         ("share0", "share must be in [1, 100] %"),
         ("gpu20", "token 'gpu20'"),
         ("cpu100-cpu200", "knob cpu given twice"),

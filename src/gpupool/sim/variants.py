@@ -69,7 +69,7 @@ class VariantSpec:
     spec_pct: int | None = None
 
 
-_TOKEN = re.compile(r"^(cpu|share|multi|spec)(\d{1,3})$")
+_TOKEN = re.compile(r"^(cpu|share|multi|spec)(\d{1,9})$")
 
 
 def parse_variant(name: str) -> VariantSpec:
