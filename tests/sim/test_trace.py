@@ -46,6 +46,8 @@ def test_five_column_pod_lists_load(tmp_path: Path) -> None:
         ("a,100,5,1,1001,,LS", "gpu_milli=1001 out of range"),
         ("a,100,5,9,1000,,LS", "num_gpu=9 out of range"),
         (",100,5,1,100,,LS", "column name is empty"),
+        ("a,100,5,1", "line 2: 4 field(s), the header has 7"),
+        ("a,100,5,1,300,,LS,extra,more", "line 2: 9 field(s), the header has 7"),
     ],
 )
 def test_malformed_pod_rows(tmp_path: Path, row: str, message: str) -> None:
@@ -65,6 +67,19 @@ def test_malformed_node_rows_and_headers(tmp_path: Path) -> None:
         load_pods(write(tmp_path, "h.csv", "name,cpu_milli,memory_mib,num_gpu\na,1,1,1\n"))
     with pytest.raises(FileNotFoundError):
         load_pods(tmp_path / "absent.csv")
+
+
+def test_a_byte_order_mark_is_no_part_of_the_header_and_other_encodings_are_named(tmp_path: Path) -> None:
+    """A list saved by a spreadsheet starts with a UTF-8 byte-order mark: it loads as without one.
+    A file that is not UTF-8 is one `TraceFormatError`, not a decoding traceback."""
+    text = POD_HEADER + "a,1000,10,1,300,,LS\n"
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert load_pods(bom) == load_pods(write(tmp_path, "plain.csv", text))
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes((POD_HEADER + "caf\xe9,1000,10,1,300,,LS\n").encode("latin-1"))
+    with pytest.raises(TraceFormatError, match="not UTF-8 text"):
+        load_pods(latin)
 
 
 def test_workload_name() -> None:

@@ -79,13 +79,16 @@ def _log(msg: str) -> None:
 def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") -> list[dict[str, Any]]:
     """The first ``limit`` requests, validated, with ``arrival`` applied ("as-is" or "burst:S")."""
     out: list[dict[str, Any]] = []
-    with path.open() as f:
+    with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark is no part of the first record
         for n, line in enumerate(f, 1):
             if limit is not None and len(out) >= limit:
                 break
             if not line.strip():
                 continue
-            r = json.loads(line)
+            try:
+                r = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{n}: not a JSON record ({exc})") from None
             ok = (
                 isinstance(r, dict)
                 and all(
@@ -100,13 +103,16 @@ def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") 
             out.append(r)
     if arrival.startswith("stretch:"):
         factor = float(arrival.split(":", 1)[1])
-        if not factor > 0:
+        if not 0 < factor < float("inf"):
             raise ValueError(f"arrival {arrival!r}: the factor must be > 0")
         return [{**r, "timestamp": int(r["timestamp"] * factor)} for r in out]
     if arrival != "as-is":
         if not arrival.startswith("burst:"):
             raise ValueError(f"arrival {arrival!r}: expected as-is, burst:SECONDS or stretch:FACTOR")
-        window_ms = int(float(arrival.split(":", 1)[1]) * 1000)
+        window_s = float(arrival.split(":", 1)[1])
+        if not 0.001 <= window_s < float("inf"):
+            raise ValueError(f"arrival {arrival!r}: the window must be >= 0.001 s and finite")
+        window_ms = int(window_s * 1000)
         if window_ms < 1:
             raise ValueError(f"arrival {arrival!r}: the window must be >= 0.001 s")
         out = [{**r, "timestamp": r["timestamp"] // window_ms * window_ms} for r in out]

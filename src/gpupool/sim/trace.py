@@ -67,13 +67,25 @@ class PodSpec:
 def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     if not path.is_file():
         raise FileNotFoundError(f"trace file not found: {path}")
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise TraceFormatError(f"{path}: header lacks column(s) {missing}; got {header}")
-        yield from enumerate(reader, start=2)
+    # utf-8-sig: a list saved by a spreadsheet starts with a byte-order mark, which is no column name
+    with path.open(newline="", encoding="utf-8-sig") as fh:
+        try:
+            reader = csv.DictReader(fh)
+            header = reader.fieldnames or []
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise TraceFormatError(f"{path}: header lacks column(s) {missing}; got {header}")
+            for lineno, row in enumerate(reader, start=2):
+                extra = row.pop(None, None)  # DictReader's restkey: fields past the header
+                short = sum(v is None for v in row.values())
+                if extra or short:
+                    got = len(header) + len(extra or ()) - short
+                    raise TraceFormatError(f"{path}:{lineno}: {got} field(s), the header has {len(header)}")
+                yield lineno, row
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except csv.Error as exc:
+            raise TraceFormatError(f"{path}:{reader.line_num}: {exc}") from None
 
 
 def _int(

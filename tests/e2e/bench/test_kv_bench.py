@@ -41,6 +41,20 @@ def test_rendered_blocks_follow_the_hash_ids_and_sessions_follow_prefixes(tmp_pa
     assert [r["timestamp"] for r in load_trace(tmp_path / "t.jsonl", arrival="burst:1")] == [0, 0, 0, 1000]
     with pytest.raises(ValueError, match="arrival"):
         load_trace(tmp_path / "t.jsonl", arrival="later")
+    for arrival in ("stretch:inf", "burst:nan", "burst:0.0001"):
+        with pytest.raises(ValueError, match="arrival"):
+            load_trace(tmp_path / "t.jsonl", arrival=arrival)
+
+
+def test_trace_files_with_a_byte_order_mark_load_and_bad_lines_are_named(tmp_path: Path) -> None:
+    plain = _trace(tmp_path / "t.jsonl")
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert load_trace(bom) == load_trace(plain)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(plain.read_text() + "{oops\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:5: not a JSON record"):
+        load_trace(bad)
 
 
 @pytest.mark.slow
@@ -72,6 +86,8 @@ def test_bench_kv_bad_options_exit_2(tmp_path: Path) -> None:
         ["--time-scale", "0"],
         ["--arrival", "soon"],
         ["--arrival", "burst:x"],
+        ["--arrival", "stretch:inf"],
+        ["--time-scale", "inf"],
         ["--stream-interval", "0"],
     ):
         r = subprocess.run(

@@ -222,3 +222,16 @@ def test_another_azure_format_trace_drives_the_token_sizes(tmp_path):
     assert out.exit_code == 2 and "ContextTokens" in out.output
     missing = CliRunner().invoke(app, ["sim", "tidal", "--days", "1", "--trace", str(tmp_path / "nope.csv")])
     assert missing.exit_code == 2 and "no such file" in missing.output
+    header = b"TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    for name, data, says in (
+        ("neg.csv", header + b"0,-5,20\n", "must be >= 0"),
+        ("latin.csv", header + b"0,5,20\n\xe9,1,1\n", "not UTF-8 text"),
+    ):
+        (tmp_path / name).write_bytes(data)
+        out = CliRunner().invoke(app, ["sim", "tidal", "--days", "1", "--trace", str(tmp_path / name)])
+        assert out.exit_code == 2 and says in out.output, out.output
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + short.read_bytes())
+    assert (
+        run(RunConfig(days=1, scale=0.05, seed=2, trace=str(tmp_path / "bom.csv")))["strategies"]
+        == r["strategies"]
+    )

@@ -76,17 +76,25 @@ def load(days: int, *, base: Path | None = None, token_trace: Path | None = None
         raise ValueError(f"no requests in the selected trace window starting {start}")
     shape /= shape.max()
     ctx, gen = [], []
-    with azure.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = {"ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"--trace {azure}: not the Azure LLM format: no column {sorted(missing)[0]}")
-        for i, row in enumerate(reader, start=2):
-            try:
-                ctx.append(int(row["ContextTokens"]))
-                gen.append(int(row["GeneratedTokens"]))
-            except (TypeError, ValueError):
-                raise ValueError(f"--trace {azure}: line {i}: token counts must be integers") from None
+    with azure.open(newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
+        try:
+            reader = csv.DictReader(f)
+            missing = {"ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
+            if missing:
+                raise ValueError(f"--trace {azure}: not the Azure LLM format: no column {sorted(missing)[0]}")
+            for i, row in enumerate(reader, start=2):
+                try:
+                    c, g = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+                except (TypeError, ValueError):
+                    raise ValueError(f"--trace {azure}: line {i}: token counts must be integers") from None
+                if c < 0 or g < 0:
+                    raise ValueError(f"--trace {azure}: line {i}: token counts must be >= 0, got {c}, {g}")
+                ctx.append(c)
+                gen.append(g)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"--trace {azure}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except csv.Error as exc:
+            raise ValueError(f"--trace {azure}: line {reader.line_num}: {exc}") from None
     if not ctx:
         raise ValueError(f"--trace {azure}: no requests")
     return Traces(shape, shift, np.array(ctx, dtype=np.int64), np.array(gen, dtype=np.int64))
