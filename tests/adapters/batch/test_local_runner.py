@@ -162,3 +162,20 @@ def test_a_job_dies_with_the_process_that_started_it(tmp_path):
     while not gone():
         assert time.monotonic() < deadline, "the job outlived the process that started it"
         time.sleep(0.02)
+
+
+def test_a_stored_job_no_lease_can_carry_fails_and_the_queue_goes_on(tmp_path):
+    """A job stored before submission checked its size (written straight into the queue here) must
+    not stop every later job at each step: it fails with the reason and the next job starts."""
+    clock, alloc, q, runner = setup(tmp_path)
+    q.submit(BatchJobSpec(id="huge", vram_mib=1000, command=("true",)), now=0.0)
+    spec = q._db.execute("SELECT spec FROM batch_jobs WHERE id = 'huge'").fetchone()[0]
+    q._db.execute("UPDATE batch_jobs SET spec = ? WHERE id = 'huge'", (spec.replace("1000", str(10**20)),))
+    q.submit(BatchJobSpec(id="ok", vram_mib=1000, command=(sys.executable, "-c", "pass")), now=1.0)
+    runner.step(clock.now())
+    assert q.get("huge").state is JobState.FAILED and "demand.vram_mib" in q.get("huge").reason
+    assert set(runner.running) == {"ok"}
+    assert wait_for(lambda: runner.running["ok"].handle.poll() is not None)
+    runner.step(clock.advance(1.0))
+    assert q.get("ok").state is JobState.DONE
+    alloc.check_invariants()

@@ -78,6 +78,8 @@ async def _cycle(tmp: Path) -> None:
                 assert r.json()["state"] == "queued"
             r = await cl.post("/v1/batch/jobs", json={"command": JOB, "vram_mib": 0})
             assert r.status_code == 422 and "vram_mib" in r.text
+            r = await cl.post("/v1/batch/jobs", json={"command": JOB, "vram_mib": 10**20})
+            assert r.status_code == 422 and r.json()["field"] == "vram_mib", r.text  # never queued
             rt.step()
             jobs = (await cl.get("/v1/batch/jobs")).json()["jobs"]
             assert [j["state"] for j in jobs] == ["running", "queued", "queued"]  # DAY: one at a time

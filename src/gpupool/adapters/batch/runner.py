@@ -224,9 +224,14 @@ class BatchRunner:
             if not self.executor.accepts(spec):
                 continue
             attempt = rec.attempts + 1
-            out = self.allocator.allocate(
-                lease_request(spec, attempt=attempt, ttl_s=self.lease_ttl_s), preempt=False
-            )
+            try:
+                out = self.allocator.allocate(
+                    lease_request(spec, attempt=attempt, ttl_s=self.lease_ttl_s), preempt=False
+                )
+            except InvalidInput as exc:  # a job no lease can ever carry (stored before a check existed)
+                self.queue.transition(spec.id, JobState.FAILED, now=now, reason=f"cannot be leased: {exc}")
+                self._event(now, spec.id, "failed")
+                continue
             if not out.granted or out.lease is None:
                 continue
             claimed = self.queue.claim(spec.id, worker=self.worker, now=now, lease_id=out.lease.id)

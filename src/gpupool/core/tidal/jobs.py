@@ -6,9 +6,12 @@ what a valid job is, which job runs next and what lease a running job holds.
 
 Invariants:
 - A job runs either a ``command`` (argv list, no shell) or a ``ray_task`` (``module:function``),
-  never both; ``vram_mib`` > 0; ``deadline_s`` (Unix seconds) is finite when given.
+  never both; ``vram_mib`` in [1, `MAX_VRAM_MIB`]; ``deadline_s`` (Unix seconds) is finite when given;
+  a valid job's lease request is a valid core request (`validate_job` checks it at submission).
 - Every running job holds exactly one P2 lease (`lease_request`): preemptible, priority ``P2``.
-- State machine: QUEUED -> RUNNING -> {DONE, FAILED}; QUEUED|RUNNING|PAUSED -> CANCELLED (an
+- State machine: QUEUED -> RUNNING -> {DONE, FAILED}; QUEUED -> FAILED (a stored job that no lease
+  can carry, e.g. queued before a check existed: failed with the reason, never retried at every
+  step); QUEUED|RUNNING|PAUSED -> CANCELLED (an
   operator's cancel: its process is stopped and its lease released); RUNNING <-> PAUSED (a pauser that keeps
   state: SIGSTOP, vLLM sleep, cuda-checkpoint); RUNNING|PAUSED -> QUEUED (requeue when the pauser
   cannot keep state, or after a crash: never silently dropped). `check_transition` enforces it.
@@ -24,7 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpupool.core.errors import InvalidInput
-from gpupool.core.model import Request
+from gpupool.core.model import MAX_VRAM_MIB, Request, validate_request
 from gpupool.core.priority import P2
 from gpupool.hardware.units import COMPUTE_MILLI_PER_GPU, Resources
 
@@ -47,6 +50,7 @@ _ALLOWED = {
     (JobState.RUNNING, JobState.QUEUED),
     (JobState.PAUSED, JobState.QUEUED),
     (JobState.PAUSED, JobState.FAILED),
+    (JobState.QUEUED, JobState.FAILED),
     (JobState.QUEUED, JobState.CANCELLED),
     (JobState.RUNNING, JobState.CANCELLED),
     (JobState.PAUSED, JobState.CANCELLED),
@@ -106,8 +110,10 @@ def validate_job(spec: BatchJobSpec) -> BatchJobSpec:
         raise InvalidInput("command", list(spec.command), "must be a list of non-empty strings")
     if spec.ray_task and (spec.ray_task.count(":") != 1 or not all(spec.ray_task.split(":"))):
         raise InvalidInput("ray_task", spec.ray_task, "expected package.module:function")
-    if type(spec.vram_mib) is not int or spec.vram_mib <= 0:
-        raise InvalidInput("vram_mib", spec.vram_mib, "must be a positive integer (MiB)")
+    if type(spec.vram_mib) is not int or not 1 <= spec.vram_mib <= MAX_VRAM_MIB:
+        raise InvalidInput("vram_mib", spec.vram_mib, f"must be an integer in [1, {MAX_VRAM_MIB}] (MiB)")
+    if not isinstance(spec.tenant, str) or not spec.tenant or len(spec.tenant) > 200:
+        raise InvalidInput("tenant", spec.tenant, "must be a non-empty string of at most 200 characters")
     if type(spec.compute_milli) is not int or not 0 <= spec.compute_milli <= COMPUTE_MILLI_PER_GPU:
         raise InvalidInput("compute_milli", spec.compute_milli, "must be an integer in [0, 1000]")
     if spec.deadline_s is not None and (
@@ -120,6 +126,7 @@ def validate_job(spec: BatchJobSpec) -> BatchJobSpec:
         raise InvalidInput("tokens", spec.tokens, "must be a non-negative integer")
     if type(spec.checkpointable) is not bool:
         raise InvalidInput("checkpointable", spec.checkpointable, "must be true or false")
+    validate_request(lease_request(spec, attempt=1, ttl_s=60.0))  # what the runner will ask the core
     return spec
 
 
