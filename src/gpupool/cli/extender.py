@@ -155,6 +155,9 @@ def _sync_inventory(pool: object, api: object, names: object, every_s: float, st
         except KubeApiError as exc:
             log.warning("inventory resync: %s", exc)
             continue
+        except Exception:  # a bad node object or a bug must not end the resync loop
+            log.exception("inventory resync failed")
+            continue
         if any(report.values()):
             log.info("inventory resync: %s", {k: v for k, v in report.items() if v})
 

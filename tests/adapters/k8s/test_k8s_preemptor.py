@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_pod
@@ -73,3 +74,27 @@ def test_nothing_is_evicted_when_only_protected_pods_block(extender: Any, fake_a
         ("default/agent", "gpu-c", ["c"])
     ]
     assert fake_api.evictions == []
+
+
+def test_the_loop_outlives_a_failing_round(extender: Any, fake_api: FakeApiServer) -> None:
+    """A round that raises (a bug, a pod the planner chokes on) is logged and the next round runs."""
+    ext, _, _ = extender
+    pre = Preemptor(ext.pool)
+    rounds: list[int] = []
+    stop = threading.Event()
+
+    def run_once(api: KubeApi) -> list[Any]:
+        rounds.append(1)
+        if len(rounds) == 1:
+            raise RuntimeError("injected")
+        if len(rounds) >= 3:
+            stop.set()
+        return []
+
+    pre.run_once = run_once  # type: ignore[method-assign]
+    t = threading.Thread(
+        target=pre.run, args=(KubeApi.for_host(fake_api.url), stop), kwargs={"interval_s": 0.01}
+    )
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive() and len(rounds) >= 3

@@ -273,3 +273,38 @@ def test_a_broken_watch_stream_is_one_api_error(mode: str) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_loop_outlives_a_failing_event(
+    extender: Any, fake_api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug or a bad event that raises inside the loop is logged; the loop lists again and the
+    lease is still released (before, the thread died and no pod was ever reconciled again)."""
+    ext, _, client = extender
+    rec = PodReconciler(ext.pool)
+    bind(client, fake_api, make_pod("svc", vram_mib=2000), "gpu-b")
+    uid = fake_api.pod("default", "svc")["metadata"]["uid"]
+    real, calls = ext.pool.release_pod, []
+
+    def flaky(*a: Any, **kw: Any) -> Any:
+        calls.append(a)
+        if len(calls) == 1:
+            raise RuntimeError("injected")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ext.pool, "release_pod", flaky)
+    stop = threading.Event()
+    t = threading.Thread(
+        target=rec.run,
+        args=(KubeApi.for_host(fake_api.url), stop),
+        kwargs={"watch_timeout_s": 1, "backoff_s": 0.05},
+    )
+    t.start()
+    try:
+        wait_until(lambda: rec.counts.get("ok", 0) >= 1, what="the bound pod seen")
+        fake_api.delete_pod("default", "svc")
+        wait_until(lambda: ext.pool.lease_of(uid) is None, what="the lease released after the failure")
+        assert len(calls) >= 2 and t.is_alive()
+    finally:
+        stop.set()
+        t.join(timeout=10)

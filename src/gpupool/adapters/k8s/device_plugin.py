@@ -528,6 +528,9 @@ class DevicePlugin:
                 if not isinstance(exc, WatchExpiredError):
                     log.warning("pod feed: %s", exc)
                     stop.wait(self.config.poll_s)
+            except Exception:  # one bad event or a bug must not end the feed: logged, then a relist
+                log.exception("pod feed failed; listing again")
+                stop.wait(self.config.poll_s)
 
     def verify(self, timeout_s: float = 5.0) -> list[str]:
         """Check taken leases against kubelet's PodResources; returns (and records) new drift lines."""

@@ -128,3 +128,5 @@ class Preemptor:
                 self.run_once(api)
             except KubeApiError as exc:
                 log.warning("preemptor: %s", exc)
+            except Exception:  # one bad pod or a bug must not end the loop: logged, next round
+                log.exception("preemptor round failed")

@@ -167,3 +167,6 @@ class PodReconciler:
             except KubeApiError as exc:
                 log.warning("pod reconciler: %s; retrying in %.1fs", exc, backoff_s)
                 stop.wait(backoff_s)
+            except Exception:  # one bad event or a bug must not end the loop: logged, then a relist
+                log.exception("pod reconciler failed; listing again in %.1fs", backoff_s)
+                stop.wait(backoff_s)
