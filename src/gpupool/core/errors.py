@@ -22,6 +22,11 @@ class StoreUnreachable(GpupoolError):
     possibly on the replica that leads now), never 500."""
 
 
+class StoreRefused(GpupoolError):
+    """A local store did not take a write (disk full, an I/O error, a lock held past its timeout);
+    nothing of the write was kept. Servers answer it 503 with Retry-After, never 500."""
+
+
 class InvalidInput(GpupoolError, ValueError):
     """A caller passed a value that can never be valid. ``field`` names it (dotted path)."""
 

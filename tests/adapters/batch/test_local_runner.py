@@ -5,10 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpupool.adapters.batch.local import LocalExecutor, wait_for
 from gpupool.adapters.batch.queue import BatchJobQueue
 from gpupool.adapters.batch.runner import BatchRunner
 from gpupool.core import P0, Allocator, ManualClock, Request, Resources, Slice, SliceKind
+from gpupool.core.errors import StoreRefused
 from gpupool.core.tidal.jobs import BatchJobSpec, JobState
 
 GPU = Slice(id="gpu-0", node="n0", gpu_id="gpu-0", kind=SliceKind.WHOLE, capacity=Resources(10_000, 1000))
@@ -178,4 +181,30 @@ def test_a_stored_job_no_lease_can_carry_fails_and_the_queue_goes_on(tmp_path):
     assert wait_for(lambda: runner.running["ok"].handle.poll() is not None)
     runner.step(clock.advance(1.0))
     assert q.get("ok").state is JobState.DONE
+    alloc.check_invariants()
+
+
+def test_a_queue_that_refuses_writes_keeps_jobs_and_leases_consistent(tmp_path):
+    """The queue's database refuses writes (SQLite's query_only: every write is refused as on a
+    full or read-only disk): a start it cannot record keeps no lease; an exit it cannot record
+    is reaped again at the next step, with its lease held until then."""
+    clock, alloc, q, runner = setup(tmp_path)
+    q.submit(BatchJobSpec(id="quick", vram_mib=1000, command=(sys.executable, "-c", "pass")), now=0.0)
+    q._db.execute("PRAGMA query_only = 1")
+    with pytest.raises(StoreRefused, match="claim quick"):
+        runner.step(clock.now())
+    assert not runner.running and q.get("quick").state is JobState.QUEUED
+    assert alloc.slice_state("gpu-0").granted.vram_mib == 0  # the lease of the unrecorded start is gone
+    q._db.execute("PRAGMA query_only = 0")
+    runner.step(clock.advance(1.0))
+    assert wait_for(lambda: runner.running["quick"].handle.poll() is not None)
+    q._db.execute("PRAGMA query_only = 1")
+    with pytest.raises(StoreRefused, match="move quick to done"):
+        runner.step(clock.advance(1.0))
+    assert q.get("quick").state is JobState.RUNNING and "quick" in runner.running
+    assert alloc.slice_state("gpu-0").granted.vram_mib == 1000  # held until the exit is recorded
+    q._db.execute("PRAGMA query_only = 0")
+    runner.step(clock.advance(1.0))
+    assert q.get("quick").state is JobState.DONE and q.get("quick").returncode == 0
+    assert not runner.running and alloc.slice_state("gpu-0").granted.vram_mib == 0
     alloc.check_invariants()

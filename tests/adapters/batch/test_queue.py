@@ -6,6 +6,7 @@ import pytest
 
 from gpupool.adapters.batch.queue import BatchJobQueue
 from gpupool.core import DuplicateId, InvalidInput, UnknownId
+from gpupool.core.errors import StoreRefused
 from gpupool.core.tidal.jobs import BatchJobSpec, JobState, lease_request, queue_key, validate_job
 
 
@@ -73,3 +74,23 @@ def test_lease_request_is_p2_and_preemptible():
     r = lease_request(job("x", vram_mib=2048, compute_milli=250), attempt=3, ttl_s=30.0)
     assert r.priority < 0 and r.is_preemptible and r.id == "job/x/3"
     assert r.demand.vram_mib == 2048 and r.demand.compute_milli == 250
+
+
+def _fill(q: BatchJobQueue) -> None:
+    """Cap the database at its current size: SQLite then answers every growing write "database or
+    disk is full" (SQLITE_FULL), as on a full disk."""
+    pages = q._db.execute("PRAGMA page_count").fetchone()[0]
+    q._db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def test_a_full_disk_refuses_writes_as_store_refused_and_changes_nothing(tmp_path):
+    q = BatchJobQueue(tmp_path / "jobs.db")
+    q.submit(job("a"), now=1.0)
+    _fill(q)
+    big = "x" * 20_000  # a row larger than the free room of the last page
+    with pytest.raises(StoreRefused, match="batch queue: submit b: database or disk is full"):
+        q.submit(job("b", command=("echo", big)), now=2.0)
+    with pytest.raises(StoreRefused, match="move a to cancelled"):
+        q.transition("a", JobState.CANCELLED, now=3.0, reason=big)
+    assert [(r.spec.id, r.state) for r in q.jobs()] == [("a", JobState.QUEUED)]
+    assert q.claim("a", worker="w", now=4.0, lease_id="L1") is not None  # a write that fits still goes

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,34 +14,18 @@ from gpupool.adapters.batch.ray_executor import RayExecutor  # noqa: E402
 from gpupool.adapters.batch.runner import BatchRunner  # noqa: E402
 from gpupool.core import P0, Allocator, ManualClock, Request, Resources, Slice, SliceKind  # noqa: E402
 from gpupool.core.tidal.jobs import BatchJobSpec, JobState  # noqa: E402
+from tests.ray_cluster import ray_head_cluster  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
-    ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
-    if ray_bin is None:
-        pytest.skip("the ray CLI is not on PATH")
-    tmp = tmp_path_factory.mktemp("ray")
-    port = _free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    subprocess.run(
-        [ray_bin, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={tmp}"],
-        check=True, env=env, capture_output=True, timeout=120,
-    )  # fmt: skip
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        ray.shutdown()
-        subprocess.run([ray_bin, "stop"], env=env, capture_output=True, timeout=60, check=False)
+    with ray_head_cluster(tmp_path_factory.mktemp("ray")) as address:
+        try:
+            yield address
+        finally:
+            ray.shutdown()
 
 
 def test_ray_jobs_hold_leases_finish_and_are_requeued_when_preempted(tmp_path, ray_head):

@@ -28,6 +28,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="ray is not installed here (pip install 'gpupool[ray]')")
 httpx = pytest.importorskip("httpx")
 
+from tests.ray_cluster import ray_head_cluster  # noqa: E402
+
 pytestmark = pytest.mark.slow
 TOKEN = "ray-e2e-admin-token-0001"
 
@@ -48,22 +50,12 @@ def _wait(pred: Callable[[], object], what: str, s: float = 90.0) -> None:
 
 
 @pytest.fixture
-def ray_head(tmp_path: Path) -> Iterator[str]:
-    ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
-    if ray_bin is None:
-        pytest.skip("the ray CLI is not on PATH")
-    port = _free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+def ray_head() -> Iterator[str]:
     tmp = Path(tempfile.gettempdir()) / f"ray-{os.getpid()}"  # Ray's socket paths must stay short
-    subprocess.run(
-        [ray_bin, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={tmp}"],
-        check=True, env=env, capture_output=True, timeout=180,
-    )  # fmt: skip
     try:
-        yield f"127.0.0.1:{port}"
+        with ray_head_cluster(tmp, force_stop=True) as address:
+            yield address
     finally:
-        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120, check=False)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

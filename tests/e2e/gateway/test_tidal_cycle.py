@@ -80,6 +80,11 @@ async def _cycle(tmp: Path) -> None:
             assert r.status_code == 422 and "vram_mib" in r.text
             r = await cl.post("/v1/batch/jobs", json={"command": JOB, "vram_mib": 10**20})
             assert r.status_code == 422 and r.json()["field"] == "vram_mib", r.text  # never queued
+            rt.batch.queue._db.execute("PRAGMA query_only = 1")  # the queue's disk refuses writes
+            r = await cl.post("/v1/batch/jobs", json={"id": "refused", "command": JOB, "vram_mib": 1024})
+            assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
+            assert r.headers["retry-after"] == "1" and "batch queue" in r.json()["error"]
+            rt.batch.queue._db.execute("PRAGMA query_only = 0")
             rt.step()
             jobs = (await cl.get("/v1/batch/jobs")).json()["jobs"]
             assert [j["state"] for j in jobs] == ["running", "queued", "queued"]  # DAY: one at a time

@@ -10,16 +10,20 @@ Invariants:
   `claim` is a compare-and-set (QUEUED -> RUNNING), so two runners never start one job.
 - `recover` (call at start-up) requeues every RUNNING or PAUSED job of a previous process: work
   is requeued, never silently dropped; ``attempts`` counts the tries.
+- A write SQLite cannot take (disk full, I/O error, lock timeout) raises `StoreRefused` and
+  changes nothing (each write is one statement or one transaction).
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from gpupool.core.errors import DuplicateId, UnknownId
+from gpupool.core.errors import DuplicateId, StoreRefused, UnknownId
 from gpupool.core.tidal.jobs import (
     BatchJobSpec,
     JobRecord,
@@ -47,6 +51,17 @@ CREATE INDEX IF NOT EXISTS batch_jobs_order ON batch_jobs (state, deadline, subm
 """
 
 
+@contextmanager
+def _refused(what: str) -> Iterator[None]:
+    """SQLite's refusal of a write (not a constraint: those are the callers' answers) as `StoreRefused`."""
+    try:
+        yield
+    except sqlite3.IntegrityError:
+        raise
+    except sqlite3.Error as exc:
+        raise StoreRefused(f"batch queue: {what}: {exc}") from None
+
+
 def _spec_from(text: str) -> BatchJobSpec:
     return spec_from_dict(json.loads(text))
 
@@ -64,11 +79,12 @@ class BatchJobQueue:
         validate_job(spec)
         deadline = float("inf") if spec.deadline_s is None else float(spec.deadline_s)
         try:
-            self._db.execute(
-                "INSERT INTO batch_jobs (id, spec, state, deadline, submitted_at, updated_at) "
-                "VALUES (?,?,?,?,?,?)",
-                (spec.id, json.dumps(asdict(spec)), JobState.QUEUED.value, deadline, now, now),
-            )
+            with _refused(f"submit {spec.id}"):
+                self._db.execute(
+                    "INSERT INTO batch_jobs (id, spec, state, deadline, submitted_at, updated_at) "
+                    "VALUES (?,?,?,?,?,?)",
+                    (spec.id, json.dumps(asdict(spec)), JobState.QUEUED.value, deadline, now, now),
+                )
         except sqlite3.IntegrityError:
             raise DuplicateId("id", spec.id) from None
         return self.get(spec.id)
@@ -94,11 +110,12 @@ class BatchJobQueue:
 
     def claim(self, job_id: str, *, worker: str, now: float, lease_id: str) -> JobRecord | None:
         """Atomically move QUEUED ``job_id`` to RUNNING under ``lease_id``; None if it is not queued."""
-        cur = self._db.execute(
-            "UPDATE batch_jobs SET state = ?, worker = ?, lease_id = ?, attempts = attempts + 1, "
-            "reason = 'started', updated_at = ? WHERE id = ? AND state = ?",
-            (JobState.RUNNING.value, worker, lease_id, now, job_id, JobState.QUEUED.value),
-        )
+        with _refused(f"claim {job_id}"):
+            cur = self._db.execute(
+                "UPDATE batch_jobs SET state = ?, worker = ?, lease_id = ?, attempts = attempts + 1, "
+                "reason = 'started', updated_at = ? WHERE id = ? AND state = ?",
+                (JobState.RUNNING.value, worker, lease_id, now, job_id, JobState.QUEUED.value),
+            )
         return self.get(job_id) if cur.rowcount == 1 else None
 
     def transition(
@@ -111,6 +128,20 @@ class BatchJobQueue:
         lease_id: str | None = None,
         returncode: int | None = None,
     ) -> JobRecord:
+        with _refused(f"move {job_id} to {new.value}"):
+            self._transition(job_id, new, now=now, reason=reason, lease_id=lease_id, returncode=returncode)
+        return self.get(job_id)
+
+    def _transition(
+        self,
+        job_id: str,
+        new: JobState,
+        *,
+        now: float,
+        reason: str,
+        lease_id: str | None,
+        returncode: int | None,
+    ) -> None:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             row = self._db.execute("SELECT state FROM batch_jobs WHERE id = ?", (job_id,)).fetchone()
@@ -130,9 +161,9 @@ class BatchJobQueue:
             self._db.execute(f"UPDATE batch_jobs SET {', '.join(sets)} WHERE id = ?", (*vals, job_id))  # noqa: S608
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
             raise
-        return self.get(job_id)
 
     def recover(self, *, now: float) -> list[str]:
         """Requeue the RUNNING/PAUSED jobs a previous process left behind; returns their ids."""

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from gpupool.adapters.batch.queue import BatchJobQueue
 from gpupool.core.controller import LeaseController
-from gpupool.core.errors import InvalidInput
+from gpupool.core.errors import InvalidInput, StoreRefused
 from gpupool.core.model import Lease, Request
 from gpupool.core.outcome import Outcome
 from gpupool.core.tidal.jobs import FINAL, BatchJobSpec, JobRecord, JobState, lease_request
@@ -119,12 +119,14 @@ class BatchRunner:
         rec = self.queue.get(job_id)
         if rec.state in FINAL:
             raise InvalidInput("job", job_id, f"is already {rec.state.value}")
+        # recorded first: a store that refuses the write leaves the job as it was (the caller retries)
+        out = self.queue.transition(job_id, JobState.CANCELLED, now=now, reason=reason)
         r = self.running.pop(job_id, None) or self.paused.pop(job_id, None)
         if r is not None:
             r.handle.stop()
             self.allocator.release(r.lease_id, reason=f"job {job_id} {reason}")
         self._event(now, job_id, "cancelled")
-        return self.queue.transition(job_id, JobState.CANCELLED, now=now, reason=reason)
+        return out
 
     def stop_all(self, *, now: float) -> None:
         """Shutdown: stop every process, then release its lease and requeue its job (the next start,
@@ -155,10 +157,11 @@ class BatchRunner:
             rc = r.handle.poll()
             if rc is None:
                 continue
+            state = JobState.DONE if rc == 0 else JobState.FAILED
+            # recorded first: a store that refuses the write leaves the job here, reaped next step
+            self.queue.transition(job_id, state, now=now, returncode=rc, reason=f"exit {rc}")
             del self.running[job_id]
             self.allocator.release(r.lease_id, reason=f"job {job_id} exited {rc}")
-            state = JobState.DONE if rc == 0 else JobState.FAILED
-            self.queue.transition(job_id, state, now=now, returncode=rc, reason=f"exit {rc}")
             self._event(now, job_id, state.value)
 
     def _on_lost_leases(self, now: float) -> None:
@@ -234,7 +237,11 @@ class BatchRunner:
                 continue
             if not out.granted or out.lease is None:
                 continue
-            claimed = self.queue.claim(spec.id, worker=self.worker, now=now, lease_id=out.lease.id)
+            try:
+                claimed = self.queue.claim(spec.id, worker=self.worker, now=now, lease_id=out.lease.id)
+            except StoreRefused:  # the queue cannot record the start: no lease is kept for it
+                self.allocator.release(out.lease.id, reason="the batch queue refused the claim")
+                raise
             if claimed is None:  # another runner took it first
                 self.allocator.release(out.lease.id, reason="lost the claim race")
                 continue

@@ -64,7 +64,7 @@ from gpupool.adapters.http.views import (
     ticket_json,
 )
 from gpupool.core.controller import LeaseController
-from gpupool.core.errors import InvalidInput, StoreDamaged, StoreUnreachable, UnknownId
+from gpupool.core.errors import InvalidInput, StoreDamaged, StoreRefused, StoreUnreachable, UnknownId
 from gpupool.core.model import Lease
 from gpupool.core.model import Request as CoreRequest
 from gpupool.core.outcome import OutcomeCode
@@ -130,6 +130,10 @@ def create_app(
     @app.exception_handler(StoreUnreachable)
     async def store_unreachable(_: Request, exc: StoreUnreachable) -> JSONResponse:
         return err(503, f"lease store unavailable: {exc}", "store_unavailable", retry=1.0)
+
+    @app.exception_handler(StoreRefused)
+    async def store_refused(_: Request, exc: StoreRefused) -> JSONResponse:
+        return err(503, f"store unavailable: {exc}", "store_unavailable", retry=1.0)
 
     @app.exception_handler(StoreUnavailable)
     async def store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
