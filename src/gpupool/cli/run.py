@@ -40,6 +40,7 @@ from gpupool.cli.serve import (
     Bundle,
     KvSizer,
     build,
+    ensure_data_dir,
     register_backends,
 )
 from gpupool.cli.serving import free_port, run_loop, uvicorn_server
@@ -275,8 +276,7 @@ def run(  # noqa: PLR0917 (typer options)
     check_port("--port", port)
     catch_early_stop()
     check_range("--tidal-speed", tidal_speed, lo=0)
-    if data_dir.exists() and not data_dir.is_dir():
-        raise UserError(f"invalid --data-dir={str(data_dir)!r}: not a directory")
+    ensure_data_dir(data_dir)
     if not keep_state:
         removed = reset_state(data_dir)
         if removed:

@@ -104,6 +104,18 @@ def plan_cluster(cluster: Path, workloads: Path) -> tuple[Any, Any, Any, list[Sl
     return cspec, wset, p, list(inventory_from_plan(p))
 
 
+def ensure_data_dir(data_dir: Path) -> None:
+    """Create ``--data-dir`` if needed; `UserError` (exit 2) naming it when it cannot be one."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise UserError(f"invalid --data-dir={str(data_dir)!r}: not a directory")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"invalid --data-dir={str(data_dir)!r}: cannot create it: {exc.strerror or exc}"
+        ) from None
+
+
 def build(
     *,
     data_dir: Path,
@@ -464,6 +476,7 @@ def serve(  # noqa: PLR0917 (typer options)
     if not (math.isfinite(header_timeout_s) and header_timeout_s > 0):
         raise UserError(f"--header-timeout-s {header_timeout_s}: must be a positive number of seconds")
     check_port("--port", port)
+    ensure_data_dir(data_dir)
     catch_early_stop()
     store_options = store_settings(
         store,

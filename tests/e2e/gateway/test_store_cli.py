@@ -102,12 +102,21 @@ def test_serve_validates_its_arguments_before_opening_the_store(tmp_path: Path) 
     assert r.returncode == 2 and "missing.yaml" in one_line(r) and "recovered" not in r.stdout
 
 
-def test_a_store_that_cannot_be_opened_is_one_line_naming_it(tmp_path: Path) -> None:
+def test_a_data_dir_that_cannot_be_one_is_one_line_naming_it(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory\n")
-    r = serve(blocker / "data", "--auth-file", str(_auth(tmp_path)))
+    for data, why in ((blocker / "data", "cannot create it"), (blocker, "not a directory")):
+        for auth in ((), ("--auth-file", str(_auth(tmp_path)))):
+            r = serve(data, *auth)
+            line = one_line(r)
+            assert r.returncode == 2 and f"invalid --data-dir={str(data)!r}: {why}" in line, r.stderr
+
+
+def test_a_store_that_cannot_be_opened_is_one_line_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "leases.db").mkdir()  # the data directory is fine; the store file cannot be a file
+    r = serve(tmp_path, "--auth-file", str(_auth(tmp_path)))
     line = one_line(r)
-    assert r.returncode == 2 and "lease store" in line and str(blocker / "data" / "leases.db") in line
+    assert r.returncode == 2 and "lease store" in line and str(tmp_path / "leases.db") in line
 
 
 def test_a_bad_ticket_row_is_named_at_start_and_repair_quarantines_it(tmp_path: Path) -> None:
