@@ -33,7 +33,7 @@ from typing import Any
 import typer
 
 from gpupool.cli.console import say
-from gpupool.cli.errors import UserError, check_port, check_range, user_errors
+from gpupool.cli.errors import check_port, check_range, user_errors
 from gpupool.cli.serve import (
     DEFAULT_CLUSTER,
     DEFAULT_WORKLOADS,
