@@ -276,7 +276,7 @@ def run(  # noqa: PLR0917 (typer options)
     check_port("--port", port)
     catch_early_stop()
     check_range("--tidal-speed", tidal_speed, lo=0)
-    ensure_data_dir(data_dir)
+    ensure_data_dir(data_dir, create=False)
     if not keep_state:
         removed = reset_state(data_dir)
         if removed:

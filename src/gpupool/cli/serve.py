@@ -70,7 +70,7 @@ def load_tokens(auth_file: Path | None, data_dir: Path) -> tuple[list[tuple[str,
                 raise UserError(f"{auth_file}: tokens[{i}] must be a mapping")
             out.append((str(t.get("token", "")), str(t.get("tenant", "")), str(t.get("role", "tenant"))))
         return out, None
-    data_dir.mkdir(parents=True, exist_ok=True)
+    ensure_data_dir(data_dir)
     path = data_dir / "admin.token"
     if path.exists():
         return [(path.read_text().strip(), "admin", "admin")], None
@@ -104,10 +104,13 @@ def plan_cluster(cluster: Path, workloads: Path) -> tuple[Any, Any, Any, list[Sl
     return cspec, wset, p, list(inventory_from_plan(p))
 
 
-def ensure_data_dir(data_dir: Path) -> None:
-    """Create ``--data-dir`` if needed; `UserError` (exit 2) naming it when it cannot be one."""
+def ensure_data_dir(data_dir: Path, *, create: bool = True) -> None:
+    """`UserError` (exit 2) naming ``--data-dir`` when it is not a directory; with ``create``, make
+    it (and its parents) if missing, with the same error when that fails."""
     if data_dir.exists() and not data_dir.is_dir():
         raise UserError(f"invalid --data-dir={str(data_dir)!r}: not a directory")
+    if not create:
+        return
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -476,7 +479,7 @@ def serve(  # noqa: PLR0917 (typer options)
     if not (math.isfinite(header_timeout_s) and header_timeout_s > 0):
         raise UserError(f"--header-timeout-s {header_timeout_s}: must be a positive number of seconds")
     check_port("--port", port)
-    ensure_data_dir(data_dir)
+    ensure_data_dir(data_dir, create=False)  # created once every option is known good
     catch_early_stop()
     store_options = store_settings(
         store,

@@ -106,10 +106,12 @@ def test_a_data_dir_that_cannot_be_one_is_one_line_naming_it(tmp_path: Path) -> 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory\n")
     for data, why in ((blocker / "data", "cannot create it"), (blocker, "not a directory")):
-        for auth in ((), ("--auth-file", str(_auth(tmp_path)))):
-            r = serve(data, *auth)
-            line = one_line(r)
-            assert r.returncode == 2 and f"invalid --data-dir={str(data)!r}: {why}" in line, r.stderr
+        line = one_line(r := serve(data))
+        assert r.returncode == 2 and f"invalid --data-dir={str(data)!r}: {why}" in line, r.stderr
+    r = serve(blocker, "--auth-file", str(_auth(tmp_path)))
+    assert r.returncode == 2 and f"invalid --data-dir={str(blocker)!r}: not a directory" in one_line(r)
+    r = serve(blocker / "data", "--auth-file", str(_auth(tmp_path)))  # no token file: the store says it
+    assert r.returncode == 2 and str(blocker / "data" / "leases.db") in one_line(r)
 
 
 def test_a_store_that_cannot_be_opened_is_one_line_naming_it(tmp_path: Path) -> None:

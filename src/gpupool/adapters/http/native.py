@@ -19,6 +19,8 @@ What it keeps of the ASGI path, so the two cannot be told apart by a client:
 - uvicorn's keep-alive, ``Connection: close``, default headers (``date``, ``server``), graceful
   shutdown (the task is in the server's task set) and flow control (writes wait while the
   transport is paused; a streamed response stops and runs its clean-up when the client goes).
+  Beyond it: a request whose client hangs up is cancelled wherever it waits, a complete answer
+  too (the ASGI path lets those run to their end), so the backend stops working for nobody.
 
 Invariants: at most one native request per connection at a time; the response is written only by
 the request's own task; the protocol's ``on_response_complete`` runs once per request, after the
@@ -106,7 +108,6 @@ class NativeCycle:
         "path",
         "proto",
         "response_complete",
-        "streaming",
         "task",
     )
 
@@ -123,7 +124,6 @@ class NativeCycle:
         self.keep_alive = keep_alive
         self.task: asyncio.Task[None] | None = None
         self.limit = native.max_body_bytes
-        self.streaming = False
 
     def begin(self) -> None:
         """Called at the end of the request head: refuse a declared body over the limit now."""
@@ -155,9 +155,9 @@ class NativeCycle:
     # -- the protocol's message_event
     def set(self) -> None:
         if self.disconnected:
-            # only a stream is stopped (its clean-up releases the lease); a complete answer runs to
-            # its end, as on the ASGI path, so `forward` always releases what it took
-            if self.streaming and self.task is not None and not self.task.done():
+            # the client left: stop its request wherever it waits (`forward` gives the lease back
+            # on a cancel and the backend connection is closed, so the engine aborts the work too)
+            if self.task is not None and not self.task.done():
                 self.task.cancel()
             return
         if self.task is not None:
@@ -248,7 +248,6 @@ class NativeCycle:
         self.proto.transport.write(b"".join(out))
 
     async def _stream(self, response: StreamingResponse) -> None:
-        self.streaming = True
         it = response.body_iterator
         transport, flow = self.proto.transport, self.proto.flow
         try:

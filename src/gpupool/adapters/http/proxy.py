@@ -3,8 +3,10 @@
 
 Each request takes a short *request lease* on one backend's KV-cache budget, sized by the KV estimator
 from the prompt's token count + ``n`` x ``max_tokens`` per prompt (default 256, capped by the context;
-0 for embeddings), and releases it when the response completes or the client disconnects (the
-stream's ``finally``). The prompt count is the corrected estimate of `openai_request` (characters / 4,
+0 for embeddings), and releases it exactly once when the response completes, fails, or the client
+goes: a stream's body is a `Relay` (its clean-up runs even when it is closed before its first
+chunk), and a request cancelled while it waits on the backend (the native path cancels it when
+its client hangs up) releases its lease and closes the backend connection, so the engine aborts. The prompt count is the corrected estimate of `openai_request` (characters / 4,
 fitted per model to earlier responses' ``usage.prompt_tokens``); when it comes within
 ``NEAR_CONTEXT`` of the model's context the backend's ``/tokenize`` (vLLM's) gives the exact count, and
 only an exact count over the context is rejected here. Bodies are decoded depth-bounded (`jsonbody`).
@@ -40,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from inspect import isawaitable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -118,6 +120,46 @@ class _FastRequest:
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
             elif msg["type"] == "http.disconnect":
                 raise ClientDisconnect()
+
+
+class Relay:
+    """The body of a proxied stream: the backend's chunks as they come, then ``finish`` (release the
+    lease, record the metrics) exactly once, with the backend connection closed first, however the
+    stream ends: its last chunk, a failure, or `aclose`. Why not an async generator with a
+    ``finally``: a generator closed before its first chunk was asked for never runs its body, so a
+    client that left before the response head (the native path then only closes the iterator)
+    left the lease held until its TTL and the backend generating into an unread socket."""
+
+    __slots__ = ("_chunks", "_closed", "_finish", "_on_chunk", "_upstream")
+
+    def __init__(self, upstream: Any, on_chunk: Callable[[bytes], None], finish: Callable[[], None]) -> None:
+        self._upstream, self._on_chunk, self._finish = upstream, on_chunk, finish
+        self._chunks: AsyncGenerator[bytes, None] = upstream.aiter_raw()
+        self._closed = False
+
+    def __aiter__(self) -> Relay:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            chunk = await self._chunks.__anext__()
+        except BaseException:  # the end (StopAsyncIteration), a failure or a cancel
+            await self.aclose()
+            raise
+        self._on_chunk(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._chunks.aclose()
+        finally:
+            try:
+                await self._upstream.aclose()  # a response not read to its end closes the connection
+            finally:
+                self._finish()
 
 
 class RawResponse(Response):
@@ -437,7 +479,12 @@ def add_proxy_routes(
                 sessions.prefill_done(kv_slice, waiting[0], elapsed)
                 waiting[0] = 0
 
-        def release() -> None:
+        released = [False]
+
+        def release() -> None:  # idempotent: the stream's end, a failure and a cancel may all call it
+            if released[0]:
+                return
+            released[0] = True
             first_token()
             try:  # noqa: SIM105 (contextlib.suppress costs three calls per request)
                 c.release(lease_id, reason="request finished")
@@ -470,6 +517,9 @@ def add_proxy_routes(
             if gw.metrics is not None:
                 gw.metrics.observe_proxy(model, 502, None, time.perf_counter() - t0)
             return err(502, f"backend {backend.id} unreachable: {type(exc).__name__}", "bad_gateway")
+        except BaseException:  # cancelled (the client went away, the server stops): give the lease back
+            release()
+            raise
         if not shape.stream:
             try:
                 content = await upstream.read()
@@ -478,6 +528,9 @@ def add_proxy_routes(
                 return err(
                     502, f"backend {backend.id} failed mid-response: {type(exc).__name__}", "bad_gateway"
                 )
+            except BaseException:  # cancelled: `read` closed the backend connection (it aborts there)
+                release()
+                raise
             release()
             if gw.metrics is not None:
                 dt = time.perf_counter() - t0
@@ -494,24 +547,22 @@ def add_proxy_routes(
                 raw_headers.append((TRUNCATED_HEADER.encode(), truncated.encode()))
             return RawResponse(content, upstream.status_code, raw_headers)
 
-        async def relay() -> AsyncIterator[bytes]:
-            first: float | None = None
-            try:
-                async for chunk in upstream.aiter_raw():
-                    if first is None:
-                        first = time.perf_counter() - t0
-                        first_token(measured=True)
-                    if b'"prompt_tokens"' in chunk and (actual := usage_prompt_tokens(chunk)) is not None:
-                        surf.correction.observe(model, est, actual)
-                    yield chunk
-            finally:
-                await upstream.aclose()
-                release()
-                if gw.metrics is not None:
-                    gw.metrics.observe_proxy(model, upstream.status_code, first, time.perf_counter() - t0)
+        first: list[float | None] = [None]
+
+        def on_chunk(chunk: bytes) -> None:
+            if first[0] is None:
+                first[0] = time.perf_counter() - t0
+                first_token(measured=True)
+            if b'"prompt_tokens"' in chunk and (actual := usage_prompt_tokens(chunk)) is not None:
+                surf.correction.observe(model, est, actual)
+
+        def finish() -> None:
+            release()
+            if gw.metrics is not None:
+                gw.metrics.observe_proxy(model, upstream.status_code, first[0], time.perf_counter() - t0)
 
         return StreamingResponse(
-            relay(),
+            Relay(upstream, on_chunk, finish),
             status_code=upstream.status_code,
             media_type=upstream.headers.get("content-type", "text/event-stream"),
             headers={"x-gpupool-lease": lease_id, "x-gpupool-backend": backend.id}
@@ -574,4 +625,9 @@ class ProxyFastPath:
                 raise
             out = handler(request, exc)
             response = await out if isawaitable(out) else out
-        await response(scope, receive, send)
+        try:
+            await response(scope, receive, send)
+        finally:  # a stream the client left before or during its body still gives its lease back
+            body = getattr(response, "body_iterator", None)
+            if isinstance(body, Relay):
+                await body.aclose()

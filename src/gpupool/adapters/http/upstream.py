@@ -21,7 +21,8 @@ makes the race frequent against the real backend and counts what its engine admi
 
 Invariants:
 - a connection returns to the idle pool only after its response was read to the end and the
-  backend did not ask to close it;
+  backend did not ask to close it; a request cancelled before its response head closes its
+  connection (a backend that sees its client go aborts the request: vLLM does);
 - a streamed body never buffers more than `HIGH_WATER_BYTES` ahead of its reader: the socket stops
   being read until the reader catches up (back-pressure onto the backend).
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -190,7 +191,7 @@ class UpstreamResponse:
         self.status_code = conn.status
         self.headers = conn.headers
 
-    async def aiter_raw(self) -> AsyncIterator[bytes]:
+    async def aiter_raw(self) -> AsyncGenerator[bytes, None]:
         conn = self._conn
         assert conn is not None, "response body already consumed"
         try:
@@ -275,6 +276,9 @@ class UpstreamPool:
                 if not reused or attempt or conn.timeout:
                     raise UpstreamError(str(exc)) from None
                 continue
+            except BaseException:  # cancelled while the backend works on it: closing it aborts there
+                conn.transport.close()
+                raise
             finally:
                 conn.deadline = None
             return UpstreamResponse(self, key, conn)
