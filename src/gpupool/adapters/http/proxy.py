@@ -6,8 +6,8 @@ from the prompt's token count + ``n`` x ``max_tokens`` per prompt (default 256, 
 0 for embeddings), and releases it exactly once when the response completes, fails, or the client
 goes: a stream's body is a `Relay` (its clean-up runs even when it is closed before its first
 chunk), and a request cancelled while it waits on the backend (the native path cancels it when
-its client hangs up) releases its lease and closes the backend connection, so the engine aborts. The prompt count is the corrected estimate of `openai_request` (characters / 4,
-fitted per model to earlier responses' ``usage.prompt_tokens``); when it comes within
+its client hangs up) releases its lease and closes the backend connection, so the engine aborts.
+The prompt count is the corrected estimate of `openai_request` (characters / 4, fitted per model to earlier responses' ``usage.prompt_tokens``); when it comes within
 ``NEAR_CONTEXT`` of the model's context the backend's ``/tokenize`` (vLLM's) gives the exact count, and
 only an exact count over the context is rejected here. Bodies are decoded depth-bounded (`jsonbody`).
 
