@@ -7,9 +7,10 @@ from the prompt's token count + ``n`` x ``max_tokens`` per prompt (default 256, 
 goes: a stream's body is a `Relay` (its clean-up runs even when it is closed before its first
 chunk), and a request cancelled while it waits on the backend (the native path cancels it when
 its client hangs up) releases its lease and closes the backend connection, so the engine aborts.
-The prompt count is the corrected estimate of `openai_request` (characters / 4, fitted per model to earlier responses' ``usage.prompt_tokens``); when it comes within
-``NEAR_CONTEXT`` of the model's context the backend's ``/tokenize`` (vLLM's) gives the exact count, and
-only an exact count over the context is rejected here. Bodies are decoded depth-bounded (`jsonbody`).
+The prompt count is the corrected estimate of `openai_request` (characters / 4, fitted per model
+to earlier responses' ``usage.prompt_tokens``); when it comes within ``NEAR_CONTEXT`` of the
+model's context the backend's ``/tokenize`` (vLLM's) gives the exact count, and only an exact count
+over the context is rejected here. Bodies are decoded depth-bounded (`jsonbody`).
 
 Priority: ``x-gpupool-priority`` (P0|P1|P2|int), else the ``x-gateway-inference-objective`` name
 looked up in the objective table (`set_objectives`; defaults interactive/retrieval/batch = P0/P1/P2),
