@@ -10,6 +10,7 @@ printed as one line and exits 2; an unreachable gateway exits 1.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,8 @@ def submit(  # noqa: PLR0917 (typer options)
     if job_id is not None:
         body["id"] = job_id
     if deadline_s is not None:
+        if not math.isfinite(deadline_s):
+            raise UserError(f"invalid --deadline-s={deadline_s}: must be finite Unix seconds")
         body["deadline_s"] = deadline_s
     job = _call("POST", url, _token(token, data_dir), "/v1/batch/jobs", json=body)
     typer.echo(f"{job['id']} {job['state']}")

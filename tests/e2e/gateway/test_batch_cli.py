@@ -114,6 +114,9 @@ def test_serve_runs_batch_jobs_with_p2_leases_and_the_cli_drives_them(tmp_path: 
 
         r = cli("batch", "submit", *base, "--vram-mib", "0", "--", "true")
         assert r.returncode == 2 and "vram_mib" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        for flag, value in (("--deadline-s", "nan"), ("--deadline-s", "inf")):
+            r = cli("batch", "submit", *base, "--vram-mib", "10", flag, value, "--", "true")
+            assert r.returncode == 2 and f"invalid {flag}=" in r.stderr, r.stderr
         r = cli("batch", "cancel", *base, "j1")
         assert r.returncode == 0 and r.stdout.strip() == "j1 cancelled"
         _, lease = call(f"{url}/v1/leases/{j1['lease_id']}", token)
