@@ -285,8 +285,10 @@ def bench_extender(
     """Extender latency: POST /filter + /prioritize for one pod over NODES x GPUS (real HTTP, JSON)."""
     from gpupool.bench import extender_bench
 
-    if nodes < 1 or gpus_per_node < 1 or samples < 1 or fill < 0:
-        raise UserError("--nodes, --gpus-per-node and --samples must be >= 1 and --fill >= 0")
+    if nodes < 1 or gpus_per_node < 1 or samples < 1:
+        raise UserError("--nodes, --gpus-per-node and --samples must be >= 1")
+    if not 0 <= fill <= 64:  # also NaN
+        raise UserError(f"invalid --fill={fill}: must be in [0, 64] leases per card")
     result = extender_bench.run(
         nodes=nodes, gpus_per_node=gpus_per_node, samples=samples, fill_per_card=fill, seed=seed
     )

@@ -33,6 +33,12 @@ def gpupool(*args: str) -> dict[str, object]:
 def test_extender_bench_runs_at_tiny_size() -> None:
     doc = gpupool("bench", "extender", "--json", "--nodes", "4", "--gpus-per-node", "2", "--samples", "5")
     assert doc["benchmark"] == "extender" and doc["nodes"] == 4 and doc["samples"] == 5
+    for fill in ("nan", "-1", "1e9"):
+        r = subprocess.run(
+            [sys.executable, "-m", "gpupool.cli.main", "bench", "extender", "--fill", fill],
+            capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
+        )  # fmt: skip
+        assert r.returncode == 2 and f"invalid --fill={float(fill)}" in r.stderr, r.stderr
     for key in ("filter_prioritize_p50_ms", "filter_prioritize_p99_ms", "in_process_p50_ms"):
         assert isinstance(doc[key], float) and doc[key] > 0, key
     assert 0 < doc["nodes_passing_mean"] <= 4  # some nodes can hold the probe pods, none invented
