@@ -158,3 +158,17 @@ def test_cli_writes_reproducible_files_and_rejects_bad_names(tmp_path: Path) -> 
         assert r.exit_code == 2, (args, r.output)
         assert msg in r.output and len(r.output.strip().splitlines()) == 1
     assert not (tmp_path / "c").exists()  # bad input writes nothing
+    (tmp_path / "a-file").write_text("")
+    data = tmp_path / "data" / "alibaba-gpu-v2023"  # a data root of the golden lists (works in a clone)
+    data.mkdir(parents=True)
+    (data / "openb_node_list_gpu_node.csv").write_bytes((GOLDEN / "nodes.csv").read_bytes())
+    (data / "openb_pod_list_default.csv").write_bytes((GOLDEN / "pods.csv").read_bytes())
+    report = ["sim", "report", "--variants", "base", "--bound", "none", "--data", str(data.parent)]
+    for out, msg in (
+        (tmp_path / "a-file", "not a directory"),
+        (tmp_path / "a-file" / "sub", "cannot create it"),
+    ):
+        r = CliRunner().invoke(app, [*base, "--out", str(out), "--variants", "base"])
+        assert r.exit_code == 2 and f"invalid --out={str(out)!r}: {msg}" in r.output, r.output
+        r = CliRunner().invoke(app, [*report, "--out", str(out)])
+        assert r.exit_code == 2 and f"invalid --out={str(out)!r}: {msg}" in r.output, r.output

@@ -11,6 +11,7 @@ import functools
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from gpupool.core.errors import GpupoolError
@@ -43,6 +44,18 @@ def check_range(
     else:
         want = f"<= {_num(hi)}"
     raise UserError(f"invalid {option}={_num(value)}: must be {want}")
+
+
+def ensure_out_dir(option: str, path: Path) -> Path:
+    """``path`` as an output directory, created with its parents; `UserError` naming ``option``
+    when it is a file or cannot be made."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"invalid {option}={str(path)!r}: not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"invalid {option}={str(path)!r}: cannot create it: {exc.strerror or exc}") from None
+    return path
 
 
 def _num(value: float | None) -> str:

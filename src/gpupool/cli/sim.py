@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from gpupool.cli import tidal
-from gpupool.cli.errors import UserError, check_range, user_errors
+from gpupool.cli.errors import UserError, check_range, ensure_out_dir, user_errors
 
 app = typer.Typer(
     help="Trace-driven placement simulator: reproduce FGD (USENIX ATC'23) on the Alibaba GPU trace.",
@@ -91,7 +91,7 @@ def variants(
     for path in (base, node_list):
         if not path.is_file():
             raise UserError(f"file not found: {path} (set --pods/--nodes or GPUPOOL_DATA_DIR)")
-    mixes = prepare_variants(base, node_list, wanted, seed=seed_value, directory=out)
+    mixes = prepare_variants(base, node_list, wanted, seed=seed_value, directory=ensure_out_dir("--out", out))
     typer.echo("variant\tpods\tgpu_request_milli\tsharing_pct\tmulti_pct\tpinned_pct\tcpu_per_gpu_milli")
     for name, m in mixes.items():
         typer.echo(
@@ -233,6 +233,8 @@ def report(
     for pp in pods_paths:
         if not pp.is_file():
             raise UserError(f"workload file not found: {pp}")
+    ensure_out_dir("--out", out)  # before the runs: an unusable --out is told now, not after them
+    ensure_out_dir("--cache", cache)
     with Progress() as bar:
         task = bar.add_task("sim runs", total=None)
 
@@ -243,7 +245,6 @@ def report(
             nodes_path, pods_paths, pols, seed_list, cache=cache, workers=workers, progress=progress
         )
     authors = authors_medians(authors_dir)
-    out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(results, authors, wls, pols)
     (out / "report.md").write_text(
         "# FGD reproduction: unallocated GPU at 100 % arrived\n\n"
@@ -305,7 +306,8 @@ def _variant_report(
     for path in (nodes_path, base):
         if not path.is_file():
             raise UserError(f"file not found: {path} (set --data or GPUPOOL_DATA_DIR)")
-    directory = cache / f"variants-seed{variant_seed}"
+    ensure_out_dir("--out", out)  # before the runs: an unusable --out is told now, not after them
+    directory = ensure_out_dir("--cache", cache) / f"variants-seed{variant_seed}"
     mixes = prepare_variants(base, nodes_path, names, seed=variant_seed, directory=directory)
     results = run_matrix(
         nodes_path, [variant_path(directory, n) for n in names], pols, seed_list,
@@ -315,7 +317,6 @@ def _variant_report(
         nodes_path, directory, bound_names, seed_list, cache=directory / "runs", workers=workers,
     )  # fmt: skip
     table = variants_markdown(results, bounds, mixes, names, pols, default=DEFAULT_SIM_POLICY)
-    out.mkdir(parents=True, exist_ok=True)
     command = (
         f"gpupool sim report --variants {','.join(names)} --variant-seed {variant_seed} "
         f"--policies {','.join(pols)}"
