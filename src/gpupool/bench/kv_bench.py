@@ -101,22 +101,32 @@ def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") 
             if not ok:
                 raise ValueError(f"{path}:{n}: expected timestamp, input_length, output_length, hash_ids")
             out.append(r)
-    if arrival.startswith("stretch:"):
-        factor = float(arrival.split(":", 1)[1])
-        if not 0 < factor < float("inf"):
-            raise ValueError(f"arrival {arrival!r}: the factor must be > 0")
-        return [{**r, "timestamp": int(r["timestamp"] * factor)} for r in out]
-    if arrival != "as-is":
-        if not arrival.startswith("burst:"):
-            raise ValueError(f"arrival {arrival!r}: expected as-is, burst:SECONDS or stretch:FACTOR")
-        window_s = float(arrival.split(":", 1)[1])
-        if not 0.001 <= window_s < float("inf"):
-            raise ValueError(f"arrival {arrival!r}: the window must be >= 0.001 s and finite")
-        window_ms = int(window_s * 1000)
-        if window_ms < 1:
-            raise ValueError(f"arrival {arrival!r}: the window must be >= 0.001 s")
+    kind, value = parse_arrival(arrival)
+    if kind == "stretch":
+        return [{**r, "timestamp": int(r["timestamp"] * value)} for r in out]
+    if kind == "burst":
+        window_ms = int(value * 1000)
         out = [{**r, "timestamp": r["timestamp"] // window_ms * window_ms} for r in out]
     return out
+
+
+ARRIVAL_FORMS = "expected as-is, burst:SECONDS (>= 0.001) or stretch:FACTOR (> 0), finite"
+
+
+def parse_arrival(arrival: str) -> tuple[str, float]:
+    """``as-is`` -> ("as-is", 0); ``burst:S`` / ``stretch:F`` -> (kind, S or F). `ValueError` naming
+    ``arrival`` for anything else, a window under 1 ms, a factor <= 0, NaN or infinity."""
+    if arrival == "as-is":
+        return "as-is", 0.0
+    kind, _, num = arrival.partition(":")
+    try:
+        value = float(num)
+    except ValueError:
+        value = float("nan")
+    least = 0.001 if kind == "burst" else 0.0
+    if kind not in ("burst", "stretch") or not (least <= value < float("inf") and value > 0):
+        raise ValueError(f"arrival {arrival!r}: {ARRIVAL_FORMS}")
+    return kind, value
 
 
 def derive_sessions(trace: list[dict[str, Any]]) -> list[str]:

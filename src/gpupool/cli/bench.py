@@ -309,19 +309,10 @@ def kv(  # noqa: PLR0917 (typer options)
         raise InvalidInput("--stream-interval", stream_interval, "must be >= 1")
     if not 0 < time_scale < float("inf"):
         raise InvalidInput("--time-scale", time_scale, "must be > 0 and finite")
-    if arrival != "as-is":
-        kind, _, num = arrival.partition(":")
-        try:
-            least = 0.001 if kind == "burst" else 0.0
-            ok = kind in ("burst", "stretch") and least <= float(num) < float("inf") and float(num) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise InvalidInput(
-                "--arrival",
-                arrival,
-                "expected as-is, burst:SECONDS (>= 0.001) or stretch:FACTOR (> 0), finite",
-            )
+    try:
+        kv_bench.parse_arrival(arrival)
+    except ValueError:
+        raise InvalidInput("--arrival", arrival, kv_bench.ARRIVAL_FORMS) from None
     try:
         result = kv_bench.run(
             trace_path=trace,

@@ -46,11 +46,13 @@ def check_range(
     raise UserError(f"invalid {option}={_num(value)}: must be {want}")
 
 
-def ensure_out_dir(option: str, path: Path) -> Path:
-    """``path`` as an output directory, created with its parents; `UserError` naming ``option``
-    when it is a file or cannot be made."""
+def ensure_dir(option: str, path: Path, *, create: bool = True) -> Path:
+    """``path`` as a directory (``--data-dir``, ``--out``, ...): `UserError` naming ``option`` when
+    it is a file; with ``create``, made with its parents, the same error when that fails."""
     if path.exists() and not path.is_dir():
         raise UserError(f"invalid {option}={str(path)!r}: not a directory")
+    if not create:
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -33,14 +33,13 @@ from typing import Any
 import typer
 
 from gpupool.cli.console import say
-from gpupool.cli.errors import check_port, check_range, user_errors
+from gpupool.cli.errors import check_port, check_range, ensure_dir, user_errors
 from gpupool.cli.serve import (
     DEFAULT_CLUSTER,
     DEFAULT_WORKLOADS,
     Bundle,
     KvSizer,
     build,
-    ensure_data_dir,
     register_backends,
 )
 from gpupool.cli.serving import free_port, run_loop, uvicorn_server
@@ -276,7 +275,7 @@ def run(  # noqa: PLR0917 (typer options)
     check_port("--port", port)
     catch_early_stop()
     check_range("--tidal-speed", tidal_speed, lo=0)
-    ensure_data_dir(data_dir, create=False)
+    ensure_dir("--data-dir", data_dir, create=False)
     if not keep_state:
         removed = reset_state(data_dir)
         if removed:

@@ -30,7 +30,7 @@ from typing import Any
 import typer
 
 from gpupool.cli.console import say
-from gpupool.cli.errors import UserError, check_port, check_range, user_errors
+from gpupool.cli.errors import UserError, check_port, check_range, ensure_dir, user_errors
 from gpupool.cli.kvsizer import KvSizer
 
 __all__ = ["KvSizer", "build", "load_tokens", "serve"]
@@ -70,7 +70,7 @@ def load_tokens(auth_file: Path | None, data_dir: Path) -> tuple[list[tuple[str,
                 raise UserError(f"{auth_file}: tokens[{i}] must be a mapping")
             out.append((str(t.get("token", "")), str(t.get("tenant", "")), str(t.get("role", "tenant"))))
         return out, None
-    ensure_data_dir(data_dir)
+    ensure_dir("--data-dir", data_dir)
     path = data_dir / "admin.token"
     if path.exists():
         return [(path.read_text().strip(), "admin", "admin")], None
@@ -102,21 +102,6 @@ def plan_cluster(cluster: Path, workloads: Path) -> tuple[Any, Any, Any, list[Sl
     cspec, wset = load_specs(cluster, workloads)
     p = plan(cspec, wset)
     return cspec, wset, p, list(inventory_from_plan(p))
-
-
-def ensure_data_dir(data_dir: Path, *, create: bool = True) -> None:
-    """`UserError` (exit 2) naming ``--data-dir`` when it is not a directory; with ``create``, make
-    it (and its parents) if missing, with the same error when that fails."""
-    if data_dir.exists() and not data_dir.is_dir():
-        raise UserError(f"invalid --data-dir={str(data_dir)!r}: not a directory")
-    if not create:
-        return
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(
-            f"invalid --data-dir={str(data_dir)!r}: cannot create it: {exc.strerror or exc}"
-        ) from None
 
 
 def build(
@@ -479,7 +464,7 @@ def serve(  # noqa: PLR0917 (typer options)
     if not (math.isfinite(header_timeout_s) and header_timeout_s > 0):
         raise UserError(f"--header-timeout-s {header_timeout_s}: must be a positive number of seconds")
     check_port("--port", port)
-    ensure_data_dir(data_dir, create=False)  # created once every option is known good
+    ensure_dir("--data-dir", data_dir, create=False)  # created once every option is known good
     catch_early_stop()
     store_options = store_settings(
         store,

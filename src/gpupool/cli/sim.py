@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from gpupool.cli import tidal
-from gpupool.cli.errors import UserError, check_range, ensure_out_dir, user_errors
+from gpupool.cli.errors import UserError, check_range, ensure_dir, user_errors
 
 app = typer.Typer(
     help="Trace-driven placement simulator: reproduce FGD (USENIX ATC'23) on the Alibaba GPU trace.",
@@ -91,7 +91,7 @@ def variants(
     for path in (base, node_list):
         if not path.is_file():
             raise UserError(f"file not found: {path} (set --pods/--nodes or GPUPOOL_DATA_DIR)")
-    mixes = prepare_variants(base, node_list, wanted, seed=seed_value, directory=ensure_out_dir("--out", out))
+    mixes = prepare_variants(base, node_list, wanted, seed=seed_value, directory=ensure_dir("--out", out))
     typer.echo("variant\tpods\tgpu_request_milli\tsharing_pct\tmulti_pct\tpinned_pct\tcpu_per_gpu_milli")
     for name, m in mixes.items():
         typer.echo(
@@ -233,8 +233,8 @@ def report(
     for pp in pods_paths:
         if not pp.is_file():
             raise UserError(f"workload file not found: {pp}")
-    ensure_out_dir("--out", out)  # before the runs: an unusable --out is told now, not after them
-    ensure_out_dir("--cache", cache)
+    ensure_dir("--out", out)  # before the runs: an unusable --out is told now, not after them
+    ensure_dir("--cache", cache)
     with Progress() as bar:
         task = bar.add_task("sim runs", total=None)
 
@@ -306,8 +306,8 @@ def _variant_report(
     for path in (nodes_path, base):
         if not path.is_file():
             raise UserError(f"file not found: {path} (set --data or GPUPOOL_DATA_DIR)")
-    ensure_out_dir("--out", out)  # before the runs: an unusable --out is told now, not after them
-    directory = ensure_out_dir("--cache", cache) / f"variants-seed{variant_seed}"
+    ensure_dir("--out", out)  # before the runs: an unusable --out is told now, not after them
+    directory = ensure_dir("--cache", cache) / f"variants-seed{variant_seed}"
     mixes = prepare_variants(base, nodes_path, names, seed=variant_seed, directory=directory)
     results = run_matrix(
         nodes_path, [variant_path(directory, n) for n in names], pols, seed_list,

@@ -85,6 +85,14 @@ def _submit_token(page: Any, token: str) -> None:
     page.click("#signin-form button[type='submit']")
 
 
+def _sign_in_refused(page: Any, url: str) -> None:
+    """Open the console and sign in with a token the gateway does not know; wait for the refusal."""
+    page.goto(f"{url}/ui")
+    page.wait_for_selector("#signin-form", state="visible")
+    _submit_token(page, "not-a-real-token")
+    wait_js(page, "() => document.getElementById('signin-error').textContent.includes('rejected')")
+
+
 def _drain_first_gpu_as_tenant(page: Any, url: str) -> str:
     """Ask the page to drain the pool's first GPU and confirm; returns the refusal toast's text."""
     first = _gpus(_client(url, ADMIN).get("/v1/pool").json())[0]["gpu_id"]
@@ -245,10 +253,7 @@ def test_console_tenant_sees_own_leases_and_bad_token_is_refused(
             route.continue_()
 
     page.route("**/v1/events", flaky)
-    page.goto(f"{url}/ui")
-    page.wait_for_selector("#signin-form", state="visible")
-    _submit_token(page, "not-a-real-token")
-    wait_js(page, "() => document.getElementById('signin-error').textContent.includes('rejected')")
+    _sign_in_refused(page, url)
     assert page.evaluate("sessionStorage.getItem('gpupool.token')") is None
 
     _submit_token(page, ALICE)
@@ -283,10 +288,7 @@ def test_console_late_refusal_of_an_old_token_keeps_the_new_sign_in(
             route.continue_()
 
     page.route("**/v1/leases", hold_bad)
-    page.goto(f"{url}/ui")
-    page.wait_for_selector("#signin-form", state="visible")
-    _submit_token(page, "not-a-real-token")
-    wait_js(page, "() => document.getElementById('signin-error').textContent.includes('rejected')")
+    _sign_in_refused(page, url)
     assert len(held) == 1
 
     _submit_token(page, ALICE)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from inspect import isawaitable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -71,6 +71,7 @@ from gpupool.adapters.http.proxylimits import (
     tokenize_body,
     too_long,
 )
+from gpupool.adapters.http.relay import Relay
 from gpupool.adapters.http.surface import OpenAISurface
 from gpupool.adapters.http.truncate import TRUNCATE_HEADER, TRUNCATED_HEADER, drop_oldest_turns, truncate_mode
 from gpupool.core.errors import InvalidInput, UnknownId
@@ -121,46 +122,6 @@ class _FastRequest:
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
             elif msg["type"] == "http.disconnect":
                 raise ClientDisconnect()
-
-
-class Relay:
-    """The body of a proxied stream: the backend's chunks as they come, then ``finish`` (release the
-    lease, record the metrics) exactly once, with the backend connection closed first, however the
-    stream ends: its last chunk, a failure, or `aclose`. Why not an async generator with a
-    ``finally``: a generator closed before its first chunk was asked for never runs its body, so a
-    client that left before the response head (the native path then only closes the iterator)
-    left the lease held until its TTL and the backend generating into an unread socket."""
-
-    __slots__ = ("_chunks", "_closed", "_finish", "_on_chunk", "_upstream")
-
-    def __init__(self, upstream: Any, on_chunk: Callable[[bytes], None], finish: Callable[[], None]) -> None:
-        self._upstream, self._on_chunk, self._finish = upstream, on_chunk, finish
-        self._chunks: AsyncGenerator[bytes, None] = upstream.aiter_raw()
-        self._closed = False
-
-    def __aiter__(self) -> Relay:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            chunk = await self._chunks.__anext__()
-        except BaseException:  # the end (StopAsyncIteration), a failure or a cancel
-            await self.aclose()
-            raise
-        self._on_chunk(chunk)
-        return chunk
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self._chunks.aclose()
-        finally:
-            try:
-                await self._upstream.aclose()  # a response not read to its end closes the connection
-            finally:
-                self._finish()
 
 
 class RawResponse(Response):
