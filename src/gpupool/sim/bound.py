@@ -1,4 +1,4 @@
-"""A floor under the unallocated GPU: what no packing of the same arrivals can beat (a relaxation).
+"""A floor under the unallocated GPU: what no packing of the same arrivals can beat (two relaxations).
 
 Role: the FGD headline is the unallocated GPU % when the arrived GPU request equals 100 % of the
 cluster's capacity. For one (nodes, pods, seed) this module takes the same arrival order as
@@ -14,18 +14,25 @@ limits, memory, GPU-model pins, CPU-only pods (placing them never helps the GPU)
 is feasible for the relaxation, so its value is an upper bound on the placeable GPU and
 ``unallocated_pct`` is a lower bound (a floor) on the unallocated GPU of ANY policy, online or not.
 It is loose where CPU does not bind (it then says only "the arrivals fit"), tight where it does.
-Exact integer arithmetic except the one split pod; no constants; no time, no I/O.
+
+The second floor (`gpupool.sim.cardfloor`): the GPU that sharing pods must strand inside their
+cards (bin packing bounded by dual feasible functions, node boundaries and CPU dropped). It is the
+informative one where CPU does not bind. Both are floors of the same quantity, so the larger is
+one too: ``placeable_milli`` is the smaller of the two upper bounds on the placeable GPU.
+Exact integer and rational arithmetic; no constants; no time, no I/O.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
-from gpupool.sim.trace import NodeSpec, PodSpec
+from gpupool.sim.cardfloor import pooled_bfd_unallocated_milli, sharing_floor_milli
+from gpupool.sim.trace import MILLI_PER_GPU, NodeSpec, PodSpec
 from gpupool.sim.workload import arrival_order, sorted_by_name, streams
 
 
@@ -36,7 +43,15 @@ class BoundResult:
     arrived_milli: int
     """GPU request of the bounded set (the arrival prefix up to 100 % of capacity)."""
     placeable_milli: int
-    """Upper bound on the GPU milli any packing of that set places (rounded down)."""
+    """Upper bound on the GPU milli any packing of that set places (rounded down): the smaller of
+    the two relaxations' values."""
+    cpu_placeable_milli: int = -1
+    """The pooled-CPU relaxation's value alone (-1: not computed)."""
+    cards_placeable_milli: int = -1
+    """The sharing pods' card-packing floor's value alone (-1: not computed)."""
+    pooled_bfd_placeable_milli: int = -1
+    """Not a bound: what best-fit decreasing places on the pooled cluster, CPU ignored (-1: not
+    computed); `gpupool.sim.cardfloor.pooled_bfd_unallocated_milli`."""
 
     @property
     def unallocated_pct(self) -> float:
@@ -76,6 +91,27 @@ def placeable_milli(pods: Sequence[PodSpec], *, gpu_milli: int, cpu_milli: int) 
     return int(placed)
 
 
+def _split(pods: Sequence[PodSpec]) -> tuple[list[int], int]:
+    """(sharing sizes, whole-card milli). A pod asking less than a card on each of several cards
+    counts as that many sharing pods (dropping the rule that they sit on different cards only
+    loosens the floor)."""
+    sharing: list[int] = []
+    whole = 0
+    for p in pods:
+        if p.gpu_milli >= MILLI_PER_GPU:
+            whole += p.total_gpu_milli
+        elif p.num_gpu:
+            sharing.extend([p.gpu_milli] * p.num_gpu)
+    return sharing, whole
+
+
+def cards_placeable_milli(pods: Sequence[PodSpec], *, capacity_milli: int) -> int:
+    """``capacity - floor`` of `gpupool.sim.cardfloor` for ``pods`` (rounded down)."""
+    sharing, whole = _split(pods)
+    floor = sharing_floor_milli(sharing, capacity_milli=capacity_milli, whole_milli=whole)
+    return capacity_milli - math.ceil(floor)
+
+
 def offline_bound(nodes: Sequence[NodeSpec], pods: Sequence[PodSpec], *, seed: int) -> BoundResult:
     """The floor for the seed's arrivals up to 100 % of the GPU capacity of ``nodes``."""
     arrivals_rng, _, _ = streams(seed)
@@ -84,11 +120,16 @@ def offline_bound(nodes: Sequence[NodeSpec], pods: Sequence[PodSpec], *, seed: i
     by_name = sorted_by_name(pods)
     order = arrival_order(by_name, capacity_milli=capacity, rng=arrivals_rng)
     chosen = [by_name[i] for i in arrived_prefix(by_name, order, capacity)]
+    cpu = placeable_milli(chosen, gpu_milli=capacity, cpu_milli=sum(nd.cpu_milli for nd in gpu_nodes))
+    cards = cards_placeable_milli(chosen, capacity_milli=capacity)
+    sharing, whole = _split(chosen)
     return BoundResult(
         seed=seed,
         capacity_milli=capacity,
         arrived_milli=sum(p.total_gpu_milli for p in chosen),
-        placeable_milli=placeable_milli(
-            chosen, gpu_milli=capacity, cpu_milli=sum(nd.cpu_milli for nd in gpu_nodes)
-        ),
+        placeable_milli=min(cpu, cards),
+        cpu_placeable_milli=cpu,
+        cards_placeable_milli=cards,
+        pooled_bfd_placeable_milli=capacity
+        - pooled_bfd_unallocated_milli(sharing, capacity_milli=capacity, whole_milli=whole),
     )

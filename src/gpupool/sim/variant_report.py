@@ -41,6 +41,14 @@ def prepare_variants(
     return out
 
 
+FLOOR_VERSION = 2
+"""1: the pooled-CPU relaxation alone; 2: the larger of it and the sharing pods' card floor."""
+
+
+def _pct_left(r: dict[str, int], key: str) -> float:
+    return round(100.0 - 100.0 * r[key] / r["capacity_milli"], 4)
+
+
 def _bound_job(nodes_path: str, pods_path: str, seed: int) -> dict[str, object]:
     r = offline_bound(load_nodes(nodes_path), load_pods(pods_path), seed=seed)
     return {**asdict(r), "unallocated_pct": r.unallocated_pct}
@@ -55,11 +63,12 @@ def bound_matrix(
     cache: Path,
     workers: int,
 ) -> dict[str, dict[str, object]]:
-    """Per variant: the per-seed floor and its median (cached per (variant, seed))."""
+    """Per variant: the per-seed floor and its median (cached per (variant, seed); the file name
+    carries `FLOOR_VERSION`, so a cache written by an older floor is not read)."""
     cache.mkdir(parents=True, exist_ok=True)
 
     def file(name: str, seed: int) -> Path:
-        return cache / f"{name}__floor__{seed}.json"
+        return cache / f"{name}__floor{FLOOR_VERSION}__{seed}.json"
 
     jobs = [(n, s) for n in names for s in seeds if not file(n, s).is_file()]
     if jobs:
@@ -73,13 +82,19 @@ def bound_matrix(
     out: dict[str, dict[str, object]] = {}
     for n in names:
         per_seed = [json.loads(file(n, s).read_text()) for s in seeds]
+        cpu_binds = any(r["cpu_placeable_milli"] < r["cards_placeable_milli"] for r in per_seed)
+        bfd = statistics.median(_pct_left(r, "pooled_bfd_placeable_milli") for r in per_seed)
         out[n] = {
             "unallocated_gpu_pct_at_100": round(statistics.median(r["unallocated_pct"] for r in per_seed), 4),
+            "pooled_bfd_pct_at_100": None if cpu_binds else round(bfd, 4),
             "per_seed": [
                 {
                     "seed": r["seed"],
                     "unallocated_pct": r["unallocated_pct"],
                     "arrived_milli": r["arrived_milli"],
+                    "cpu_floor_pct": _pct_left(r, "cpu_placeable_milli"),
+                    "cards_floor_pct": _pct_left(r, "cards_placeable_milli"),
+                    "pooled_bfd_pct": _pct_left(r, "pooled_bfd_placeable_milli"),
                 }
                 for r in per_seed
             ],
@@ -107,7 +122,7 @@ def variants_markdown(
         return None if v is None else float(v)  # type: ignore[arg-type]
 
     head = ["variant", "sharing % of GPU", "multi-GPU % of GPU", "pinned % of pods", "CPU cores per GPU"]
-    head += [*policies, "floor", f"{default} vs {reference}", f"{default} - floor"]
+    head += [*policies, "floor", "offline BFD", f"{default} vs {reference}", f"{default} - floor"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     rels: list[float] = []
     for n in names:
@@ -127,6 +142,8 @@ def variants_markdown(
         b = bounds.get(n)
         bv = None if b is None else float(b["unallocated_gpu_pct_at_100"])  # type: ignore[arg-type]
         row.append("-" if bv is None else f"{bv:.2f}")
+        bfd = None if b is None else b.get("pooled_bfd_pct_at_100")
+        row.append("-" if bfd is None else f"{float(bfd):.2f}")  # type: ignore[arg-type]
         d, ref = vals.get(default), vals.get(reference)
         if d is not None and ref is not None:
             rels.append(relative_pct(d, ref))
@@ -144,7 +161,10 @@ def variants_markdown(
         )
     intro = (
         "Unallocated GPU (%) at arrived workload = 100 %, median over seeds (lower is better; best "
-        "policy in bold). floor = the pooled-cluster relaxation of the same arrivals: no packing, "
-        "online or offline, can leave less unallocated (`gpupool.sim.bound`); '-' = not run.\n\n"
+        "policy in bold). floor = the larger of two relaxations of the same arrivals, the pooled "
+        "cluster's CPU and the cards GPU-sharing pods must strand: no packing, online or offline, can "
+        "leave less unallocated (`gpupool.sim.bound`, `gpupool.sim.cardfloor`). offline BFD = an "
+        "offline packer on the pooled cluster (best-fit decreasing, CPU ignored; not a bound), shown "
+        "where CPU does not bind. '-' = not run.\n\n"
     )
     return intro + "\n".join(lines) + "\n" + summary
