@@ -36,6 +36,17 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path) -> None:
             "gpu_milli=0 but num_gpu=1",
         )
     )
+    cpu_only = tmp_path / "cpu_only.csv"
+    cpu_only.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1,0,0\n")
+    no_gpu = tmp_path / "no_gpu.csv"
+    no_gpu.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,1024,0,\n")
+    cases += [
+        (
+            ["sim", "fgd", "--pods", str(cpu_only), "--nodes", str(GOLDEN / "nodes.csv")],
+            "no pod asks for a GPU",
+        ),
+        (["sim", "fgd", "--pods", str(GOLDEN / "pods.csv"), "--nodes", str(no_gpu)], "no node has a GPU"),
+    ]
     for args, msg in cases:
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 2, (args, result.output)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gpupool.sim.engine import run
 from gpupool.sim.metrics import RunCurves, run_curves, summary
-from gpupool.sim.trace import load_nodes, load_pods, workload_name
+from gpupool.sim.trace import load_nodes, load_pods, require_gpu_work, workload_name
 
 AUTHOR_POLICIES = {
     "random": "01-Random",
@@ -38,6 +38,7 @@ def run_curves_for(
     nodes_path: str, pods_path: str, policy: str, seed: int, stop_arrived_pct: int | None = None
 ) -> RunCurves:
     nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    require_gpu_work(nodes, pods, nodes_path=nodes_path, pods_path=pods_path)
     return run_curves(run(nodes, pods, policy=policy, seed=seed, stop_arrived_pct=stop_arrived_pct))
 
 
@@ -51,6 +52,7 @@ def run_experiment(
     cross_check: bool = False,
 ) -> dict[str, object]:
     nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    require_gpu_work(nodes, pods, nodes_path=nodes_path, pods_path=pods_path)
     curves = []
     times = []
     for s in seeds:

@@ -160,6 +160,17 @@ def load_pods(path: str | Path) -> tuple[PodSpec, ...]:
     return tuple(out)
 
 
+def require_gpu_work(
+    nodes: Iterable[NodeSpec], pods: Iterable[PodSpec], *, nodes_path: str | Path, pods_path: str | Path
+) -> None:
+    """The FGD experiment fills the GPU capacity with GPU pods: refuse (`TraceFormatError`, naming
+    the file) a node list without a GPU node or a pod list without a GPU pod."""
+    if not any(n.gpu_count for n in nodes):
+        raise TraceFormatError(f"{nodes_path}: no node has a GPU (the experiment fills the GPU capacity)")
+    if not any(p.num_gpu for p in pods):
+        raise TraceFormatError(f"{pods_path}: no pod asks for a GPU (nothing fills the GPU capacity)")
+
+
 def gpu_capacity_milli(nodes: Iterable[NodeSpec]) -> int:
     return sum(n.gpu_count for n in nodes) * MILLI_PER_GPU
 

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gpupool.sim.bound import offline_bound
-from gpupool.sim.trace import load_nodes, load_pods
+from gpupool.sim.trace import load_nodes, load_pods, require_gpu_work
 from gpupool.sim.variants import VariantStats, make_variant, stats, write_pods
 
 
@@ -50,7 +50,9 @@ def _pct_left(r: dict[str, int], key: str) -> float:
 
 
 def _bound_job(nodes_path: str, pods_path: str, seed: int) -> dict[str, object]:
-    r = offline_bound(load_nodes(nodes_path), load_pods(pods_path), seed=seed)
+    nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    require_gpu_work(nodes, pods, nodes_path=nodes_path, pods_path=pods_path)
+    r = offline_bound(nodes, pods, seed=seed)
     return {**asdict(r), "unallocated_pct": r.unallocated_pct}
 
 
