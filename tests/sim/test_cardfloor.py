@@ -5,13 +5,19 @@ that every function of the family is dual feasible (sums to at most 1 over sizes
 from __future__ import annotations
 
 import itertools
-from fractions import Fraction
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.sim.bound import offline_bound
-from gpupool.sim.cardfloor import dual_feasible_functions, pooled_bfd_unallocated_milli, sharing_floor_milli
+from gpupool.sim.cardfloor import (
+    MAX_K,
+    MAX_THRESHOLDS,
+    ONE,
+    dual_feasible_functions,
+    pooled_bfd_unallocated_milli,
+    sharing_floor_milli,
+)
 from gpupool.sim.trace import NodeSpec, PodSpec
 
 SIZES = st.sampled_from([30, 100, 190, 230, 250, 320, 333, 460, 470, 500, 510, 600, 650, 810, 990])
@@ -82,7 +88,7 @@ def test_the_floor_never_exceeds_the_best_packing(sharing: list[int], whole: int
 def test_every_function_is_dual_feasible(sizes: list[int]) -> None:
     fits = sizes[: max(i for i in range(len(sizes) + 1) if sum(sizes[:i]) <= 1000)]
     for f in dual_feasible_functions(sizes):
-        assert sum((f(Fraction(s, 1000)) for s in fits), Fraction(0)) <= 1
+        assert sum(f(s) for s in fits) <= ONE
 
 
 def test_offline_bound_takes_the_larger_floor() -> None:
@@ -115,3 +121,16 @@ def test_pooled_bfd_is_never_below_the_floor(sharing: list[int], whole: int, car
     packed = pooled_bfd_unallocated_milli(sharing, **kw)
     assert _optimum_unallocated(sharing, whole, cards) <= packed
     assert sharing_floor_milli(sharing, **kw) <= packed
+
+
+def test_hundreds_of_distinct_sizes_stay_cheap_and_valid() -> None:
+    # Every size from 1 to 999 milli three times on 2,000 cards: the family is capped
+    # (MAX_THRESHOLDS), the floor stays a floor: here the request itself leaves the slack.
+    sizes = list(range(1, 1000)) * 3
+    assert len(dual_feasible_functions(sizes)) == MAX_K + MAX_THRESHOLDS * (MAX_K + 1)
+    floor = sharing_floor_milli(sizes, capacity_milli=2_000_000, whole_milli=0)
+    assert (
+        2_000_000 - sum(sizes)
+        <= floor
+        <= pooled_bfd_unallocated_milli(sizes, capacity_milli=2_000_000, whole_milli=0)
+    )
