@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import UserError, check_port, check_range, user_errors
+from gpupool.cli.errors import UserError, check_listen, check_port, check_range, user_errors
 
 
 def build_engine(
@@ -129,7 +129,12 @@ def emulate_backend(  # noqa: PLR0917 (typer options)
     """Serve an emulated OpenAI-compatible model (vLLM metric names, sleep/pause endpoints)."""
     import uvicorn
 
+    from gpupool.adapters.backends.roofline import GPU_PEAKS
+
     check_port("--port", port)
+    if gpu.strip().lower() not in {k.lower() for k in GPU_PEAKS}:
+        raise UserError(f"--gpu {gpu!r}: unknown GPU model (known: {', '.join(GPU_PEAKS)})")
+    check_listen("--host/--port", host, port)
     on_memory = _vram_holder(hold_vram_mib, hold_on, sleep_vram_mib)
     app = build_backend_app(
         model,

@@ -69,6 +69,23 @@ def check_port(option: str, port: int, *, allow_off: bool = False) -> None:
     check_range(option, port, lo=-1 if allow_off else 0, hi=65535)
 
 
+def check_listen(option: str, host: str, port: int) -> None:
+    """Bind ``host:port`` once and close it, so an address that cannot be served (a host that does
+    not resolve or is not this machine's, a port in use) is one line naming ``option`` (exit 2)
+    before anything starts, instead of the server's own error after the services came up."""
+    import socket
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+    except OSError as exc:
+        raise UserError(f"{option}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def fail(message: str) -> None:
     print(f"gpupool: error: {message}", file=sys.stderr)
     raise SystemExit(EXIT_BAD_INPUT)

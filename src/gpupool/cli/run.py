@@ -33,7 +33,7 @@ from typing import Any
 import typer
 
 from gpupool.cli.console import say
-from gpupool.cli.errors import check_port, check_range, ensure_dir, user_errors
+from gpupool.cli.errors import check_listen, check_port, check_range, ensure_dir, user_errors
 from gpupool.cli.serve import (
     DEFAULT_CLUSTER,
     DEFAULT_WORKLOADS,
@@ -276,20 +276,22 @@ def run(  # noqa: PLR0917 (typer options)
     catch_early_stop()
     check_range("--tidal-speed", tidal_speed, lo=0)
     ensure_dir("--data-dir", data_dir, create=False)
-    if not keep_state:
-        removed = reset_state(data_dir)
-        if removed:
-            say(
-                f"gpupool: fresh start: removed the previous run's lease store {removed[0]} "
-                "(--keep-state keeps it)"
-            )
     check_port("--extender-port", extender_port)
+    check_listen("--host/--port", host, port)
+    check_listen("--host/--extender-port", host, extender_port)
     kube = None
     if kubernetes:  # the control plane `serve --kubernetes` runs; the port is bound before the store opens
         from gpupool.cli import serve_k8s
 
         kube_opts = serve_k8s.KubeOptions(host=host, port=extender_port, no_kube=True)
         kube = serve_k8s.check(kube_opts)
+    if not keep_state:  # only once every option is known good: bad input leaves the last run's state
+        removed = reset_state(data_dir)
+        if removed:
+            say(
+                f"gpupool: fresh start: removed the previous run's lease store {removed[0]} "
+                "(--keep-state keeps it)"
+            )
     runtimes: list[Any] = []
     try:
         demo = {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}

@@ -67,7 +67,10 @@ def check(opts: KubeOptions) -> Prepared:
     try:
         server = ExtenderServer(ext, host=opts.host, port=opts.port, prefix=opts.prefix)
     except OSError as exc:
-        raise UserError(f"cannot listen on {opts.host}:{opts.port} (--extender-port): {exc}") from None
+        raise UserError(
+            f"--extender-host/--extender-port: cannot listen on {opts.host}:{opts.port}: "
+            f"{exc.strerror or exc}"
+        ) from None
     # listed before the store opens: an unreachable API exits 2 at start-up; the clock reading is
     # the wall clock the controller uses (leases granted after it are kept by the first resync)
     now = time.time()

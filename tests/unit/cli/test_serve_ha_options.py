@@ -54,4 +54,4 @@ def test_a_port_in_use_is_exit_2_naming_it(tmp_path: Path) -> None:
             check=False,
         )
     assert out.returncode == 2, out.stderr
-    assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in out.stderr, out.stderr
+    assert f"--port: cannot listen on 127.0.0.1:{port}" in out.stderr, out.stderr

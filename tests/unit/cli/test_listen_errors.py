@@ -1,0 +1,78 @@
+"""An address the servers cannot listen on is one line naming the option, exit 2, before anything
+starts (`check_listen`): `serve`, `run` and `emulate-backend` with a port in use or a host that does
+not resolve; `run` keeps the previous run's lease store when its options are bad; `emulate-backend`
+refuses a GPU model it has no peaks for. Real subprocesses and a real listening socket."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def _gpupool(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        yield int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--port", "{port}"],
+        ["run", "--no-traffic", "--port", "{port}"],
+        ["run", "--no-traffic", "--port", "0", "--extender-port", "{port}"],
+        ["emulate-backend", "--model", "qwen2.5-0.5b", "--port", "{port}"],
+    ],
+)
+def test_a_port_in_use_is_exit_2_naming_the_option(argv: list[str], taken_port: int, tmp_path: Path) -> None:
+    args = [a.format(port=taken_port) for a in argv]
+    if args[0] in ("serve", "run"):
+        args += ["--data-dir", str(tmp_path / "data")]
+    out = _gpupool(*args)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpupool: error: --host/"), out.stderr
+    assert f"cannot listen on 127.0.0.1:{taken_port}" in lines[0]
+
+
+def test_a_host_that_does_not_resolve_is_exit_2(tmp_path: Path) -> None:
+    for argv in (
+        ["serve", "--host", "no-such-host.invalid", "--data-dir", str(tmp_path / "d")],
+        ["emulate-backend", "--model", "qwen2.5-0.5b", "--host", "no-such-host.invalid"],
+    ):
+        out = _gpupool(*argv)
+        assert out.returncode == 2, out.stderr
+        assert "--host/--port: cannot listen on no-such-host.invalid:" in out.stderr
+
+
+def test_run_with_bad_options_keeps_the_last_runs_store(tmp_path: Path, taken_port: int) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "leases.db").write_bytes(b"the last run's ledger")
+    out = _gpupool("run", "--no-traffic", "--data-dir", str(data), "--port", str(taken_port))
+    assert out.returncode == 2, out.stderr
+    assert (data / "leases.db").read_bytes() == b"the last run's ledger"
+
+
+def test_emulate_backend_refuses_an_unknown_gpu() -> None:
+    out = _gpupool("emulate-backend", "--model", "qwen2.5-0.5b", "--gpu", "A100-80G", "--port", "0")
+    assert out.returncode == 2, out.stderr
+    assert "--gpu 'A100-80G': unknown GPU model (known: A100-SXM4-80GB" in out.stderr
