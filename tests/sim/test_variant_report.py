@@ -88,6 +88,8 @@ def test_variant_report_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> 
         (["--bound", "share60"], "invalid --bound entry 'share60'"),
         (["--variant-seed", "-3"], "invalid --variant-seed=-3"),
         (["--policies", "fgd,nope"], "invalid --policies entry 'nope'"),
+        (["--policies", "fgd,fgd"], "a policy is listed twice"),
+        (["--seeds", "42,42"], "a seed is listed twice"),
     ):
         code, output = _report(root, out, cache, *extra)
         assert code == 2, (extra, output)

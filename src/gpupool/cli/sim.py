@@ -34,6 +34,8 @@ def _seeds(text: str) -> list[int]:
     for s in seeds:
         if not 0 <= s < 2**32:
             raise UserError(f"invalid --seeds={text!r}: seed {s} is outside [0, 4294967295]")
+    if len(set(seeds)) != len(seeds):  # a repeated seed would count twice in every median
+        raise UserError(f"invalid --seeds={text!r}: a seed is listed twice")
     return seeds
 
 
@@ -276,6 +278,8 @@ def _policy_list(text: str) -> list[str]:
     for p in pols:
         if p not in SIM_POLICIES:
             raise UserError(f"invalid --policies entry {p!r}: known policies: {', '.join(SIM_POLICIES)}")
+    if len(set(pols)) != len(pols):
+        raise UserError(f"invalid --policies={text!r}: a policy is listed twice")
     return pols
 
 
