@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import UserError, check_range, user_errors
+from gpupool.cli.errors import UserError, check_range, check_url, user_errors
 
 
 @user_errors
@@ -107,6 +107,8 @@ def agent(
         raise UserError("invalid --node='': must be a non-empty node name")
     if not 10 <= period_ms <= 60_000:
         raise UserError(f"invalid --period-ms={period_ms}: must be in [10, 60000]")
+    if gateway:
+        check_url("--gateway", gateway)
     if gateway and not token:
         raise UserError("invalid --token='': a token is required with --gateway (or set GPUPOOL_AGENT_TOKEN)")
     if not -1 <= metrics_port <= 65535:
