@@ -6,6 +6,7 @@ node annotation through the Kubernetes API; ``--cluster``/``--workloads`` give t
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -172,7 +173,14 @@ def agent(
         raise UserError(f"device source {devices!r} is not usable here: {exc}") from exc
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    runtime.start(metrics_host=metrics_host, metrics_port=None if metrics_port < 0 else metrics_port)
+    try:
+        runtime.start(metrics_host=metrics_host, metrics_port=None if metrics_port < 0 else metrics_port)
+    except OSError as exc:  # (bound before anything starts: nothing to stop)
+        why = f"cannot listen on {metrics_host}:{metrics_port}: {exc.strerror or exc}"
+        if exc.errno == errno.EADDRINUSE:
+            why += " (0: any free port, -1: off)"
+            raise UserError(f"invalid --metrics-port={metrics_port}: {why}") from None
+        raise UserError(f"invalid --metrics-host={metrics_host!r}: {why}") from None
     where = f", metrics http://{metrics_host}:{runtime.metrics_port}/metrics" if runtime.metrics_port else ""
     typer.echo(
         f"gpupool agent: node {node}, {devices} devices, period {period_ms} ms, "

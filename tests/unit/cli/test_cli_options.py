@@ -170,3 +170,18 @@ def test_url_options_with_a_bad_port_or_host_exit_2_naming_the_option(
     """A URL whose port or host cannot be parsed is refused at start (it was an HTTP client's
     traceback, or a loop retrying it forever)."""
     assert_one_line_exit_2(gpupool(*command, url), f"invalid {command[-1]}={url!r}: {why}")
+
+
+def test_agent_metrics_port_in_use_or_foreign_host_is_exit_2_naming_the_option() -> None:
+    """dcgm-exporter already on 9400 (the agent's default), or an address not on this host: one line
+    naming the option (it was an OSError traceback, after the agent's threads had started)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = gpupool("agent", "--node", "n", "--metrics-port", str(port), "--duration-s", "1")
+        assert_one_line_exit_2(out, f"invalid --metrics-port={port}: cannot listen on 127.0.0.1:{port}")
+    out = gpupool("agent", "--node", "n", "--metrics-host", "192.0.2.1", "--metrics-port", "0")
+    assert_one_line_exit_2(out, "invalid --metrics-host='192.0.2.1': cannot listen on 192.0.2.1:0")
