@@ -357,8 +357,13 @@ def _node_labels(node: str, kube_api: str, kubeconfig: str) -> tuple[dict[str, s
 
     try:
         api = KubeApi.for_host(kube_api) if kube_api else KubeApi.from_environment(kubeconfig or None)
+    except KubeConfigError as exc:
+        if kubeconfig:  # asked for by name: bad input, not "no Kubernetes API here"
+            raise UserError(f"invalid --kubeconfig={kubeconfig!r}: {exc}") from None
+        return None, str(exc)
+    try:
         obj = api.read_node(node)
-    except (KubeApiError, KubeConfigError) as exc:
+    except KubeApiError as exc:
         return None, str(exc)
     return dict((obj.get("metadata") or {}).get("labels") or {}), ""
 
