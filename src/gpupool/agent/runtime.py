@@ -120,6 +120,11 @@ class AgentRuntime:
         )
 
     def start(self, *, metrics_host: str = "127.0.0.1", metrics_port: int | None = 9400) -> None:
+        """Bind ``/metrics`` first, then start the threads: a port that is taken (dcgm-exporter's
+        9400) or an address that is not this host's raises `OSError` with nothing started."""
+        if metrics_port is not None:
+            self.metrics = AgentMetrics(self.agent.config.node, self.gauges)
+            self._server, self.metrics_port = self.metrics.serve(host=metrics_host, port=metrics_port)
         self.agent.observers.append(self._observe)
         if self.reporter is not None:
             self.agent.observers.append(self.reporter)
@@ -129,9 +134,6 @@ class AgentRuntime:
         for pub in self.publishers:
             self.agent.observers.append(pub)
             pub.start()
-        if metrics_port is not None:
-            self.metrics = AgentMetrics(self.agent.config.node, self.gauges)
-            self._server, self.metrics_port = self.metrics.serve(host=metrics_host, port=metrics_port)
         self._thread = threading.Thread(
             target=self.agent.run,
             args=(self._stop,),

@@ -6,6 +6,7 @@ node annotation through the Kubernetes API; ``--cluster``/``--workloads`` give t
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -14,7 +15,7 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import UserError, check_range, user_errors
+from gpupool.cli.errors import UserError, check_range, check_url, user_errors
 
 
 @user_errors
@@ -107,6 +108,8 @@ def agent(
         raise UserError("invalid --node='': must be a non-empty node name")
     if not 10 <= period_ms <= 60_000:
         raise UserError(f"invalid --period-ms={period_ms}: must be in [10, 60000]")
+    if gateway:
+        check_url("--gateway", gateway)
     if gateway and not token:
         raise UserError("invalid --token='': a token is required with --gateway (or set GPUPOOL_AGENT_TOKEN)")
     if not -1 <= metrics_port <= 65535:
@@ -170,7 +173,14 @@ def agent(
         raise UserError(f"device source {devices!r} is not usable here: {exc}") from exc
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    runtime.start(metrics_host=metrics_host, metrics_port=None if metrics_port < 0 else metrics_port)
+    try:
+        runtime.start(metrics_host=metrics_host, metrics_port=None if metrics_port < 0 else metrics_port)
+    except OSError as exc:  # (bound before anything starts: nothing to stop)
+        why = f"cannot listen on {metrics_host}:{metrics_port}: {exc.strerror or exc}"
+        if exc.errno == errno.EADDRINUSE:
+            why += " (0: any free port, -1: off)"
+            raise UserError(f"invalid --metrics-port={metrics_port}: {why}") from None
+        raise UserError(f"invalid --metrics-host={metrics_host!r}: {why}") from None
     where = f", metrics http://{metrics_host}:{runtime.metrics_port}/metrics" if runtime.metrics_port else ""
     typer.echo(
         f"gpupool agent: node {node}, {devices} devices, period {period_ms} ms, "

@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import UserError, user_errors
+from gpupool.cli.errors import UserError, check_url, user_errors
 
 app = typer.Typer(help="The batch queue: P2 jobs run by the gateway with P2 leases.", no_args_is_help=True)
 
@@ -39,6 +39,7 @@ def _token(token: str | None, data_dir: Path) -> str:
 def _call(method: str, url: str, token: str, path: str, **kw: Any) -> Any:
     import httpx
 
+    check_url("--url", url)
     try:
         r = httpx.request(
             method, url.rstrip("/") + path, headers={"Authorization": f"Bearer {token}"}, timeout=30, **kw

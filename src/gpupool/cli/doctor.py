@@ -34,7 +34,7 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import UserError, check_range, user_errors
+from gpupool.cli.errors import UserError, check_range, check_url, user_errors
 
 MIN_DRIVER = (535, 129)
 MIN_CUDA = 12020
@@ -357,8 +357,13 @@ def _node_labels(node: str, kube_api: str, kubeconfig: str) -> tuple[dict[str, s
 
     try:
         api = KubeApi.for_host(kube_api) if kube_api else KubeApi.from_environment(kubeconfig or None)
+    except KubeConfigError as exc:
+        if kubeconfig:  # asked for by name: bad input, not "no Kubernetes API here"
+            raise UserError(f"invalid --kubeconfig={kubeconfig!r}: {exc}") from None
+        return None, str(exc)
+    try:
         obj = api.read_node(node)
-    except (KubeApiError, KubeConfigError) as exc:
+    except KubeApiError as exc:
         return None, str(exc)
     return dict((obj.get("metadata") or {}).get("labels") or {}), ""
 
@@ -392,10 +397,10 @@ def doctor(
 
     if devices not in ("nvml", "simulated"):
         raise UserError(f"invalid --devices={devices!r}: must be nvml or simulated")
-    if gateway and not gateway.startswith(("http://", "https://")):
-        raise UserError(f"invalid --gateway={gateway!r}: expected an http:// or https:// URL")
-    if kube_api and not kube_api.startswith(("http://", "https://")):
-        raise UserError(f"invalid --kube-api={kube_api!r}: expected an http:// or https:// URL")
+    if gateway:
+        check_url("--gateway", gateway)
+    if kube_api:
+        check_url("--kube-api", kube_api)
     check_range("--timeout-s", timeout_s, lo=0, lo_open=True, hi=60)
     node = node or os.environ.get("NODE_NAME", "") or socket.gethostname()
     snap, err, node = _read_devices(devices, node)

@@ -1,8 +1,9 @@
 """One place that turns expected user errors into a one-line message and exit code 2 (no traceback).
 
-Also the shared checks of numeric options (`check_port`, `check_range`): commands call them first,
-before opening a store or binding a socket, so a bad value changes nothing. Messages name the option
-and the value: ``invalid --port=70000: must be in [0, 65535]``.
+Also the shared checks of numeric and URL options (`check_port`, `check_range`, `check_url`):
+commands call them first, before opening a store or binding a socket, so a bad value changes
+nothing. Messages name the option and the value: ``invalid --port=70000: must be in [0, 65535]``,
+``invalid --gateway='http://gw:abc': Port could not be cast to integer value as 'abc'``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import ParamSpec, TypeVar
+from urllib.parse import urlsplit
 
 from gpupool.core.errors import GpupoolError
 
@@ -84,6 +86,21 @@ def check_listen(option: str, host: str, port: int) -> None:
             sock.bind(addr)
     except OSError as exc:
         raise UserError(f"{option}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def check_url(option: str, url: str, *, schemes: tuple[str, ...] = ("http", "https")) -> str:
+    """A base URL option (``--gateway``, ``--leader``, ``--kube-api``, ``--url``): one of ``schemes``,
+    a host, and a port (if any) that is a number in [0, 65535]; else `UserError` naming the option.
+    Checked at start: a bad one never reaches an HTTP client (a traceback there, or a retry loop)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parsing the port is the check: ValueError when it is not one)
+    except ValueError as exc:
+        raise UserError(f"invalid {option}={url!r}: {exc}") from None
+    if parts.scheme not in schemes or not parts.hostname:
+        want = " or ".join(f"{s}://HOST[:PORT]" for s in schemes)
+        raise UserError(f"invalid {option}={url!r}: expected {want}")
+    return url
 
 
 def fail(message: str) -> None:

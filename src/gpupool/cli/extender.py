@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gpupool.cli.errors import UserError, check_port, check_range, user_errors
+from gpupool.cli.errors import UserError, check_port, check_range, check_url, user_errors
 
 if TYPE_CHECKING:
     from gpupool.adapters.k8s.extender import Extender
@@ -170,8 +170,7 @@ def kube_api_from_options(url: str, kubeconfig: str) -> KubeApi:
     from gpupool.adapters.k8s.kubeapi import KubeApi, KubeConfigError
 
     if url:
-        if not url.startswith(("http://", "https://")):
-            raise UserError(f"invalid --kube-api={url!r}: expected an http:// or https:// URL")
+        check_url("--kube-api", url)
         return KubeApi.for_host(url)
     try:
         return KubeApi.from_environment(kubeconfig or None)

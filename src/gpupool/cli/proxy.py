@@ -17,12 +17,11 @@ import os
 import socket
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import typer
 
 from gpupool.cli.console import say
-from gpupool.cli.errors import UserError, check_port, check_range, user_errors
+from gpupool.cli.errors import UserError, check_port, check_range, check_url, user_errors
 from gpupool.core.clock import FunctionClock
 from gpupool.core.errors import InvalidInput
 from gpupool.core.ids import random_lease_id
@@ -77,9 +76,7 @@ def proxy(  # noqa: PLR0917 (typer options)
     for flag, v in (("--max-connections", max_connections), ("--max-proxy-body-kib", max_proxy_body_kib)):
         if v < 1:
             raise UserError(f"{flag} {v}: must be >= 1")
-    u = urlsplit(leader)
-    if u.scheme != "http" or not u.hostname:
-        raise UserError(f"--leader {leader!r}: expected http://HOST:PORT")
+    check_url("--leader", leader, schemes=("http",))
     if not leader_token.strip():
         raise UserError("--leader-token: empty")
     from gpupool.cli.stopping import catch_early_stop, stop_requested

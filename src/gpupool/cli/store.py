@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from gpupool.cli.errors import user_errors
+from gpupool.cli.errors import UserError, user_errors
 
 app = typer.Typer(
     help="Check or repair the lease store (DATA_DIR/leases.db); run with the gateway stopped.",
@@ -24,7 +24,16 @@ _DB = typer.Option(None, "--db", help="The store file (default: DATA_DIR/leases.
 
 
 def _path(data_dir: Path, db: Path | None) -> Path:
-    return db if db is not None else data_dir / "leases.db"
+    """The store file; `UserError` naming the option that chose it (``--db`` or ``--data-dir``) when
+    there is no file there (nothing, or a directory)."""
+    path = db if db is not None else data_dir / "leases.db"
+    if path.is_file():
+        return path
+    option, value = ("--db", db) if db is not None else ("--data-dir", data_dir)
+    why = f"{path} is a directory" if path.is_dir() else f"no lease store at {path}"
+    if db is not None:
+        why = "a directory, not a store file" if path.is_dir() else "no lease store there"
+    raise UserError(f"invalid {option}={str(value)!r}: {why}")
 
 
 @app.command("check")

@@ -157,6 +157,26 @@ def test_error_texts_carry_values_not_python_reprs(gw: tuple[str, LeaseControlle
         assert r.status_code == 404 and r.json()["error"] == 'unknown lease "nope"', r.text
 
 
+def test_a_body_with_a_content_type_that_is_not_json_is_named_by_its_content_type(
+    gw: tuple[str, LeaseController],
+) -> None:
+    """curl -d (a form), text/plain: the error names the Content-Type, never the bytes' Python repr."""
+    url, c = gw
+    before = state(c)
+    body = b'{"vram_mib": 100}'
+    with httpx.Client(base_url=url, headers=h(ADMIN), timeout=10) as cl:
+        for ctype in ("text/plain", "application/x-www-form-urlencoded"):
+            for method, path in (("POST", "/v1/leases"), ("PATCH", "/v1/admin/watermarks")):
+                r = cl.request(method, path, content=body, headers={"content-type": ctype})
+                assert r.status_code == 422 and r.json()["field"] == "body", r.text
+                want = (
+                    f'invalid body: Content-Type "{ctype}" is not JSON (send Content-Type: application/json)'
+                )
+                assert r.json()["error"] == want, r.text
+        assert state(c) == before
+        assert cl.post("/v1/leases", content=body, headers=JSON_CT).status_code == 201  # (as JSON: granted)
+
+
 def test_error_texts_never_echo_more_than_a_line_of_what_was_sent(gw: tuple[str, LeaseController]) -> None:
     """An unknown id or model of 50,000 characters is named, cut, in a short error: the answer to a
     bad request is never as large as the request."""

@@ -144,3 +144,33 @@ def test_a_bad_ticket_row_is_named_at_start_and_repair_quarantines_it(tmp_path: 
     assert db.execute("SELECT tbl, id FROM quarantine").fetchall() == [("tickets", "t-7")]
     assert db.execute("SELECT count(*) FROM tickets").fetchone() == (0,)
     db.close()
+
+
+def test_store_check_and_repair_with_a_bad_db_name_the_db_option(tmp_path: Path) -> None:
+    (tmp_path / "a-dir.db").mkdir()
+    cases = ((tmp_path / "missing.db", "no lease store there"), (tmp_path / "a-dir.db", "a directory"))
+    for cmd in ("check", "repair"):
+        for db, why in cases:
+            line = one_line(r := gpupool("store", cmd, "--db", str(db)))
+            assert r.returncode == 2 and f"invalid --db={str(db)!r}: {why}" in line, r.stderr
+    (tmp_path / "data" / "leases.db").mkdir(parents=True)
+    line = one_line(r := gpupool("store", "check", "--data-dir", str(tmp_path / "data")))
+    assert r.returncode == 2 and "--data-dir" in line and "a directory" in line
+
+
+def test_a_sqlite_file_of_another_schema_is_a_file_problem_that_repair_sets_aside(tmp_path: Path) -> None:
+    path = tmp_path / "leases.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE leases(id TEXT); CREATE TABLE meta(k, v); INSERT INTO leases VALUES ('a');"
+    )
+    db.close()
+    r = gpupool("store", "check", "--data-dir", str(tmp_path))
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1 and f"{path}: file: table leases lacks column(s)" in r.stdout
+    assert "'body'" in r.stdout and "table meta lacks column(s) ['key', 'value']" in r.stdout
+    r = gpupool("store", "repair", "--data-dir", str(tmp_path))
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 0 and "moved to" in r.stdout
+    r = gpupool("store", "check", "--data-dir", str(tmp_path))
+    assert r.returncode == 0 and r.stdout.strip() == f"{path}: ok"

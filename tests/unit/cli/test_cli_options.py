@@ -141,3 +141,47 @@ def test_serve_kubernetes_bad_options_exit_2_before_anything_opens(
     out = gpupool("serve", "--kubernetes", "--data-dir", str(tmp_path / "data"), *args)
     assert_one_line_exit_2(out, want)
     assert not (tmp_path / "data").exists(), "the store was opened before the options were checked"
+
+
+URL_OPTIONS = [
+    ["agent", "--node", "n", "--token", "t", "--metrics-port", "-1", "--gateway"],
+    ["agent", "--node", "n", "--metrics-port", "-1", "--kube", "--kube-api"],
+    ["doctor", "--devices", "simulated", "--gateway"],
+    ["doctor", "--devices", "simulated", "--kube", "--kube-api"],
+    ["proxy", "--auth-file", "none.yaml", "--leader-token", "t" * 12, "--leader"],
+    ["batch", "list", "--token", "t", "--url"],
+    ["extender", "--cluster", CLUSTER, "--port", "0", "--kube-api"],
+    ["device-plugin", "--node", "n", "--cluster", CLUSTER, "--plugin-dir", ".", "--kube-api"],
+]
+
+
+@pytest.mark.parametrize("command", URL_OPTIONS, ids=lambda c: f"{c[0]} {c[-1]}")
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://127.0.0.1:abc", "Port could not be cast to integer value as 'abc'"),
+        ("http://127.0.0.1:99999", "Port out of range 0-65535"),
+        ("http://[::1", "Invalid IPv6 URL"),
+    ],
+)
+def test_url_options_with_a_bad_port_or_host_exit_2_naming_the_option(
+    command: list[str], url: str, why: str
+) -> None:
+    """A URL whose port or host cannot be parsed is refused at start (it was an HTTP client's
+    traceback, or a loop retrying it forever)."""
+    assert_one_line_exit_2(gpupool(*command, url), f"invalid {command[-1]}={url!r}: {why}")
+
+
+def test_agent_metrics_port_in_use_or_foreign_host_is_exit_2_naming_the_option() -> None:
+    """dcgm-exporter already on 9400 (the agent's default), or an address not on this host: one line
+    naming the option (it was an OSError traceback, after the agent's threads had started)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = gpupool("agent", "--node", "n", "--metrics-port", str(port), "--duration-s", "1")
+        assert_one_line_exit_2(out, f"invalid --metrics-port={port}: cannot listen on 127.0.0.1:{port}")
+    out = gpupool("agent", "--node", "n", "--metrics-host", "192.0.2.1", "--metrics-port", "0")
+    assert_one_line_exit_2(out, "invalid --metrics-host='192.0.2.1': cannot listen on 192.0.2.1:0")

@@ -201,3 +201,37 @@ def test_doctor_lines_and_exit_1_when_a_check_fails(tmp_path: Path) -> None:
 def test_bad_arguments_exit_2(args: list[str], want: str) -> None:
     out = doctor(*args)
     assert out.returncode == 2 and want in out.stderr, (out.returncode, out.stderr)
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (None, "cannot read it: No such file or directory"),
+        ("root:x:0:0:root:/root:/bin/bash\n", "not a kubeconfig: expected a YAML mapping with clusters"),
+        ("- 1\n", "not a kubeconfig: expected a YAML mapping with clusters"),
+        ("clusters: [\n", "not YAML: expected the node content, but found '<stream end>' at line 2 column 1"),
+    ],
+)
+def test_a_kubeconfig_named_by_the_user_that_is_not_one_is_exit_2_saying_why(
+    tmp_path: Path, content: str | None, why: str
+) -> None:
+    """doctor --kube passed such a file as "no Kubernetes API: not checked"; agent, extender and the
+    device plugin named the client library's internals ('str' object does not support item
+    assignment)."""
+    path = tmp_path / "kubeconfig"
+    if content is not None:
+        path.write_text(content)
+    want = f"gpupool: error: invalid --kubeconfig={str(path)!r}: {why}"
+    for args in (
+        ("doctor", "--devices", "simulated", "--kube"),
+        ("agent", "--node", "n", "--metrics-port", "-1", "--kube"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "gpupool.cli.main", *args, "--kubeconfig", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert r.returncode == 2 and r.stderr.strip().startswith(want), (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -8,7 +8,8 @@ Invariants: texts carry values rendered as JSON (``kinds=["time-slice"]``, ``pri
 Python reprs; every text is made UTF-8-safe before encoding (a lone surrogate in a path parameter or
 a value is shown escaped), so building an error response cannot itself fail. Malformed JSON and
 bodies the bounded decoder (`gpupool.adapters.http.jsonbody`) refuses are 400 naming the field or
-``body``; schema violations are 422 naming the field and the value received.
+``body``; schema violations are 422 naming the field and the value received; a body sent with a
+Content-Type that is not JSON (``text/plain``, a form) is 422 naming that Content-Type, not the bytes.
 """
 
 from __future__ import annotations
@@ -165,13 +166,16 @@ def install(app: FastAPI) -> None:
         return err(404, f"unknown {exc.kind} {show(exc.value)}", "not_found")
 
     @app.exception_handler(RequestValidationError)
-    async def bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         errs = exc.errors()
         first = errs[0] if errs else {}
         loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         where = loc or "body"
         got = f"={show(first['input'])}" if "input" in first and first.get("type") != "missing" else ""
         msg = f"invalid {where}{got}: {first.get('msg', 'bad input')}"
+        if where == "body" and isinstance(first.get("input"), bytes | bytearray):  # not parsed as JSON
+            ctype = show(request.headers.get("content-type", ""))
+            msg = f"invalid body: Content-Type {ctype} is not JSON (send Content-Type: application/json)"
         return JSONResponse(
             {"error": safe(msg), "code": "invalid_input", "field": safe(where), "detail": _jsonable(errs)},
             status_code=422,

@@ -5,8 +5,11 @@ leader delegates to it (`gpupool.core.replica.ProxyReplica`), so no request reac
 Share calls (`ShareLoop`): ``POST {leader}/v1/kv/shares`` every ``ttl_s / 3``, and at once (at most
 every `URGENT_GAP_S`) when a request found no room in the replica's shares; one call in flight at a
 time, each bounded by ``ttl_s / 3``; a failed or refused call changes nothing (the shares lapse on
-their own when no call succeeds for ``ttl_s``, minus a margin). On shutdown the replica gives its
-shares back (``DELETE /v1/kv/shares/{replica}/{incarnation}``) so the others can use them at once.
+their own when no call succeeds for ``ttl_s``, minus a margin). Cancelling `ShareLoop.run` always
+ends it: the bounds are ``asyncio.timeout`` blocks, not ``asyncio.wait_for``, which on Python 3.11
+drops a cancellation that lands as the awaited step completes (the replica then never stopped). On
+shutdown the replica gives its shares back (``DELETE /v1/kv/shares/{replica}/{incarnation}``) so
+the others can use them at once.
 
 Routes: the proxy's (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
 ``/v1/models``), and ``GET /healthz``: ``{"ok", "replica", "incarnation", "share_calls",
@@ -92,11 +95,12 @@ class ShareLoop:
         }
         self.calls += 1
         try:
-            r = await asyncio.wait_for(
-                self.pool.request("POST", self.url, content=json.dumps(body).encode(), headers=self.headers),
-                self.ttl_s / 3,
-            )
-            data = await asyncio.wait_for(r.read(), self.ttl_s / 3)
+            async with asyncio.timeout(self.ttl_s / 3):
+                r = await self.pool.request(
+                    "POST", self.url, content=json.dumps(body).encode(), headers=self.headers
+                )
+            async with asyncio.timeout(self.ttl_s / 3):
+                data = await r.read()
             if r.status_code != 200:
                 raise RuntimeError(f"HTTP {r.status_code}: {data[:200]!r}")
             doc = json.loads(data)
@@ -137,9 +141,10 @@ class ShareLoop:
     async def give_back(self) -> None:
         url = f"{self.url}/{self.replica}/{self.incarnation}"
         with contextlib.suppress(Exception):
-            gone = self.pool.request("DELETE", url, content=b"", headers=self.headers)
-            r = await asyncio.wait_for(gone, 2.0)
-            await asyncio.wait_for(r.read(), 2.0)
+            async with asyncio.timeout(2.0):
+                r = await self.pool.request("DELETE", url, content=b"", headers=self.headers)
+            async with asyncio.timeout(2.0):
+                await r.read()
         await self.pool.aclose()
 
 

@@ -31,6 +31,26 @@ class KubeConfigError(Exception):
     """No usable Kubernetes configuration: not in a cluster, and no (readable) kubeconfig."""
 
 
+def _check_kubeconfig_file(path: str) -> None:
+    """`KubeConfigError` saying what is wrong when ``path`` is not a kubeconfig at all (missing, a
+    directory, not YAML, not a mapping with ``clusters``): the client library's own answers to
+    these are its internals (``'str' object does not support item assignment``)."""
+    from pathlib import Path
+
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise KubeConfigError(f"cannot read it: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        raise KubeConfigError(f"not YAML: {getattr(exc, 'problem', None) or exc}{where}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), list):
+        raise KubeConfigError("not a kubeconfig: expected a YAML mapping with clusters, contexts and users")
+
+
 class WatchExpiredError(KubeApiError):
     """The watch's resourceVersion is too old (HTTP 410 Gone): list again."""
 
@@ -69,6 +89,8 @@ class KubeApi:
         from kubernetes import config as _config
 
         config: Any = _config
+        if kubeconfig:
+            _check_kubeconfig_file(kubeconfig)
         try:
             if kubeconfig:
                 raise config.ConfigException("explicit kubeconfig")

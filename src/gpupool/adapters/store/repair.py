@@ -4,8 +4,10 @@ Role: find what makes a store unusable at start-up and, on request, set it aside
 start: damage is quarantined, never silently dropped.
 
 - `check` lists problems: a file that is not a readable SQLite database, pages that fail
-  ``PRAGMA integrity_check``, a ``leases`` or ``tickets`` row whose body does not decode or whose
-  columns disagree with its body, a missing or unknown ``schema_version``. It never writes.
+  ``PRAGMA integrity_check``, a ``leases``, ``meta`` or ``tickets`` table without a column the
+  store reads (another program's database), a ``leases`` or ``tickets`` row whose body does not
+  decode or whose columns disagree with its body, a missing or unknown ``schema_version``. It
+  never writes.
 - `repair` of row damage moves each bad row, in one transaction, into the ``quarantine`` table
   (``tbl, id, body, problem, moved_at``) of the same file and deletes it from its table. Repair of
   file damage renames the file (with its ``-wal``/``-shm``) to ``NAME.damaged-STAMP``, creates a
@@ -90,6 +92,9 @@ def check(path: Path) -> list[Problem]:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if "leases" not in tables or "meta" not in tables:
             return [Problem("file", f"missing table(s) {sorted({'leases', 'meta'} - tables)}")]
+        problems = list(_column_problems(db, tables))
+        if problems:
+            return problems
         problems.extend(_row_problems(db))
         problems.extend(_ticket_problems(db))
         row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
@@ -99,6 +104,25 @@ def check(path: Path) -> list[Problem]:
         return problems
     finally:
         db.close()
+
+
+_COLUMNS = {
+    "leases": ("id", "revision", "state", "tenant", "body"),
+    "meta": ("key", "value"),
+    "tickets": ("id", "state", "body"),
+}
+"""The columns `check` reads: a table without one is not this store's (a file problem: the rows
+cannot be read as leases, `repair` sets the file aside)."""
+
+
+def _column_problems(db: sqlite3.Connection, tables: set[str]) -> Iterator[Problem]:
+    for table, wanted in _COLUMNS.items():
+        if table not in tables:
+            continue
+        have = {str(r[1]) for r in db.execute(f"PRAGMA table_info({table})")}  # (three fixed names)
+        missing = [c for c in wanted if c not in have]
+        if missing:
+            yield Problem("file", f"table {table} lacks column(s) {missing} (not a gpupool lease store)")
 
 
 def _ticket_problems(db: sqlite3.Connection) -> Iterator[Problem]:
