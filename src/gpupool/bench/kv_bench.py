@@ -56,6 +56,7 @@ from typing import Any
 from gpupool.bench.httpload import env_unbuffered, exit_on_sigterm, stop, wait_http
 from gpupool.bench.proxy_peers_bench import ensure_peers
 from gpupool.cli.serving import free_port
+from gpupool.hardware.memory import resolve_model
 
 MODEL = "qwen2.5-14b"
 GPU = "A100-SXM4-80GB"
@@ -100,6 +101,7 @@ def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") 
             )
             if not ok:
                 raise ValueError(f"{path}:{n}: expected timestamp, input_length, output_length, hash_ids")
+            _check_lengths(path, n, r)
             out.append(r)
     kind, value = parse_arrival(arrival)
     if kind == "stretch":
@@ -108,6 +110,24 @@ def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") 
         window_ms = int(value * 1000)
         out = [{**r, "timestamp": r["timestamp"] // window_ms * window_ms} for r in out]
     return out
+
+
+def _check_lengths(path: Path, n: int, r: dict[str, Any]) -> None:
+    """A request the replay can send: prompt + output within the model's context, and no more hash
+    ids than the prompt has 512-token blocks (the trace's own rule; longer lists would only cost
+    the session matching time quadratic in their length)."""
+    limit = resolve_model(MODEL).max_positions
+    total = r["input_length"] + r["output_length"]
+    if total > limit:
+        raise ValueError(
+            f"{path}:{n}: input_length + output_length = {total} exceeds {MODEL}'s context of {limit} tokens"
+        )
+    blocks = -(-r["input_length"] // BLOCK_TOKENS)
+    if len(r["hash_ids"]) > blocks:
+        raise ValueError(
+            f"{path}:{n}: {len(r['hash_ids'])} hash_ids for input_length {r['input_length']} "
+            f"(at most {blocks}: one per {BLOCK_TOKENS}-token block)"
+        )
 
 
 ARRIVAL_FORMS = "expected as-is, burst:SECONDS (>= 0.001) or stretch:FACTOR (> 0), finite"
@@ -211,7 +231,7 @@ def serve_backend(port_file: Path, speed: float, host_tier_mib: int, stream_inte
     from gpupool.adapters.backends import EmulatedEngine, Roofline, gpu_peaks, pcie_bytes_s
     from gpupool.adapters.backends.app import create_backend_app
     from gpupool.cli.serve import KvSizer
-    from gpupool.hardware.memory import QUANT_BYTES, kv_bytes_per_token_of, resolve_model
+    from gpupool.hardware.memory import QUANT_BYTES, kv_bytes_per_token_of
 
     arch = resolve_model(MODEL)
     bw, flops = gpu_peaks(GPU)

@@ -57,6 +57,30 @@ def test_trace_files_with_a_byte_order_mark_load_and_bad_lines_are_named(tmp_pat
         load_trace(bad)
 
 
+def test_requests_the_replay_cannot_send_are_named(tmp_path: Path) -> None:
+    # A prompt past the model's context (it would be rendered as gigabytes of text) and more hash
+    # ids than the prompt has 512-token blocks (session matching is quadratic in their number).
+    for row, msg in (
+        (
+            {"input_length": 10**9, "output_length": 5, "hash_ids": [1]},
+            r"x\.jsonl:1: .*exceeds qwen2\.5-14b's context",
+        ),
+        (
+            {"input_length": 1000, "output_length": 5, "hash_ids": list(range(3))},
+            r"x\.jsonl:1: 3 hash_ids .*at most 2",
+        ),
+    ):
+        path = tmp_path / "x.jsonl"
+        path.write_text(json.dumps({"timestamp": 0, **row}) + "\n")
+        with pytest.raises(ValueError, match=msg):
+            load_trace(path)
+    ok = tmp_path / "x.jsonl"
+    ok.write_text(
+        json.dumps({"timestamp": 0, "input_length": 1024, "output_length": 0, "hash_ids": [4, 5]}) + "\n"
+    )
+    assert len(load_trace(ok)) == 1  # exactly one id per block, and fewer, are both fine
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bench_kv_reports_every_router(tmp_path: Path) -> None:
