@@ -226,6 +226,8 @@ def test_another_azure_format_trace_drives_the_token_sizes(tmp_path):
     for name, data, says in (
         ("neg.csv", header + b"0,-5,20\n", "must be >= 0"),
         ("latin.csv", header + b"0,5,20\n\xe9,1,1\n", "not UTF-8 text"),
+        ("huge.csv", header + b"0,5,20\n0,1000000000,10\n", "line 3: 1000000000 + 10 tokens exceed"),
+        ("noprompt.csv", header + b"0,0,20\n0,0,5\n", "every request has 0 ContextTokens"),
     ):
         (tmp_path / name).write_bytes(data)
         out = CliRunner().invoke(app, ["sim", "tidal", "--days", "1", "--trace", str(tmp_path / name)])

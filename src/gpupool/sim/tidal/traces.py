@@ -59,6 +59,11 @@ def _hourly_counts(path: Path) -> tuple[dict[datetime, int], int]:
     return counts, best
 
 
+MAX_CONTEXT_TOKENS = 131_072
+"""Prompt + output of one request at most: Qwen2.5's longest context (with YaRN), the most either
+main model serves (the Azure code trace: at most 7,841 in all)."""
+
+
 def load(days: int, *, base: Path | None = None, token_trace: Path | None = None) -> Traces:
     """``token_trace``: another request trace in the Azure LLM format (CSV with ``ContextTokens`` and
     ``GeneratedTokens`` columns) instead of the code trace; `ValueError` names a missing column."""
@@ -89,6 +94,11 @@ def load(days: int, *, base: Path | None = None, token_trace: Path | None = None
                     raise ValueError(f"--trace {azure}: line {i}: token counts must be integers") from None
                 if c < 0 or g < 0:
                     raise ValueError(f"--trace {azure}: line {i}: token counts must be >= 0, got {c}, {g}")
+                if c + g > MAX_CONTEXT_TOKENS:
+                    raise ValueError(
+                        f"--trace {azure}: line {i}: {c} + {g} tokens exceed the main models' context "
+                        f"of {MAX_CONTEXT_TOKENS}"
+                    )
                 ctx.append(c)
                 gen.append(g)
         except UnicodeDecodeError as exc:
@@ -97,6 +107,8 @@ def load(days: int, *, base: Path | None = None, token_trace: Path | None = None
             raise ValueError(f"--trace {azure}: line {reader.line_num}: {exc}") from None
     if not ctx:
         raise ValueError(f"--trace {azure}: no requests")
+    if not any(ctx):  # the load is sized by the prompts' prefill work (`run._sized_peak`)
+        raise ValueError(f"--trace {azure}: every request has 0 ContextTokens: nothing sizes the load")
     return Traces(shape, shift, np.array(ctx, dtype=np.int64), np.array(gen, dtype=np.int64))
 
 
