@@ -80,3 +80,62 @@ def test_a_request_head_left_unfinished_after_earlier_requests_is_closed() -> No
                 _answer(s)
             s.sendall(b"GET /x HTTP/1.1\r\nHost: t\r\n")  # the head never ends
             assert _closed_by_server(s)
+
+
+async def _reading_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Reads the whole body (after ``x-wait`` seconds when the header says so), answers its size."""
+    if scope["type"] == "lifespan":
+        await _app(scope, receive, send)
+        return
+    import asyncio
+
+    wait = dict(scope["headers"]).get(b"x-wait")
+    if wait:
+        await asyncio.sleep(float(wait))
+    size, more = 0, True
+    while more:
+        msg = await receive()
+        size += len(msg.get("body", b""))
+        more = msg.get("more_body", False)
+    body = b"ok" if size else b"no"
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def test_a_body_dripped_a_byte_at_a_time_is_closed() -> None:
+    # 100 bytes announced, one sent every 0.1 s: the body falls behind the least rate once the
+    # grace (the head timeout) is over, and the server closes the connection long before the drip
+    # would end. (Before, the connection stayed open for as long as the client dripped.)
+    with running(_reading_app, keep_alive_s=KEEP_ALIVE_S, header_timeout_s=HEADER_TIMEOUT_S) as url:
+        s = _connect(url)
+        with s:
+            s.sendall(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n")
+            deadline = time.monotonic() + CLOSE_BOUND_S
+            closed = False
+            while time.monotonic() < deadline and not closed:
+                try:
+                    s.sendall(b"x")
+                except OSError:
+                    closed = True
+                    break
+                ready, _, _ = select.select([s], [], [], 0.1)
+                if ready:
+                    try:
+                        closed = s.recv(4096) == b""
+                    except ConnectionError:
+                        closed = True
+            assert closed
+
+
+def test_a_body_the_app_has_not_read_yet_is_not_cut() -> None:
+    # 4 MiB sent at once to an app that reads it only after 3 s, with a least rate that allows
+    # every byte the server could have read before it paused reading past 64 KiB (flow control)
+    # well under 3 s: the pause is the server's, not a slow client's, and the request completes.
+    body = b"y" * (4 << 20)
+    fast = {"min_body_bytes_per_s": 8 << 20}
+    with running(_reading_app, keep_alive_s=KEEP_ALIVE_S, header_timeout_s=HEADER_TIMEOUT_S, **fast) as url:
+        s = _connect(url)
+        with s:
+            head = b"POST /x HTTP/1.1\r\nHost: t\r\nx-wait: 3\r\nContent-Length: %d\r\n\r\n" % len(body)
+            s.sendall(head + body)
+            assert _answer(s).startswith(b"HTTP/1.1 200")

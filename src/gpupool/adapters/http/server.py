@@ -6,14 +6,21 @@ nothing, or a header byte now and then, holds a socket and a file descriptor ind
 
 - `HEADER_TIMEOUT_S` (10 s): from the moment a connection opens, or a new request on it begins, its
   request line and headers must be complete within this time, else the server closes it;
+- `MIN_BODY_BYTES_PER_S` (16 KiB/s): once the head is complete, the body must keep up this
+  average rate after the same grace (``header_timeout_s``): a body of B bytes must be complete
+  within ``header_timeout_s + B / MIN_BODY_BYTES_PER_S`` seconds of the head, else the connection
+  is closed. Time while the server itself paused reading (flow control: the app has not taken
+  the first 64 KiB yet) does not count. Without it a client sending a body a byte a second held a
+  connection (and a request slot) for as long as it liked;
 - `KEEP_ALIVE_S` (5 s): an idle keep-alive connection between requests is closed after this;
 - `MAX_CONNECTIONS` (1000): uvicorn's ``limit_concurrency`` (open connections + running requests);
   past it a new request is answered 503 at once instead of queueing without bound;
 - `MAX_HEADER_BYTES`: h11's limit on an incomplete request head (for the h11 parser; httptools
   has its own fixed limit of 80 KiB).
 
-Invariant: every connection is either inside a request whose head is complete, or has a timer that
-will close it; no connection can stay open without sending a complete request head.
+Invariant: every connection is either inside a request whose head and body are complete, or has a
+timer that will close it; no connection can stay open without sending a complete request at the
+rates above.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gpupool.adapters.http.native import NativeCycle, NativeProxy
 
 HEADER_TIMEOUT_S = 10.0
+MIN_BODY_BYTES_PER_S = 16 * 1024
 KEEP_ALIVE_S = 5
 MAX_CONNECTIONS = 1000
 MAX_HEADER_BYTES = 64 * 1024
@@ -43,6 +51,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     and cancelled two or three times per request was measurable in ``bench proxy-peers``.)"""
 
     header_timeout_s: float = HEADER_TIMEOUT_S
+    min_body_bytes_per_s: int = MIN_BODY_BYTES_PER_S
     native: NativeProxy | None = None
     """Set when the app has an OpenAI proxy: its POST routes are answered by `native`."""
 
@@ -52,6 +61,8 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         self._idle_deadline: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._body_since: float | None = None  # the head's completion while its body is due
+        self._body_bytes = 0
         self._arm_head_timer()
 
     # -- the connection's one timer
@@ -68,6 +79,8 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         self._timer = None
         now = self.loop.time() + _TIMER_SLACK_S  # (a timer may fire a hair before its due time)
         head, idle = self._head_deadline, self._idle_deadline
+        if head is not None and head <= now and self._body_since is not None:
+            head = self._head_deadline = self._body_due(now)
         if (head is not None and head <= now) or (idle is not None and idle <= now):
             self._head_deadline = self._idle_deadline = None
             if not self.transport.is_closing():
@@ -76,13 +89,22 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         if head is not None or idle is not None:
             self._wake_by(min(x for x in (head, idle) if x is not None))
 
+    def _body_due(self, now: float) -> float:
+        """When the body in progress must be complete: grace plus its bytes at the least rate, or
+        a fresh grace from now while reading is paused by the server (not the client's delay)."""
+        if self.flow.read_paused:
+            self._body_since = now
+            self._body_bytes = 0
+        assert self._body_since is not None
+        return self._body_since + self.header_timeout_s + self._body_bytes / self.min_body_bytes_per_s
+
     def _arm_head_timer(self) -> None:
         if self._head_deadline is None:
             at = self._head_deadline = self.loop.time() + self.header_timeout_s
             self._wake_by(at)
 
     def _cancel_head_timer(self) -> None:
-        self._head_deadline = None
+        self._head_deadline = self._body_since = None
 
     def _unset_keepalive_if_required(self) -> None:  # uvicorn's: cancelled its keep-alive timer
         self._idle_deadline = None
@@ -125,7 +147,9 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         }
 
     def on_headers_complete(self) -> None:
-        self._head_deadline = None
+        # the head's deadline becomes the body's (`_body_due`), cleared when the message completes
+        self._body_since = self.loop.time()
+        self._body_bytes = 0
         native: NativeProxy | None = self.native
         if native is not None and self._native_ok():
             route = native.route(self.url)
@@ -139,6 +163,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
         cycle: Any = self.cycle
         if cycle.__class__ is NativeCycle:  # (never an upgrade: `_native_ok`)
             cycle.on_body(body)
@@ -146,6 +171,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._head_deadline = self._body_since = None
         cycle: Any = self.cycle
         if cycle.__class__ is NativeCycle:
             cycle.on_message_complete()
@@ -181,18 +207,25 @@ def server_config(
     header_timeout_s: float = HEADER_TIMEOUT_S,
     keep_alive_s: int = KEEP_ALIVE_S,
     max_connections: int = MAX_CONNECTIONS,
+    min_body_bytes_per_s: int = MIN_BODY_BYTES_PER_S,
     **extra: Any,
 ) -> uvicorn.Config:
     """A uvicorn ``Config`` for ``app`` with the limits above (``extra``: more ``Config`` options)."""
     if not header_timeout_s > 0:
         raise ValueError(f"header_timeout_s={header_timeout_s}: must be > 0")
+    if type(min_body_bytes_per_s) is not int or min_body_bytes_per_s < 1:
+        raise ValueError(f"min_body_bytes_per_s={min_body_bytes_per_s}: must be an integer >= 1")
     if type(max_connections) is not int or max_connections < 1:
         raise ValueError(f"max_connections={max_connections}: must be an integer >= 1")
     native = getattr(getattr(app, "state", None), "native_proxy", None)
     protocol = type(
         "GatewayHttpProtocol",
         (HeadTimeoutProtocol,),
-        {"header_timeout_s": header_timeout_s, "native": native if isinstance(native, NativeProxy) else None},
+        {
+            "header_timeout_s": header_timeout_s,
+            "min_body_bytes_per_s": min_body_bytes_per_s,
+            "native": native if isinstance(native, NativeProxy) else None,
+        },
     )
     return uvicorn.Config(
         app,
