@@ -341,6 +341,10 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True  # NOTE: one small response must not wait for a delayed ACK
     server: _Server
 
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.idle_timeout_s)  # a read waits this long, then closes
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
@@ -408,7 +412,12 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length") or "0")
             if length < 0 or length > MAX_BODY_BYTES:
                 raise BadRequestError(f"Content-Length {length} outside [0, {MAX_BODY_BYTES}]")
-            raw = self.rfile.read(length)
+            try:
+                raw = self.rfile.read(length)
+            except TimeoutError:  # the body stalled: answer 408 and close (the file is unusable now)
+                self.close_connection = True
+                self._send(HTTPStatus.REQUEST_TIMEOUT, {"Error": "request body incomplete: timed out"})
+                return
             if handler is None:
                 self._send(404, {"Error": f"no route POST {self.path}"})
                 return
@@ -443,9 +452,18 @@ def _always() -> bool:
     return True
 
 
+IDLE_TIMEOUT_S = 120.0
+"""A connection that sends nothing for this long (no request, or a request stalled mid-way) is
+closed (a stalled body is answered 408 first): without it each such connection held one of the
+server's threads for ever. Longer than the idle timeout of kube-scheduler's HTTP client (Go's
+90 s default), so the scheduler closes its idle connections first and never has a request cut by
+this close."""
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
+    idle_timeout_s = IDLE_TIMEOUT_S
     extender: Extender | Forwarder
     prefix: str
     gate: Callable[[], bool] = staticmethod(_always)
@@ -455,10 +473,17 @@ class ExtenderServer:
     """The HTTP server around an `Extender`; ``start`` serves in a thread, ``serve_forever`` blocks."""
 
     def __init__(
-        self, extender: Extender | Forwarder, *, host: str = "127.0.0.1", port: int = 0, prefix: str = ""
+        self,
+        extender: Extender | Forwarder,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        prefix: str = "",
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
         prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
         self._server = _Server((host, port), _Handler)
+        self._server.idle_timeout_s = idle_timeout_s
         self._server.extender = extender
         self._server.prefix = prefix
         self._thread: threading.Thread | None = None

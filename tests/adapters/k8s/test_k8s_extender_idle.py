@@ -1,0 +1,49 @@
+"""The extender's HTTP server closes connections that stall: one that never sends a request, and
+one whose request stops half-way (a body shorter than its Content-Length). Each such connection
+used to hold one of the server's threads for ever. The server still answers after them."""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+
+from tests.adapters.k8s.k8s_helpers import make_pool
+
+from gpupool.adapters.k8s.extender import Extender, ExtenderServer
+
+CLOSE_BOUND_S = 20.0  # generous bound on waiting for the close: not a timing claim
+
+
+def _read_until_closed(s: socket.socket) -> bytes | None:
+    """What the server sent before closing ``s``; None if it did not close it within the bound."""
+    got = b""
+    deadline = time.monotonic() + CLOSE_BOUND_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([s], [], [], 0.2)
+        if ready:
+            try:
+                data = s.recv(4096)
+            except ConnectionError:
+                return got
+            if not data:
+                return got
+            got += data
+    return None
+
+
+def test_stalled_connections_are_closed_and_the_server_still_answers() -> None:
+    server = ExtenderServer(Extender(make_pool()), idle_timeout_s=0.5).start()
+    try:
+        silent = socket.create_connection(("127.0.0.1", server.port))
+        stalled = socket.create_connection(("127.0.0.1", server.port))
+        with silent, stalled:
+            stalled.sendall(b'POST /filter HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n{"Pod":')
+            assert _read_until_closed(silent) == b""
+            answer = _read_until_closed(stalled)
+            assert answer is not None and answer.startswith(b"HTTP/1.1 408 "), answer
+        with socket.create_connection(("127.0.0.1", server.port), timeout=CLOSE_BOUND_S) as s:
+            s.sendall(b"GET /nope HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 ")
+    finally:
+        server.stop()
