@@ -15,9 +15,9 @@ shutdown the replica gives its shares back (``DELETE /v1/kv/shares/{replica}/{in
 the others can use them at once.
 
 Routes: the proxy's (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
-``/v1/models``), and ``GET /healthz``: ``{"ok", "replica", "incarnation", "share_calls",
-"share_failures", "granted", "waited", "shed", "backends": {id: {"share_mib", "cap_mib",
-"used_mib", "leases", "valid"}}}``; ``ok`` is true while at least one share is valid.
+``/v1/models``), and ``GET /healthz`` (HEAD too, for monitors): ``{"ok", "replica", "incarnation",
+"share_calls", "share_failures", "granted", "waited", "shed", "backends": {id: {"share_mib",
+"cap_mib", "used_mib", "leases", "valid"}}}``; ``ok`` is true while at least one share is valid.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def create_replica_app(
     app.state.gateway = host
     errors.install(app)
 
-    @app.get("/healthz")
+    @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> JSONResponse:
         lane = core.lane
         view: dict[str, Any] = {}
