@@ -4,12 +4,14 @@ With ``--gateway`` or ``--kube`` the agent also discovers its GPUs and publishes
 (`gpupool.agent.publish`): ``PUT /v1/nodes/{node}/slices`` on the gateway and the ``<domain>/slices``
 node annotation through the Kubernetes API; ``--cluster``/``--workloads`` give the plan it adopts.
 
-A named ``--cluster`` / ``--workloads`` file is read and planned at start whatever the other
-options (exit 2 naming the option when it is missing or not a valid spec), never ignored."""
+Every option is checked before anything starts (exit 2 naming the option as typed, `OPTIONS`
+mapping the core's field names to options): a named ``--cluster`` / ``--workloads`` file is read
+and planned at start whatever the other options, so a missing or invalid one is never ignored."""
 
 from __future__ import annotations
 
 import errno
+import math
 import os
 import signal
 import threading
@@ -18,10 +20,24 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import UserError, check_range, check_url, user_errors
+from gpupool.cli.errors import UserError, check_range, check_url, options_named, user_errors
+
+OPTIONS = {
+    "devices": "--devices",
+    "gpus": "--gpus",
+    "watermarks.vram_high": "--vram-high",
+    "watermarks.vram_low": "--vram-low",
+    "agent.revoke_after_s": "--revoke-after-s",
+    "engine": "--engine",
+    "workload": "--workload",
+    "mps": "--mps",
+    "mps_pipe_dir": "--mps-pipe-dir",
+}
+"""The core's names of the fields the options set: its errors name the option instead."""
 
 
 @user_errors
+@options_named(OPTIONS)
 def agent(
     *,
     gateway: str = typer.Option(
@@ -118,6 +134,12 @@ def agent(
     if not -1 <= metrics_port <= 65535:
         raise UserError(f"invalid --metrics-port={metrics_port}: must be in [-1, 65535]")
     check_range("--duration-s", duration_s, lo=0)
+    if not math.isfinite(revoke_after_s):
+        raise UserError(f"invalid --revoke-after-s={revoke_after_s!r}: must be a number (< 0: never)")
+    check_range("--vram-high", vram_high, lo=0, hi=1)
+    check_range("--vram-low", vram_low, lo=0, hi=1)
+    if not vram_low < vram_high:
+        raise UserError(f"invalid --vram-low={vram_low!r}: must be < --vram-high ({vram_high!r})")
     check_range("--resync-s", resync_s, lo=0, lo_open=True)
     check_range("--evict-grace-ms", evict_grace_ms, lo=-1, hi=10_000)
     mps_specs = [parse_mps_spec(m) for m in mps]
@@ -171,7 +193,7 @@ def agent(
     try:
         runtime.source.read()  # probe once: a missing NVML must be a clear error, not a silent loop
     except Exception as exc:
-        raise UserError(f"device source {devices!r} is not usable here: {exc}") from exc
+        raise UserError(f"invalid --devices={devices!r}: not usable here: {exc}") from exc
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
@@ -239,7 +261,7 @@ def _discovered_mps(
     try:
         source.read()
     except Exception as exc:
-        raise UserError(f"device source {devices!r} is not usable here: {exc}") from exc
+        raise UserError(f"invalid --devices={devices!r}: not usable here: {exc}") from exc
     snapshot = getattr(source, "last", None)
     if snapshot is None:  # a source without a hardware view: nothing to discover
         return source, []

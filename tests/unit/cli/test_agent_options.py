@@ -1,6 +1,7 @@
 """`gpupool agent` options as a user types them, real subprocesses: each bad one is exit 2 with one
-line naming the option and the value; a named ``--cluster`` / ``--workloads`` file is read whatever
-the other options (it was ignored without ``--gateway`` or ``--kube``, even when it did not exist)."""
+line naming the option as typed (``--gpus``, not the core's ``gpus`` or ``watermarks.vram_high``)
+and the value; a named ``--cluster`` / ``--workloads`` file is read whatever the other options (it
+was ignored without ``--gateway`` or ``--kube``, even when it did not exist)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,19 @@ AGENT = ("agent", "--node", "n", "--metrics-port", "-1", "--duration-s", "0.1")
 @pytest.mark.parametrize(
     ("args", "want"),
     [
+        (["--devices", "bogus"], "invalid --devices='bogus': must be one of"),
+        (["--gpus", "0"], "invalid --gpus=0: must be an integer in [1, 64]"),
+        (["--gpus", "65"], "invalid --gpus=65"),
+        (["--vram-high", "2"], "invalid --vram-high=2.0: must be in [0, 1]"),
+        (["--vram-low", "-0.5"], "invalid --vram-low=-0.5"),
+        (["--vram-low", "0.9", "--vram-high", "0.5"], "invalid --vram-low=0.9: must be < --vram-high (0.5)"),
+        (["--revoke-after-s", "nan"], "invalid --revoke-after-s=nan"),
+        (["--engine", "gpu=0"], "invalid --engine url='': must be an http(s) URL"),
+        (["--engine", "nonsense"], "invalid --engine='nonsense': expected gpu=<id>,url="),
+        (["--mps", "gpu=0"], "invalid --mps pipe='': must be an absolute directory"),
+        (["--workload", "lease=x,gpu=0"], "invalid --workload pauser=''"),
+        (["--workload", "lease=x,gpu=0,pauser=signal,pgid=abc"], "invalid --workload pgid='abc'"),
+        (["--workload", "lease=x,gpu=0,pauser=signal,pids=1;x"], "invalid --workload pids='1;x'"),
         (["--cluster", "no-such-cluster.yaml"], "--cluster: no-such-cluster.yaml: no such file"),
         (["--workloads", CLUSTER], "--workloads needs --cluster"),
         (["--cluster", CLUSTER, "--workloads", CLUSTER], "--workloads: "),
