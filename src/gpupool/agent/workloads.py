@@ -179,12 +179,17 @@ def parse_workload_spec(spec: str) -> Workload:
     unknown = sorted(set(fields) - known)
     if unknown:
         raise InvalidInput(f"workload.{unknown[0]}", fields[unknown[0]], f"unknown key; use {sorted(known)}")
-    for key in ("vram_mib", "priority"):
-        raw = fields.get(key, "0" if key == "vram_mib" else "-1")
+    for key in ("vram_mib", "priority", "pgid", "sleep_level", "nccl_world_size"):
+        raw = fields.get(key, "0" if key == "vram_mib" else "-1" if key == "priority" else "")
         try:
-            int(raw)
+            if raw or key in ("vram_mib", "priority"):  # (the others: empty = not given)
+                int(raw)
         except ValueError:
             raise InvalidInput(f"workload.{key}", raw, "must be an integer") from None
+    try:
+        [int(p) for p in fields.get("pids", "").split(";") if p.strip()]
+    except ValueError:
+        raise InvalidInput("workload.pids", fields["pids"], "must be integers separated by ';'") from None
     labels = {
         LABEL_PREFIX + "pauser": fields.get("pauser", ""),
         LABEL_PREFIX + "pgid": fields.get("pgid", ""),

@@ -2,11 +2,16 @@
 
 With ``--gateway`` or ``--kube`` the agent also discovers its GPUs and publishes the node's slices
 (`gpupool.agent.publish`): ``PUT /v1/nodes/{node}/slices`` on the gateway and the ``<domain>/slices``
-node annotation through the Kubernetes API; ``--cluster``/``--workloads`` give the plan it adopts."""
+node annotation through the Kubernetes API; ``--cluster``/``--workloads`` give the plan it adopts.
+
+Every option is checked before anything starts (exit 2 naming the option as typed, `OPTIONS`
+mapping the core's field names to options): a named ``--cluster`` / ``--workloads`` file is read
+and planned at start whatever the other options, so a missing or invalid one is never ignored."""
 
 from __future__ import annotations
 
 import errno
+import math
 import os
 import signal
 import threading
@@ -15,10 +20,24 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import UserError, check_range, check_url, user_errors
+from gpupool.cli.errors import UserError, check_range, check_url, options_named, user_errors
+
+OPTIONS = {
+    "devices": "--devices",
+    "gpus": "--gpus",
+    "watermarks.vram_high": "--vram-high",
+    "watermarks.vram_low": "--vram-low",
+    "agent.revoke_after_s": "--revoke-after-s",
+    "engine": "--engine",
+    "workload": "--workload",
+    "mps": "--mps",
+    "mps_pipe_dir": "--mps-pipe-dir",
+}
+"""The core's names of the fields the options set: its errors name the option instead."""
 
 
 @user_errors
+@options_named(OPTIONS)
 def agent(
     *,
     gateway: str = typer.Option(
@@ -115,18 +134,23 @@ def agent(
     if not -1 <= metrics_port <= 65535:
         raise UserError(f"invalid --metrics-port={metrics_port}: must be in [-1, 65535]")
     check_range("--duration-s", duration_s, lo=0)
+    if not math.isfinite(revoke_after_s):
+        raise UserError(f"invalid --revoke-after-s={revoke_after_s!r}: must be a number (< 0: never)")
+    check_range("--vram-high", vram_high, lo=0, hi=1)
+    check_range("--vram-low", vram_low, lo=0, hi=1)
+    if not vram_low < vram_high:
+        raise UserError(f"invalid --vram-low={vram_low!r}: must be < --vram-high ({vram_high!r})")
     check_range("--resync-s", resync_s, lo=0, lo_open=True)
     check_range("--evict-grace-ms", evict_grace_ms, lo=-1, hi=10_000)
     mps_specs = [parse_mps_spec(m) for m in mps]
+    planned = _planned(node, cluster, workloads)  # named files are read whatever the other options
     source = None
     if mps_daemons and not mps_specs:  # one daemon per GPU discovery serves by MPS
         source, mps_specs = _discovered_mps(
             node,
             devices,
             gpus=gpus,
-            cluster=cluster,
-            workloads=workloads,
-            domain=domain,
+            planned=planned,
             pipe_root=mps_pipe_dir,
         )
     kube_client = kube_api_from_options(kube_api, kubeconfig) if kube else None
@@ -160,8 +184,7 @@ def agent(
                 token=token,
                 kube=kube_client,
                 domain=domain,
-                cluster=cluster,
-                workloads=workloads,
+                planned=planned,
                 mps_pipe_dir=mps_pipe_dir,
                 mps_pipe_dirs={m.gpu_id: m.pipe_directory for m in mps_specs},
                 resync_s=resync_s,
@@ -170,7 +193,7 @@ def agent(
     try:
         runtime.source.read()  # probe once: a missing NVML must be a clear error, not a silent loop
     except Exception as exc:
-        raise UserError(f"device source {devices!r} is not usable here: {exc}") from exc
+        raise UserError(f"invalid --devices={devices!r}: not usable here: {exc}") from exc
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
@@ -197,14 +220,35 @@ def agent(
         runtime.stop()
 
 
+def _planned(node: str, cluster: Path | None, workloads: Path | None) -> list[Any]:
+    """This node's slices in the plan of ``--cluster`` (laid out by ``--workloads`` when given);
+    a file that is missing or not a valid spec is a `UserError` naming its option."""
+    from gpupool.cli.specfiles import load_cluster_file, load_workload_file
+    from gpupool.hardware.planner import inventory_from_cluster, inventory_from_plan, plan
+
+    if cluster is None:
+        if workloads is not None:
+            raise UserError("--workloads needs --cluster")
+        return []
+    try:
+        spec = load_cluster_file(cluster)
+    except (UserError, ValueError) as exc:  # (SpecError is a ValueError)
+        raise UserError(f"--cluster: {exc}") from None
+    if workloads is None:
+        return [s for s in inventory_from_cluster(spec) if s.node == node]
+    try:
+        layout = plan(spec, load_workload_file(workloads))
+    except (UserError, ValueError) as exc:  # (SpecError, PlanError: cannot be placed)
+        raise UserError(f"--workloads: {exc}") from None
+    return [s for s in inventory_from_plan(layout) if s.node == node]
+
+
 def _discovered_mps(
     node: str,
     devices: str,
     *,
     gpus: int,
-    cluster: Path | None,
-    workloads: Path | None,
-    domain: str,
+    planned: list[Any],
     pipe_root: str,
 ) -> tuple[Any, list[Any]]:
     """Read the GPUs once and give every GPU discovery serves by MPS its own daemon (``--mps-daemons``
@@ -212,21 +256,15 @@ def _discovered_mps(
     from gpupool.agent.devices import open_source
     from gpupool.agent.inventory import discover
     from gpupool.agent.mps import mps_gpus_of
-    from gpupool.cli.extender import build_slices
-    from gpupool.hardware.slices import Slice
 
     source = open_source(devices, node=node, gpus=gpus)
     try:
         source.read()
     except Exception as exc:
-        raise UserError(f"device source {devices!r} is not usable here: {exc}") from exc
+        raise UserError(f"invalid --devices={devices!r}: not usable here: {exc}") from exc
     snapshot = getattr(source, "last", None)
     if snapshot is None:  # a source without a hardware view: nothing to discover
         return source, []
-    planned: list[Slice] = []
-    if cluster is not None:
-        got, _ = build_slices(cluster, workloads, api=None, domain=domain)
-        planned = [s for s in got if isinstance(s, Slice) and s.node == node]
     return source, mps_gpus_of(discover(snapshot, planned=planned).slices, pipe_root)
 
 
@@ -238,23 +276,14 @@ def _publisher(
     token: str,
     kube: Any,
     domain: str,
-    cluster: Path | None,
-    workloads: Path | None,
+    planned: list[Any],
     mps_pipe_dir: str,
     mps_pipe_dirs: dict[str, str],
     resync_s: float,
 ) -> Any:
     from gpupool.adapters.k8s.resources import ResourceNames
     from gpupool.agent.publish import SlicePublisher
-    from gpupool.cli.extender import build_slices
-    from gpupool.hardware.slices import Slice
 
-    planned: list[Slice] = []
-    if cluster is not None:
-        got, _ = build_slices(cluster, workloads, api=None, domain=domain)
-        planned = [s for s in got if isinstance(s, Slice) and s.node == node]
-    elif workloads is not None:
-        raise UserError("--workloads needs --cluster")
     source = runtime.source
     return SlicePublisher(
         node,

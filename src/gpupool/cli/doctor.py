@@ -320,7 +320,7 @@ def _read_devices(devices: str, node: str) -> tuple[Any, str, str]:
             src.close()
 
 
-def _ipc_links() -> tuple[str | None, str | None, str]:
+def _ipc_links(euid: int | None = None) -> tuple[str | None, str | None, str]:
     try:
         mine = str(Path("/proc/self/ns/ipc").readlink())
     except OSError as exc:
@@ -328,8 +328,21 @@ def _ipc_links() -> tuple[str | None, str | None, str]:
     try:
         host = str(Path("/proc/1/ns/ipc").readlink())
     except OSError as exc:
-        return mine, None, f"/proc/1/ns/ipc: {exc.strerror or exc} (run as root to compare)"
+        return mine, None, f"/proc/1/ns/ipc: {exc.strerror or exc}{_why_unreadable(exc, euid)}"
     return mine, host, ""
+
+
+def _why_unreadable(exc: OSError, euid: int | None = None) -> str:
+    """What to do about an unreadable ``/proc/1/ns/ipc``: as another user, run as root; as root
+    (``euid`` 0) it is denied by ptrace access rules, which running as root does not change."""
+    if not isinstance(exc, PermissionError):
+        return ""
+    if (os.geteuid() if euid is None else euid) != 0:
+        return " (run as root to compare)"
+    return (
+        " even to root: reading pid 1's namespaces needs ptrace access to it (CAP_SYS_PTRACE,"
+        " which containers drop by default, or a Yama/AppArmor/SELinux policy refuses it)"
+    )
 
 
 def _probe_gateway(url: str, timeout_s: float) -> tuple[int | None, str, float | None]:

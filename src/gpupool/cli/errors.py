@@ -8,15 +8,16 @@ nothing. Messages name the option and the value: ``invalid --port=70000: must be
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
-from gpupool.core.errors import GpupoolError
+from gpupool.core.errors import GpupoolError, InvalidInput
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -101,6 +102,23 @@ def check_url(option: str, url: str, *, schemes: tuple[str, ...] = ("http", "htt
         want = " or ".join(f"{s}://HOST[:PORT]" for s in schemes)
         raise UserError(f"invalid {option}={url!r}: expected {want}")
     return url
+
+
+@contextlib.contextmanager
+def options_named(options: dict[str, str]) -> Iterator[None]:
+    """Inside: an `InvalidInput` about a field that an option of the command sets (``options``: the
+    core's field name -> the option as typed) becomes a `UserError` naming the option, not the field:
+    ``gpus`` -> ``invalid --gpus=0: ...``; a sub-field of a repeatable spec option, ``engine.url``
+    -> ``invalid --engine url='': ...``. Other errors pass unchanged."""
+    try:
+        yield
+    except InvalidInput as exc:
+        head, _, rest = exc.field.partition(".")
+        option = options.get(exc.field) or options.get(head)
+        if option is None:
+            raise
+        named = f"{option} {rest}" if option == options.get(head) and rest else option
+        raise UserError(f"invalid {named}={exc.value!r}: {exc.reason}") from None
 
 
 def fail(message: str) -> None:

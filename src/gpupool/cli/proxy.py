@@ -6,7 +6,9 @@ the request rate needs, behind one load balancer; each calls the leader once eve
 
 Composition root: it wires the HTTP adapter (replica app, share calls) and the KV-cache sizer of
 `gpupool serve` around one core `ProxyReplica`. Every argument is checked before anything starts
-(exit 2 naming the option).
+(exit 2 naming the option); the first share call is made before the server starts, and a leader
+that refuses ``--leader-token`` then (HTTP 401/403) is exit 2 naming it, while a leader that does
+not answer is retried every share period (it may come up later).
 """
 
 from __future__ import annotations
@@ -133,6 +135,10 @@ def proxy(  # noqa: PLR0917 (typer options)
             ev.add_signal_handler(sig, stop)
         if stop_requested():
             return
+        await loop.call(quiet=True)  # the first share call: a token the leader refuses stops the start here
+        if loop.refused:
+            await loop.pool.aclose()
+            raise UserError(f"--leader-token: the leader at {leader} refused it ({loop.refused})")
         await server.serve()
 
     with contextlib.suppress(KeyboardInterrupt):

@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpupool.cli.main", *args],
         check=False,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
 
 
@@ -61,3 +61,44 @@ def test_proxy_replica_bad_options_exit_2_naming_the_option(tmp_path: Path) -> N
         assert r.returncode == 2 and named in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
     r = run("bench", "replicas", "--replicas", "0,2", "--sim-only")
     assert r.returncode == 2 and "--replicas" in r.stderr
+
+
+def test_proxy_replica_with_a_token_the_leader_refuses_exits_2_naming_it(tmp_path: Path) -> None:
+    """A real leader (`gpupool serve`): an unknown token (401) and a tenant's token (403) stop the
+    replica at its first share call with one line naming --leader-token and the leader's reason
+    (it ran on, logging ``RuntimeError: HTTP 401: b'{...}'`` every second)."""
+    from gpupool.bench.httpload import stop, wait_http
+    from gpupool.cli.serving import free_port
+
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(
+        "tokens:\n  - {token: replica-admin-token-01, tenant: ops, role: admin}\n"
+        "  - {token: replica-tenant-token-01, tenant: t, role: tenant}\n"
+    )
+    (tmp_path / "cluster.yaml").write_text(
+        "nodes:\n  - name: n0\n    gpus: [{model: H100-SXM5-80GB, count: 1}]\n"
+    )
+    (tmp_path / "w.yaml").write_text(
+        "workloads:\n  - {name: llm, model: qwen2.5-0.5b, priority: P1, replicas: 1, isolation: any}\n"
+    )
+    lport = free_port()
+    leader = subprocess.Popen(
+        [sys.executable, "-m", "gpupool.cli.main", "serve", "--port", str(lport), "--data-dir",
+         str(tmp_path / "d"), "--cluster", str(tmp_path / "cluster.yaml"), "--workloads",
+         str(tmp_path / "w.yaml"), "--auth-file", str(auth), "--no-simulate-readings"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_http(f"http://127.0.0.1:{lport}/healthz", leader, what="leader")
+        base = ("proxy", "--leader", f"http://127.0.0.1:{lport}", "--auth-file", str(auth), "--port", "0")
+        for token, reason in (
+            ("not-a-token-of-the-leader", "HTTP 401"),
+            ("replica-tenant-token-01", "HTTP 403"),
+        ):
+            r = run(*base, "--leader-token", token, timeout=30)  # it ran forever: a hang detector
+            assert r.returncode == 2, (token, r.stderr)
+            assert r.stderr.startswith("gpupool: error: --leader-token:") and reason in r.stderr, r.stderr
+            assert len(r.stderr.strip().splitlines()) == 1 and "b'" not in r.stderr, r.stderr
+            assert token not in r.stderr  # a secret is not echoed
+    finally:
+        stop([leader])

@@ -235,3 +235,15 @@ def test_a_kubeconfig_named_by_the_user_that_is_not_one_is_exit_2_saying_why(
         )
         assert r.returncode == 2 and r.stderr.strip().startswith(want), (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_an_unreadable_host_ipc_namespace_says_why_for_the_user_it_runs_as() -> None:
+    """``run as root to compare`` only when not root: as root the denial comes from ptrace access
+    rules (a container without CAP_SYS_PTRACE), and the advice was wrong there."""
+    from gpupool.cli.doctor import _why_unreadable
+
+    denied = PermissionError(13, "Permission denied")
+    assert _why_unreadable(denied, euid=1000) == " (run as root to compare)"
+    as_root = _why_unreadable(denied, euid=0)
+    assert "run as root" not in as_root and "even to root" in as_root and "CAP_SYS_PTRACE" in as_root
+    assert _why_unreadable(FileNotFoundError(2, "No such file or directory"), euid=1000) == ""

@@ -353,7 +353,7 @@ def create_backend_app(
             }
         )
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         return Response(status_code=200)
 
@@ -440,7 +440,7 @@ def create_backend_app(
             }
         )
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(render_metrics(engine, model), media_type="text/plain; version=0.0.4")
 

@@ -265,6 +265,8 @@ AUTH = (401,)
 BODY = (400, 401, 413, 422)
 ADMIN = (401, 403)
 ADMIN_BODY = (400, 401, 403, 413, 422)
+HEAD_OK = ["GET", "HEAD"]
+"""Methods of the probe routes (``/healthz``, ``/metrics``): monitors and ``curl -I`` send HEAD."""
 
 
 def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
@@ -273,13 +275,13 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
     def scope(who: Principal) -> str | None:
         return None if who.is_admin else who.tenant
 
-    @app.get("/healthz", response_model=s.HealthOut, response_model_exclude_none=True)
+    @app.api_route("/healthz", methods=HEAD_OK, response_model=s.HealthOut, response_model_exclude_none=True)
     async def healthz() -> dict[str, Any]:
         if gw.committer.healthy():
             return {"ok": True}
         return {"ok": False, "store_error": str(gw.committer.failed)}
 
-    @app.get("/metrics", include_in_schema=False)
+    @app.api_route("/metrics", methods=HEAD_OK, include_in_schema=False)
     async def metrics() -> Response:
         if gw.metrics is None:
             return Response("metrics disabled\n", status_code=404, media_type="text/plain")

@@ -5,16 +5,19 @@ leader delegates to it (`gpupool.core.replica.ProxyReplica`), so no request reac
 Share calls (`ShareLoop`): ``POST {leader}/v1/kv/shares`` every ``ttl_s / 3``, and at once (at most
 every `URGENT_GAP_S`) when a request found no room in the replica's shares; one call in flight at a
 time, each bounded by ``ttl_s / 3``; a failed or refused call changes nothing (the shares lapse on
-their own when no call succeeds for ``ttl_s``, minus a margin). Cancelling `ShareLoop.run` always
+their own when no call succeeds for ``ttl_s``, minus a margin). A failure is logged as one line of
+text (the leader's ``error`` field, never a bytes repr); a 401/403 is also kept in
+`ShareLoop.refused`, so the CLI can stop at start on a token the leader refuses (an unreachable
+leader is retried: it may come up later). Cancelling `ShareLoop.run` always
 ends it: the bounds are ``asyncio.timeout`` blocks, not ``asyncio.wait_for``, which on Python 3.11
 drops a cancellation that lands as the awaited step completes (the replica then never stopped). On
 shutdown the replica gives its shares back (``DELETE /v1/kv/shares/{replica}/{incarnation}``) so
 the others can use them at once.
 
 Routes: the proxy's (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
-``/v1/models``), and ``GET /healthz``: ``{"ok", "replica", "incarnation", "share_calls",
-"share_failures", "granted", "waited", "shed", "backends": {id: {"share_mib", "cap_mib",
-"used_mib", "leases", "valid"}}}``; ``ok`` is true while at least one share is valid.
+``/v1/models``), and ``GET /healthz`` (HEAD too, for monitors): ``{"ok", "replica", "incarnation",
+"share_calls", "share_failures", "granted", "waited", "shed", "backends": {id: {"share_mib",
+"cap_mib", "used_mib", "leases", "valid"}}}``; ``ok`` is true while at least one share is valid.
 """
 
 from __future__ import annotations
@@ -45,6 +48,20 @@ from gpupool.core.replica import ProxyReplica
 log = logging.getLogger("gpupool.replica")
 URGENT_GAP_S = 0.05
 """Least time between two share calls made because a request found no room."""
+
+
+class LeaderAnswer(Exception):
+    """A share call answered with a status other than 200; ``str()`` is ``HTTP 401: invalid token``
+    (the body's ``error`` field, else its first characters as text)."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        try:
+            detail = str(json.loads(body)["error"])
+        except Exception:  # NOTE: not the gateway's error JSON: show the start of it as text
+            detail = body[:200].decode("utf-8", "replace")
+        detail = " ".join(detail.split())[:200] or "(empty body)"
+        super().__init__(f"HTTP {status}: {detail}")
 
 
 @dataclass
@@ -79,9 +96,12 @@ class ShareLoop:
         self.calls = 0
         self.failures = 0
         self.last_error = ""
+        self.refused = ""
+        """The last call's refusal (HTTP 401/403) as one line, "" when it was not refused."""
 
-    async def call(self) -> bool:
-        """One share call; True when its answer was applied."""
+    async def call(self, *, quiet: bool = False) -> bool:
+        """One share call; True when its answer was applied. ``quiet``: a refusal is not logged
+        (the caller reports `refused` itself)."""
         seq, reports = self.core.share_report()
         body = {
             "replica": self.replica,
@@ -102,7 +122,7 @@ class ShareLoop:
             async with asyncio.timeout(self.ttl_s / 3):
                 data = await r.read()
             if r.status_code != 200:
-                raise RuntimeError(f"HTTP {r.status_code}: {data[:200]!r}")
+                raise LeaderAnswer(r.status_code, data)
             doc = json.loads(data)
             backends = {
                 bid: Backend(bid, v["model"], v["url"], v["node"], v["gpu_id"], int(v["kv_budget_mib"]))
@@ -114,9 +134,13 @@ class ShareLoop:
             paused = frozenset(bid for bid, v in doc["backends"].items() if v.get("paused"))
         except Exception as exc:  # NOTE: any failure leaves the shares as they are (they lapse alone)
             self.failures += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            log.warning("share call %d to %s failed: %s", seq, self.url, self.last_error)
+            answer = exc if isinstance(exc, LeaderAnswer) else None
+            self.last_error = str(exc) if answer else f"{type(exc).__name__}: {exc}"
+            self.refused = self.last_error if answer and answer.status in (401, 403) else ""
+            if not (quiet and self.refused):
+                log.warning("share call %d to %s failed: %s", seq, self.url, self.last_error)
             return False
+        self.refused = ""
         known = set(self.core.lane.backends())
         if doc["backends"] != self._seen and self.on_backends is not None:
             try:
@@ -190,7 +214,7 @@ def create_replica_app(
     app.state.gateway = host
     errors.install(app)
 
-    @app.get("/healthz")
+    @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> JSONResponse:
         lane = core.lane
         view: dict[str, Any] = {}

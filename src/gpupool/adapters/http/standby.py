@@ -5,7 +5,7 @@ others stand by. Clients (SDKs, agents, device plugins, kube-scheduler) are give
 Kubernetes Service, a load balancer, DNS) that may land on any replica, so a standby must give
 the same answers the leader would:
 
-- ``GET /healthz``: the standby's own health, ``{"ok": true, "role": "standby", "leader": URL}``
+- ``GET /healthz`` (and HEAD): the standby's own health, ``{"ok": true, "role": "standby", "leader": URL}``
   (a standby is ready: it can serve, by forwarding);
 - ``GET /v1/leases`` and ``GET /v1/leases/{id}``: answered from the standby's watch-fed view of the
   store (`gpupool.adapters.store.etcd_follower`), with the same auth and tenant scoping and the
@@ -152,10 +152,10 @@ class StandbyApp:
         if scope["type"] != "http":
             return
         method, path = scope["method"], scope["path"]
-        if method == "GET" and path == "/healthz":
+        if method in ("GET", "HEAD") and path == "/healthz":
             await _json(send, 200, {"ok": True, "role": "standby", "leader": self.leader_url() or ""})
             return
-        if method == "GET" and path == "/metrics":
+        if method in ("GET", "HEAD") and path == "/metrics":
             await _metrics(send, self.forwarded, self.answered)
             return
         reads = method == "GET" and (path == "/v1/leases" or path.startswith("/v1/leases/"))

@@ -1,7 +1,8 @@
 """kube-scheduler extender over HTTP (standard library ``http.server``, one thread per connection).
 
 Routes (``prefix`` configurable, e.g. ``/gpupool``): ``POST <prefix>/filter``, ``/prioritize``,
-``/bind``, ``/preempt``; ``GET /healthz``, ``GET <prefix>/state`` (pool summary for operators).
+``/bind``, ``/preempt``; ``GET /healthz`` and ``/readyz`` (HEAD too, for monitors), ``GET
+<prefix>/state`` (pool summary for operators).
 Wire types are those of ``k8s.io/kube-scheduler/extender/v1`` with the Go field names as JSON keys:
 ``ExtenderArgs {Pod, Nodes, NodeNames}``, ``ExtenderFilterResult {Nodes, NodeNames, FailedNodes,
 FailedAndUnresolvableNodes, Error}``, ``HostPriorityList [{Host, Score}]``, ``ExtenderBindingArgs
@@ -348,13 +349,13 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
-    def _send(self, status: int, obj: object) -> None:
+    def _send(self, status: int, obj: object, *, head_only: bool = False) -> None:
         body = json.dumps(obj, separators=(",", ":")).encode()
         head = (
             f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         )
-        self.wfile.write(head.encode() + body)  # NOTE: one write: no Nagle / delayed-ACK stall
+        self.wfile.write(head.encode() + (b"" if head_only else body))  # NOTE: one write: no Nagle stall
         self.log_request(status)
 
     def _unavailable(self, why: str) -> None:
@@ -400,6 +401,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, ext.state())
         else:
             self._send(404, {"Error": f"no route GET {self.path}"})
+
+    def do_HEAD(self) -> None:
+        """The probes (``/healthz``, ``/readyz``) as GET, without the body (``curl -I``, monitors)."""
+        if self.path in ("/healthz", "/readyz"):
+            self._send(200, {"status": "ok"}, head_only=True)
+        else:
+            self._send(405, {"Error": f"no route HEAD {self.path}"}, head_only=True)
 
     def do_POST(self) -> None:
         ext = self.server.extender

@@ -292,10 +292,34 @@ class AgentMetrics:
         return generate_latest(self.registry)
 
     def serve(self, *, host: str = "127.0.0.1", port: int = 9400) -> tuple[Any, int]:
-        """Start ``/metrics`` on a background thread; returns (server, bound port). Port 0 = any free."""
-        from prometheus_client import start_http_server
+        """Start ``/metrics`` on a background thread; returns (server, bound port). Port 0 = any free.
 
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        prometheus_client's own server (``start_http_server``) answers HEAD with 405; this one answers
+        it as GET without the body (``curl -I``, uptime monitors), everything else as prometheus_client."""
+        import socket
+        import threading
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
+
+        inner = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            if environ["REQUEST_METHOD"] != "HEAD":
+                return inner(environ, start_response)
+            got: list[Any] = []
+            body = b"".join(inner({**environ, "REQUEST_METHOD": "GET"}, lambda *a: got.extend(a)))
+            start_response(got[0], [*got[1], ("Content-Length", str(len(body)))])
+            return []
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                """Log nothing (as prometheus_client's server)."""
+
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
+        server: Any = make_server(host, port, app, server_class, handler_class=Quiet)
+        threading.Thread(target=server.serve_forever, name="gpupool-metrics", daemon=True).start()
         return server, int(server.server_port)
 
 

@@ -1,8 +1,9 @@
 """The operator web console: static assets served by the gateway at ``/`` and ``/ui``.
 
 `add_console_routes` mounts ``GET /`` and ``GET /ui`` (the page) and ``GET /ui/{asset}`` (its script,
-style sheet and icon). The page itself holds no data and needs no token; it signs in with a Bearer token
-(kept in the browser's ``sessionStorage``) and reads the same JSON and SSE API as any client
+style sheet and icon), each also answering HEAD (``curl -I``, uptime monitors). The page itself
+holds no data and needs no token; it signs in with a Bearer token (kept in the browser's
+``sessionStorage``) and reads the same JSON and SSE API as any client
 (``/v1/pool``, ``/v1/leases``, ``/v1/events``, ``/v1/admin/*``), so it can do nothing the token could
 not do with curl.
 
@@ -64,15 +65,15 @@ def add_console_routes(app: FastAPI) -> None:
     def asset(name: str) -> Response:
         return Response(assets[name], media_type=types[name], headers=SECURITY_HEADERS)
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def console_root() -> Response:
         return asset("index.html")
 
-    @app.get("/ui", include_in_schema=False)
+    @app.api_route("/ui", methods=["GET", "HEAD"], include_in_schema=False)
     async def console_ui() -> Response:
         return asset("index.html")
 
-    @app.get("/ui/{name}", include_in_schema=False)
+    @app.api_route("/ui/{name}", methods=["GET", "HEAD"], include_in_schema=False)
     async def console_asset(name: str) -> Response:
         if name not in assets:
             return Response(f"no console asset {name!r}\n", status_code=404, media_type="text/plain")
