@@ -1,5 +1,5 @@
 """An address the servers cannot listen on is one line naming the option, exit 2, before anything
-starts (`check_listen`): `serve`, `run` and `emulate-backend` with a port in use or a host that does
+starts (`check_listen`): `serve`, `run`, `proxy` and `emulate-backend` with a port in use or a host that does
 not resolve; `run` keeps the previous run's lease store when its options are bad; `emulate-backend`
 refuses a GPU model it has no peaks for. Real subprocesses and a real listening socket."""
 
@@ -40,12 +40,17 @@ def taken_port() -> Iterator[int]:
         ["run", "--no-traffic", "--port", "{port}"],
         ["run", "--no-traffic", "--port", "0", "--extender-port", "{port}"],
         ["emulate-backend", "--model", "qwen2.5-0.5b", "--port", "{port}"],
+        ["proxy", "--leader", "http://127.0.0.1:9", "--leader-token", "t", "--port", "{port}"],
     ],
 )
 def test_a_port_in_use_is_exit_2_naming_the_option(argv: list[str], taken_port: int, tmp_path: Path) -> None:
     args = [a.format(port=taken_port) for a in argv]
     if args[0] in ("serve", "run"):
         args += ["--data-dir", str(tmp_path / "data")]
+    if args[0] == "proxy":
+        auth = tmp_path / "auth.yaml"
+        auth.write_text("tokens:\n- {token: a-token-of-24-characters, tenant: t, role: tenant}\n")
+        args += ["--auth-file", str(auth)]
     out = _gpupool(*args)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
