@@ -392,4 +392,7 @@ def test_docs_are_offline_and_the_openapi_declares_bearer_auth_and_real_shapes(
     assert spec["components"]["schemas"]["LeasesOut"]["required"] == ["leases"]
     assert {"band", "victims_other_tenants"} <= set(spec["components"]["schemas"]["LeaseOut"]["properties"])
     assert "patch" in ops["/v1/admin/watermarks"] and "put" in ops["/v1/admin/watermarks"]
+    ids = [op["operationId"] for path in ops.values() for op in path.values() if "operationId" in op]
+    assert len(ids) == len(set(ids))  # (a route with GET and HEAD once gave two operations one id)
+    assert "head" not in ops["/healthz"]
     assert "P0 = 100" in json.dumps(ops["/v1/leases"]["post"])

@@ -275,11 +275,22 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
     def scope(who: Principal) -> str | None:
         return None if who.is_admin else who.tenant
 
-    @app.api_route("/healthz", methods=HEAD_OK, response_model=s.HealthOut, response_model_exclude_none=True)
+    @app.get("/healthz", response_model=s.HealthOut, response_model_exclude_none=True)
     async def healthz() -> dict[str, Any]:
         if gw.committer.healthy():
             return {"ok": True}
         return {"ok": False, "store_error": str(gw.committer.failed)}
+
+    # HEAD as its own route, out of the schema: one route for both methods gives the OpenAPI
+    # document two operations with one operation id
+    app.add_api_route(
+        "/healthz",
+        healthz,
+        methods=["HEAD"],
+        response_model=s.HealthOut,
+        response_model_exclude_none=True,
+        include_in_schema=False,
+    )
 
     @app.api_route("/metrics", methods=HEAD_OK, include_in_schema=False)
     async def metrics() -> Response:

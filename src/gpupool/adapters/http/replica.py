@@ -214,7 +214,7 @@ def create_replica_app(
     app.state.gateway = host
     errors.install(app)
 
-    @app.api_route("/healthz", methods=["GET", "HEAD"])
+    @app.get("/healthz")
     async def healthz() -> JSONResponse:
         lane = core.lane
         view: dict[str, Any] = {}
@@ -234,6 +234,8 @@ def create_replica_app(
             "backends": view,
         }
         return JSONResponse(doc, status_code=200 if doc["ok"] else 503)
+
+    app.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)  # (monitors, curl -I)
 
     from gpupool.adapters.http.proxy import add_proxy_routes
     from gpupool.adapters.http.surface import configure_backend, configure_model
