@@ -14,6 +14,7 @@ import errno
 import math
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,14 @@ def _planned(node: str, cluster: Path | None, workloads: Path | None) -> list[An
         spec = load_cluster_file(cluster)
     except (UserError, ValueError) as exc:  # (SpecError is a ValueError)
         raise UserError(f"--cluster: {exc}") from None
+    names = [n.name for n in spec.nodes]
+    if node not in names:  # legal (a node that joined after the plan), but never silent
+        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        print(
+            f"gpupool agent: --node {node!r} is not a node of --cluster {cluster} (its nodes: {shown}): "
+            "nothing is planned for it; its GPUs are served as discovered",
+            file=sys.stderr,
+        )
     if workloads is None:
         return [s for s in inventory_from_cluster(spec) if s.node == node]
     try:

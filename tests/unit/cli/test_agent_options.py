@@ -32,7 +32,7 @@ AGENT = ("agent", "--node", "n", "--metrics-port", "-1", "--duration-s", "0.1")
         (["--workload", "lease=x,gpu=0,pauser=signal,pids=1;x"], "invalid --workload pids='1;x'"),
         (["--cluster", "no-such-cluster.yaml"], "--cluster: no-such-cluster.yaml: no such file"),
         (["--workloads", CLUSTER], "--workloads needs --cluster"),
-        (["--cluster", CLUSTER, "--workloads", CLUSTER], "--workloads: "),
+        (["--node", "gpu-a", "--cluster", CLUSTER, "--workloads", CLUSTER], "--workloads: "),
     ],
 )
 def test_a_bad_agent_option_is_exit_2_naming_it(args: list[str], want: str) -> None:
@@ -53,5 +53,13 @@ def test_a_cluster_file_that_is_not_one_is_exit_2_naming_the_option(tmp_path: Pa
 
 
 def test_a_valid_cluster_file_runs() -> None:
+    out = gpupool(*AGENT, "--node", "gpu-a", "--cluster", CLUSTER)
+    assert out.returncode == 0, out.stderr
+    assert "is not a node of" not in out.stderr
+
+
+def test_a_node_the_cluster_file_does_not_name_runs_and_says_so() -> None:
+    # legal (a node that joined after the plan, one file for every node) but never silent
     out = gpupool(*AGENT, "--cluster", CLUSTER)
     assert out.returncode == 0, out.stderr
+    assert "--node 'n' is not a node of --cluster" in out.stderr and "gpu-a, gpu-b" in out.stderr
