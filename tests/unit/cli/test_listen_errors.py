@@ -6,23 +6,12 @@ refuses a GPU model it has no peaks for. Real subprocesses and a real listening 
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-
-def _gpupool(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpupool.cli.main", *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=cwd,
-    )
+from tests.unit.cli.test_cli_options import gpupool
 
 
 @pytest.fixture
@@ -51,7 +40,7 @@ def test_a_port_in_use_is_exit_2_naming_the_option(argv: list[str], taken_port: 
         auth = tmp_path / "auth.yaml"
         auth.write_text("tokens:\n- {token: a-token-of-24-characters, tenant: t, role: tenant}\n")
         args += ["--auth-file", str(auth)]
-    out = _gpupool(*args)
+    out = gpupool(*args)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpupool: error: --host/"), out.stderr
@@ -63,7 +52,7 @@ def test_a_host_that_does_not_resolve_is_exit_2(tmp_path: Path) -> None:
         ["serve", "--host", "no-such-host.invalid", "--data-dir", str(tmp_path / "d")],
         ["emulate-backend", "--model", "qwen2.5-0.5b", "--host", "no-such-host.invalid"],
     ):
-        out = _gpupool(*argv)
+        out = gpupool(*argv)
         assert out.returncode == 2, out.stderr
         assert "--host/--port: cannot listen on no-such-host.invalid:" in out.stderr
 
@@ -72,12 +61,12 @@ def test_run_with_bad_options_keeps_the_last_runs_store(tmp_path: Path, taken_po
     data = tmp_path / "data"
     data.mkdir()
     (data / "leases.db").write_bytes(b"the last run's ledger")
-    out = _gpupool("run", "--no-traffic", "--data-dir", str(data), "--port", str(taken_port))
+    out = gpupool("run", "--no-traffic", "--data-dir", str(data), "--port", str(taken_port))
     assert out.returncode == 2, out.stderr
     assert (data / "leases.db").read_bytes() == b"the last run's ledger"
 
 
 def test_emulate_backend_refuses_an_unknown_gpu() -> None:
-    out = _gpupool("emulate-backend", "--model", "qwen2.5-0.5b", "--gpu", "A100-80G", "--port", "0")
+    out = gpupool("emulate-backend", "--model", "qwen2.5-0.5b", "--gpu", "A100-80G", "--port", "0")
     assert out.returncode == 2, out.stderr
     assert "--gpu 'A100-80G': unknown GPU model (known: A100-SXM4-80GB" in out.stderr
