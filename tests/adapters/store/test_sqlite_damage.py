@@ -123,3 +123,23 @@ def test_repair_of_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     assert report.salvaged == 0 and report.damaged_copy is not None
     assert report.damaged_copy.read_bytes().startswith(b"this is not a database")
     assert check(path) == []
+
+
+def test_two_repairs_in_the_same_second_keep_both_damaged_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpupool.adapters.store import repair as repair_module
+
+    monkeypatch.setattr(repair_module, "_stamp", lambda: "20261206T000000Z")  # one second for both
+    path = tmp_path / "leases.db"
+    copies = []
+    for text in (b"this is not a database: first", b"this is not a database: second"):
+        path.write_bytes(text)
+        report = repair(path)
+        assert report.damaged_copy is not None
+        copies.append(report.damaged_copy)
+    assert copies[0] != copies[1]  # (the second rename overwrote the first damaged copy)
+    assert [c.read_bytes() for c in copies] == [
+        b"this is not a database: first",
+        b"this is not a database: second",
+    ]

@@ -10,7 +10,8 @@ start: damage is quarantined, never silently dropped.
   never writes.
 - `repair` of row damage moves each bad row, in one transaction, into the ``quarantine`` table
   (``tbl, id, body, problem, moved_at``) of the same file and deletes it from its table. Repair of
-  file damage renames the file (with its ``-wal``/``-shm``) to ``NAME.damaged-STAMP``, creates a
+  file damage renames the file (with its ``-wal``/``-shm``) to ``NAME.damaged-STAMP`` (``-2``,
+  ``-3``, ... after it when a copy of the same second exists: no damaged copy is overwritten), creates a
   fresh store in its place and copies into it every lease row and meta entry that can still be
   read (bad ones into ``quarantine``). Either way the report says what moved where; a second
   `check` is clean.
@@ -204,8 +205,20 @@ def _stamp() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
+def _free_name(path: Path, stem: str) -> Path:
+    """``stem``, or ``stem-2``, ``stem-3``, ... : the first name next to ``path`` that no file
+    (nor its ``-wal``/``-shm``) has yet. A rename would overwrite an earlier damaged copy of the
+    same second."""
+    n = 1
+    while True:
+        name = stem if n == 1 else f"{stem}-{n}"
+        if not any(path.with_name(name + s).exists() for s in ("", "-wal", "-shm")):
+            return path.with_name(name)
+        n += 1
+
+
 def _salvage(path: Path) -> RepairReport:
-    copy = path.with_name(f"{path.name}.damaged-{_stamp()}")
+    copy = _free_name(path, f"{path.name}.damaged-{_stamp()}")
     path.rename(copy)
     for suffix in ("-wal", "-shm"):
         side = path.with_name(path.name + suffix)
