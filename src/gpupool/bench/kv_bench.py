@@ -80,6 +80,7 @@ def _log(msg: str) -> None:
 def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") -> list[dict[str, Any]]:
     """The first ``limit`` requests, validated, with ``arrival`` applied ("as-is" or "burst:S")."""
     out: list[dict[str, Any]] = []
+    max_tokens = resolve_model(MODEL).max_positions
     with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark is no part of the first record
         for n, line in enumerate(f, 1):
             if limit is not None and len(out) >= limit:
@@ -101,7 +102,7 @@ def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") 
             )
             if not ok:
                 raise ValueError(f"{path}:{n}: expected timestamp, input_length, output_length, hash_ids")
-            _check_lengths(path, n, r)
+            _check_lengths(path, n, r, max_tokens)
             out.append(r)
     kind, value = parse_arrival(arrival)
     if kind == "stretch":
@@ -112,11 +113,10 @@ def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") 
     return out
 
 
-def _check_lengths(path: Path, n: int, r: dict[str, Any]) -> None:
-    """A request the replay can send: prompt + output within the model's context, and no more hash
-    ids than the prompt has 512-token blocks (the trace's own rule; longer lists would only cost
-    the session matching time quadratic in their length)."""
-    limit = resolve_model(MODEL).max_positions
+def _check_lengths(path: Path, n: int, r: dict[str, Any], limit: int) -> None:
+    """A request the replay can send: prompt + output within the model's context (``limit``
+    tokens), and no more hash ids than the prompt has 512-token blocks (the trace's own rule; longer
+    lists would only cost the session matching time quadratic in their length)."""
     total = r["input_length"] + r["output_length"]
     if total > limit:
         raise ValueError(

@@ -129,10 +129,10 @@ def emulate_backend(  # noqa: PLR0917 (typer options)
     """Serve an emulated OpenAI-compatible model (vLLM metric names, sleep/pause endpoints)."""
     import uvicorn
 
-    from gpupool.adapters.backends.roofline import GPU_PEAKS
+    from gpupool.adapters.backends.roofline import GPU_PEAKS, known_gpu
 
     check_port("--port", port)
-    if gpu.strip().lower() not in {k.lower() for k in GPU_PEAKS}:
+    if known_gpu(gpu) is None:
         raise UserError(f"--gpu {gpu!r}: unknown GPU model (known: {', '.join(GPU_PEAKS)})")
     check_listen("--host/--port", host, port)
     on_memory = _vram_holder(hold_vram_mib, hold_on, sleep_vram_mib)

@@ -278,10 +278,11 @@ def run(  # noqa: PLR0917 (typer options)
     ensure_dir("--data-dir", data_dir, create=False)
     check_port("--extender-port", extender_port)
     check_listen("--host/--port", host, port)
-    check_listen("--host/--extender-port", host, extender_port)
     kube = None
     if kubernetes:  # the control plane `serve --kubernetes` runs; the port is bound before the store opens
         from gpupool.cli import serve_k8s
+
+        check_listen("--host/--extender-port", host, extender_port)  # (named as `run` names them)
 
         kube_opts = serve_k8s.KubeOptions(host=host, port=extender_port, no_kube=True)
         kube = serve_k8s.check(kube_opts)

@@ -105,13 +105,6 @@ def _split(pods: Sequence[PodSpec]) -> tuple[list[int], int]:
     return sharing, whole
 
 
-def cards_placeable_milli(pods: Sequence[PodSpec], *, capacity_milli: int) -> int:
-    """``capacity - floor`` of `gpupool.sim.cardfloor` for ``pods`` (rounded down)."""
-    sharing, whole = _split(pods)
-    floor = sharing_floor_milli(sharing, capacity_milli=capacity_milli, whole_milli=whole)
-    return capacity_milli - math.ceil(floor)
-
-
 def offline_bound(nodes: Sequence[NodeSpec], pods: Sequence[PodSpec], *, seed: int) -> BoundResult:
     """The floor for the seed's arrivals up to 100 % of the GPU capacity of ``nodes``."""
     arrivals_rng, _, _ = streams(seed)
@@ -121,8 +114,8 @@ def offline_bound(nodes: Sequence[NodeSpec], pods: Sequence[PodSpec], *, seed: i
     order = arrival_order(by_name, capacity_milli=capacity, rng=arrivals_rng)
     chosen = [by_name[i] for i in arrived_prefix(by_name, order, capacity)]
     cpu = placeable_milli(chosen, gpu_milli=capacity, cpu_milli=sum(nd.cpu_milli for nd in gpu_nodes))
-    cards = cards_placeable_milli(chosen, capacity_milli=capacity)
     sharing, whole = _split(chosen)
+    cards = capacity - math.ceil(sharing_floor_milli(sharing, capacity_milli=capacity, whole_milli=whole))
     return BoundResult(
         seed=seed,
         capacity_milli=capacity,

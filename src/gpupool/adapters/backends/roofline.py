@@ -52,23 +52,21 @@ MFU = 0.5
 MBU = 0.7
 
 
+def known_gpu(name: str) -> str | None:
+    """The table's name of a GPU model (case and surrounding blanks ignored), None if not listed."""
+    key = name.strip().lower()
+    return next((k for k in GPU_PEAKS if k.lower() == key), None)
+
+
 def gpu_peaks(name: str) -> tuple[float, float]:
     """(bytes/s, FLOP/s) of a GPU model; unknown names fall back to the A100-80GB."""
-    key = name.strip()
-    for k, v in GPU_PEAKS.items():
-        if k.lower() == key.lower():
-            return v[0] * 1e9, v[1] * 1e12
-    bw, fl = GPU_PEAKS[DEFAULT_GPU]
+    bw, fl = GPU_PEAKS[known_gpu(name) or DEFAULT_GPU]
     return bw * 1e9, fl * 1e12
 
 
 def pcie_bytes_s(name: str) -> float:
     """Host-link bandwidth (bytes/s, one direction) of a GPU model; unknown names: PCIe 4.0 x16."""
-    key = name.strip().lower()
-    for k, v in PCIE_GB_S.items():
-        if k.lower() == key:
-            return v * 1e9
-    return PCIE_GB_S[DEFAULT_GPU] * 1e9
+    return PCIE_GB_S[known_gpu(name) or DEFAULT_GPU] * 1e9
 
 
 @dataclass(frozen=True, slots=True)

@@ -266,7 +266,8 @@ BODY = (400, 401, 413, 422)
 ADMIN = (401, 403)
 ADMIN_BODY = (400, 401, 403, 413, 422)
 HEAD_OK = ["GET", "HEAD"]
-"""Methods of the probe routes (``/healthz``, ``/metrics``): monitors and ``curl -I`` send HEAD."""
+"""Methods of a probe route outside the OpenAPI schema (``/metrics``): monitors and ``curl -I`` send
+HEAD. (``/healthz`` is in the schema, so its HEAD is a separate route: one id per operation.)"""
 
 
 def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:

@@ -103,9 +103,6 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
             at = self._head_deadline = self.loop.time() + self.header_timeout_s
             self._wake_by(at)
 
-    def _cancel_head_timer(self) -> None:
-        self._head_deadline = self._body_since = None
-
     def _unset_keepalive_if_required(self) -> None:  # uvicorn's: cancelled its keep-alive timer
         self._idle_deadline = None
 
