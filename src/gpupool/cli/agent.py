@@ -143,6 +143,8 @@ def agent(
         raise UserError(f"invalid --vram-low={vram_low!r}: must be < --vram-high ({vram_high!r})")
     check_range("--resync-s", resync_s, lo=0, lo_open=True)
     check_range("--evict-grace-ms", evict_grace_ms, lo=-1, hi=10_000)
+    if not mps_pipe_dir.startswith("/"):  # published to pods, which mount it: relative means nothing there
+        raise UserError(f"invalid --mps-pipe-dir={mps_pipe_dir!r}: must be an absolute directory")
     mps_specs = [parse_mps_spec(m) for m in mps]
     planned = _planned(node, cluster, workloads)  # named files are read whatever the other options
     source = None

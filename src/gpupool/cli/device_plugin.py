@@ -85,6 +85,8 @@ def device_plugin(
         raise UserError(f"--replicas {replicas}: must be in [1, 1024]")
     check_range("--verify-s", verify_s, lo=0, lo_open=True)
     check_range("--node-poll-s", node_poll_s, lo=0, lo_open=True)
+    if not mps_pipe_dir.startswith("/"):  # mounted into containers: must name a host directory
+        raise UserError(f"invalid --mps-pipe-dir={mps_pipe_dir!r}: must be an absolute directory")
     if mps_shm_dir and not mps_shm_dir.startswith("/"):
         raise UserError(f"--mps-shm-dir {mps_shm_dir}: must be an absolute directory")
     if not Path(plugin_dir).is_dir():

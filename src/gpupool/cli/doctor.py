@@ -203,8 +203,12 @@ def _ipc(p: Probe) -> Check:
     fix = (
         "run the agent and MPS client pods with hostIPC: true (MPS needs a shared IPC namespace and /dev/shm)"
     )
-    if p.ipc_self is None or p.ipc_host is None:
-        return Check("ipc-namespace", False, f"cannot compare IPC namespaces: {p.ipc_error}", fix)
+    if p.ipc_self is None or p.ipc_host is None:  # unknown, not known to be separate: say what to check
+        check = (
+            "could not compare: check that the agent and MPS client pods run with hostIPC: true"
+            " (MPS needs a shared IPC namespace and /dev/shm), or make the comparison possible (above)"
+        )
+        return Check("ipc-namespace", False, f"cannot compare IPC namespaces: {p.ipc_error}", check)
     ok = p.ipc_self == p.ipc_host
     detail = f"this process {p.ipc_self}, host init {p.ipc_host}: {'shared' if ok else 'separate'}"
     return Check("ipc-namespace", ok, detail, "" if ok else fix)

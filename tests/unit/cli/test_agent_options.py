@@ -27,6 +27,11 @@ AGENT = ("agent", "--node", "n", "--metrics-port", "-1", "--duration-s", "0.1")
         (["--engine", "gpu=0"], "invalid --engine url='': must be an http(s) URL"),
         (["--engine", "nonsense"], "invalid --engine='nonsense': expected gpu=<id>,url="),
         (["--mps", "gpu=0"], "invalid --mps pipe='': must be an absolute directory"),
+        (["--mps-pipe-dir", "rel/pipes"], "invalid --mps-pipe-dir='rel/pipes': must be an absolute directory"),
+        (
+            ["--mps-daemons", "--mps-pipe-dir", "rel"],
+            "invalid --mps-pipe-dir='rel': must be an absolute directory",
+        ),
         (["--workload", "lease=x,gpu=0"], "invalid --workload pauser=''"),
         (["--workload", "lease=x,gpu=0,pauser=signal,pgid=abc"], "invalid --workload pgid='abc'"),
         (["--workload", "lease=x,gpu=0,pauser=signal,pids=1;x"], "invalid --workload pids='1;x'"),

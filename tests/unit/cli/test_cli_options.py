@@ -75,6 +75,10 @@ def test_gateway_commands_check_their_options_before_starting(
             ["device-plugin", "--node", "n", "--no-kube", "--cluster", CLUSTER, "--verify-s", "0"],
             "invalid --verify-s=0.0: must be > 0",
         ),
+        (
+            ["device-plugin", "--node", "n", "--no-kube", "--cluster", CLUSTER, "--mps-pipe-dir", "rel"],
+            "invalid --mps-pipe-dir='rel': must be an absolute directory",
+        ),
     ],
 )
 def test_numeric_options_name_the_option_and_the_value(args: list[str], want: str) -> None:

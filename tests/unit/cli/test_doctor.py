@@ -104,6 +104,9 @@ def test_ipc_namespace_must_be_the_hosts() -> None:
     assert not apart.ok and "hostIPC" in apart.fix
     unknown = _by_name(_probe(fx, ipc_host=None, ipc_error="/proc/1/ns/ipc: Permission denied"))
     assert not unknown["ipc-namespace"].ok and "Permission denied" in unknown["ipc-namespace"].detail
+    # not compared, so not known to be separate: the fix says to check, not that hostIPC is missing
+    assert unknown["ipc-namespace"].fix.startswith("could not compare: check that")
+    assert "hostIPC: true" in unknown["ipc-namespace"].fix
 
 
 def test_gpu_operator_presence_and_clock_skew() -> None:
