@@ -27,7 +27,7 @@ AGENT = ("agent", "--node", "n", "--metrics-port", "-1", "--duration-s", "0.1")
         (["--engine", "gpu=0"], "invalid --engine url='': must be an http(s) URL"),
         (["--engine", "nonsense"], "invalid --engine='nonsense': expected gpu=<id>,url="),
         (["--mps", "gpu=0"], "invalid --mps pipe='': must be an absolute directory"),
-        (["--mps-pipe-dir", "rel/pipes"], "invalid --mps-pipe-dir='rel/pipes': must be an absolute directory"),
+        (["--mps-pipe-dir", "rel/pipes"], "invalid --mps-pipe-dir='rel/pipes': must be an absolute"),
         (
             ["--mps-daemons", "--mps-pipe-dir", "rel"],
             "invalid --mps-pipe-dir='rel': must be an absolute directory",
