@@ -365,6 +365,24 @@ def test_events_carry_ids_and_last_event_id_resumes_without_loss(gw: tuple[str, 
     assert other[0]["event"] == "gap" and "unknown event id" in other[0]["data"]["reason"]
 
 
+def test_last_event_id_with_non_ascii_digits_gets_a_gap_not_a_500(gw: tuple[str, LeaseController]) -> None:
+    """A header byte such as 0xB2 decodes to a character that ``str.isdigit`` accepts but ``int``
+    does not (superscript two): the stream starts with a ``gap`` like any other foreign id."""
+    url, _ = gw
+    for seq in (b"\xb2", b"1\xb9", b"\xbc"):
+        headers = {**h(A), "Last-Event-ID": b"deadbeef-" + seq}
+        with (
+            httpx.Client(base_url=url, timeout=10) as cl,
+            cl.stream("GET", "/v1/events", headers=headers) as r,
+        ):
+            assert r.status_code == 200, (seq, r.read())
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    assert data["kind"] == "gap" and "unknown event id" in data["reason"], data
+                    break
+
+
 # ---------------------------------------------------------------------- docs / OpenAPI
 def test_docs_are_offline_and_the_openapi_declares_bearer_auth_and_real_shapes(
     gw: tuple[str, LeaseController],

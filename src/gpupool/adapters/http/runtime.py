@@ -365,7 +365,8 @@ class EventHub:
         epoch, _, num = last_event_id.partition("-")
         oldest = self._log[0][0] if self._log else self._seq + 1
         oldest_id = self.event_id(oldest) if self._log else ""
-        seq = int(num) if num.isdigit() and len(num) <= 18 else -1
+        # isascii: isdigit also accepts characters int() refuses (a 0xB2 header byte is '²')
+        seq = int(num) if num.isascii() and num.isdigit() and len(num) <= 18 else -1
         if epoch != self.epoch or seq < 0 or seq > self._seq:
             why = "unknown event id (the gateway restarted, or the id is not one of its own)"
             return [Gap(why, last_event_id, oldest_id)]
