@@ -65,6 +65,20 @@ def _card_nodes(alloc: Allocator, request: Request) -> Iterator[tuple[str, list[
         yield node, cards
 
 
+SHOW_NODES = 4
+SHOW_NODE_CHARS = 64
+
+
+def _nodes_text(nodes: frozenset[str]) -> str:
+    """``nodes a, b`` for a short list; past `SHOW_NODES` names (or a name past `SHOW_NODE_CHARS`)
+    the first ones, cut, and how many: a request's node list may be long, its error stays short."""
+    names = sorted(nodes)
+    shown = [n if len(n) <= SHOW_NODE_CHARS else n[: SHOW_NODE_CHARS - 3] + "..." for n in names[:SHOW_NODES]]
+    if len(names) <= SHOW_NODES:
+        return f"nodes {', '.join(shown)}"
+    return f"nodes {', '.join(shown)}, ... ({len(names)} nodes)"
+
+
 def unresolvable(
     alloc: Allocator, request: Request, *, gpu_id: str = "", kv_models: Mapping[str, str] | None = None
 ) -> str | None:
@@ -72,7 +86,7 @@ def unresolvable(
     if request.gpu_count > 1:
         if any(len(cards) >= request.gpu_count for _, cards in _card_nodes(alloc, request)):
             return None
-        where = f"nodes {', '.join(sorted(request.nodes))}" if request.nodes else "any node"
+        where = _nodes_text(request.nodes) if request.nodes else "any node"
         return (
             f"no node ({where}) has {request.gpu_count} healthy whole GPUs that could hold "
             f"{request.demand} each"
@@ -88,7 +102,7 @@ def unresolvable(
     elif gpu_id:
         where = f"GPU {gpu_id}"
     elif request.nodes:
-        where = f"nodes {', '.join(sorted(request.nodes))}"
+        where = _nodes_text(request.nodes)
     else:
         where = "the pool"
     kinds = ", ".join(sorted(k.value for k in request.kinds)) if request.kinds else "any"

@@ -193,6 +193,24 @@ def test_error_texts_never_echo_more_than_a_line_of_what_was_sent(gw: tuple[str,
         assert "zzz..." in r.json()["error"]["message"] and len(r.content) < 400
 
 
+def test_an_unresolvable_request_naming_many_nodes_gets_a_short_error(
+    gw: tuple[str, LeaseController],
+) -> None:
+    """70 node names of 200 characters (one of them real) in a request no slice could hold: the 503
+    names a few of them and how many, not all 14 KB of them."""
+    url, c = gw
+    nodes = ["gpu-a", *(f"{i:04d}" + "n" * 196 for i in range(70))]
+    with httpx.Client(base_url=url, headers=h(A), timeout=10) as cl:
+        r = cl.post("/v1/leases", json={"vram_mib": 1_000_000, "nodes": nodes})
+        assert r.status_code == 503 and r.json()["code"] == "unresolvable", r.text[:200]
+        assert "nodes 0000nnn" in r.json()["error"] and "(71 nodes)" in r.json()["error"], r.text[:400]
+        assert len(r.content) < 1200, len(r.content)
+        r = cl.post("/v1/leases", json={"vram_mib": 1_000_000, "nodes": nodes, "gpu_count": 2})
+        assert r.status_code == 503 and "71 nodes" in r.json()["error"], r.text[:200]
+        assert len(r.content) < 1200, len(r.content)
+    assert c.leases() == []
+
+
 def test_label_count_and_size_limits_name_the_field(gw: tuple[str, LeaseController]) -> None:
     url, c = gw
     with httpx.Client(base_url=url, headers=h(A), timeout=10) as cl:
