@@ -193,6 +193,30 @@ def test_error_texts_never_echo_more_than_a_line_of_what_was_sent(gw: tuple[str,
         assert "zzz..." in r.json()["error"]["message"] and len(r.content) < 400
 
 
+def test_nodes_naming_no_node_of_the_pool_is_422_like_an_unknown_gpu_id(
+    gw: tuple[str, LeaseController],
+) -> None:
+    """A typo in ``nodes`` is bad input (422 naming the field and the value), as an unknown ``gpu_id``
+    is, not a 503 that tells the client the pool cannot serve it; a list naming one real node is fine."""
+    url, c = gw
+    before = state(c)
+    with httpx.Client(base_url=url, headers=h(A), timeout=10) as cl:
+        for body in (
+            {"vram_mib": 100, "nodes": ["gpu-z"]},
+            {"vram_mib": 100, "nodes": ["gpu-z", ""]},
+            {"vram_mib": 100, "nodes": ["gpu-z"], "gpu_count": 2},
+        ):
+            r = cl.post("/v1/leases", json=body)
+            assert r.status_code == 422 and r.json()["field"] == "nodes", r.text
+            assert r.json()["error"].startswith("invalid nodes=["), r.text
+            assert '"gpu-z"]: no such node in the pool' in r.json()["error"], r.text
+        r = cl.post("/v1/leases", json={"vram_mib": 100, "gpu_id": "gpu-q/0"})
+        assert r.status_code == 422 and r.json()["field"] == "gpu_id", r.text
+        assert state(c) == before
+        r = cl.post("/v1/leases", json={"vram_mib": 100, "nodes": ["gpu-z", "gpu-a"]})
+        assert r.status_code == 201 and r.json()["node"] == "gpu-a", r.text
+
+
 def test_an_unresolvable_request_naming_many_nodes_gets_a_short_error(
     gw: tuple[str, LeaseController],
 ) -> None:

@@ -46,7 +46,7 @@ def gateway(db: Path) -> Iterator[tuple[httpx.Client, LeaseController]]:
 
 def test_unresolvable_request_is_503_on_an_empty_queue_and_never_queues(tmp_path: Path) -> None:
     with gateway(tmp_path / "l.db") as (cl, c):
-        bad = {"vram_mib": 100, "nodes": ["no-such-node"], "queue_timeout_s": 3600}
+        bad = {"vram_mib": 100, "nodes": ["gpu-a"], "kinds": ["mps"], "queue_timeout_s": 3600}  # MIG only
         r = cl.post("/v1/leases", json=bad, headers=h(A))
         assert r.status_code == 503 and r.json()["code"] == "unresolvable", r.text
         assert len(c.queue) == 0

@@ -234,6 +234,9 @@ def build_request(gw: Gateway, body: s.LeaseIn, who: Principal) -> CoreRequest:
     if body.compute_milli is not None and body.compute_pct is not None:
         raise InvalidInput("compute_pct", body.compute_pct, "give compute_pct or compute_milli, not both")
     compute = body.compute_milli if body.compute_milli is not None else (body.compute_pct or 0) * 10
+    if body.nodes and set(gw.controller.allocator.ledger.nodes()).isdisjoint(body.nodes):
+        # like an unknown gpu_id: a typo is bad input, not a pool that could never serve it (503)
+        raise InvalidInput("nodes", sorted(set(body.nodes)), "no such node in the pool")
     return CoreRequest(
         id=str(uuid.uuid4()),
         tenant=who.tenant,
