@@ -177,9 +177,10 @@ def build(
     )
     gw = app.state.gateway
     commits.append(gw.committer)
-    from gpupool.adapters.http.context import DEVICE_STATES_META, parse_device_states
+    from gpupool.adapters.http.context import DEVICE_STATES_META, parse_device_states, restore_drained
 
     gw.device_states = parse_device_states(store.get_meta(DEVICE_STATES_META))
+    restore_drained(controller)  # an admin's drains outlive a restart
     if url.startswith(("etcd://", "etcds://")):
         # a commit is a network round trip: several in flight, awaited on the loop (runtime.py)
         gw.committer.window = ETCD_COMMIT_WINDOW

@@ -48,7 +48,14 @@ from fastapi.routing import APIRoute
 from gpupool.adapters.http import errors, jsonbody
 from gpupool.adapters.http import schemas as s
 from gpupool.adapters.http.auth import Principal, TokenTable
-from gpupool.adapters.http.context import DEVICE_STATES_META, Gateway, Metrics, Sizer
+from gpupool.adapters.http.context import (
+    DEVICE_STATES_META,
+    DRAINED_META,
+    Gateway,
+    Metrics,
+    Sizer,
+    stored_drained,
+)
 from gpupool.adapters.http.docs import install_docs
 from gpupool.adapters.http.errors import BadJson, err
 from gpupool.adapters.http.errors import HttpError as _HttpError
@@ -505,6 +512,14 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
 
     @app.post("/v1/admin/gpus/{gpu_id:path}/drain", responses=_resp(*ADMIN_BODY, 404, _200=s.DrainOut))
     async def drain(gpu_id: str, body: s.DrainIn, who: AdminWho) -> JSONResponse:
+        if not c.allocator.ledger.on_gpu(gpu_id):
+            raise UnknownId("gpu", gpu_id)
+        drained = stored_drained(c)
+        drained = drained - {gpu_id} if body.undo else drained | {gpu_id}
+        try:  # stored first, like the watermarks: a store that refuses leaves the GPU as it was
+            c.store.set_meta(DRAINED_META, json.dumps(sorted(drained)))
+        except Exception as exc:
+            raise StoreUnavailable(str(exc)) from exc
         if body.undo:
             c.undrain_gpu(gpu_id)
             ended: tuple[Lease, ...] = ()

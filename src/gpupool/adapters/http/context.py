@@ -53,6 +53,30 @@ def parse_device_states(text: str | None) -> dict[str, dict[str, str]]:
     }
 
 
+DRAINED_META = "drained_gpus"
+"""Store meta key: JSON list of the GPUs an admin drained (``POST /v1/admin/gpus/{gpu_id}/drain``),
+written before each such drain or undrain takes effect, so that it outlives a restart
+(`restore_drained`). GPUs the pool drains on its own (tidal re-partitioning) are not in it."""
+
+
+def stored_drained(controller: LeaseController) -> set[str]:
+    """The GPUs of the controller's stored `DRAINED_META` list (none for a missing or damaged value)."""
+    text = controller.store.get_meta(DRAINED_META)
+    try:
+        doc = json.loads(text) if text else []
+    except ValueError:
+        return set()
+    return {g for g in doc if isinstance(g, str)} if isinstance(doc, list) else set()
+
+
+def restore_drained(controller: LeaseController) -> list[str]:
+    """Drain again (revoking nothing) every stored admin-drained GPU still in the pool; returns them."""
+    again = sorted(stored_drained(controller) & set(controller.allocator.ledger.gpu_ids()))
+    for gpu in again:
+        controller.drain_gpu(gpu)
+    return again
+
+
 @dataclass
 class Gateway:
     controller: LeaseController

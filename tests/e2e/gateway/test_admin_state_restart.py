@@ -1,0 +1,72 @@
+"""An admin's drain outlives the gateway: the real `gpupool serve` is killed (-9) after a GPU was
+drained and started again on the same data dir; the GPU is still drained (no new lease lands on it,
+the lease it held is kept), and an undrain outlives the next restart the same way."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from gpupool.cli.serving import free_port
+
+ADMIN = "e2e-admin-token-0001"
+GPU = "gpu-a/3"  # a whole A100 of the default cluster
+
+
+def _start(data: Path, auth: Path, port: int) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "gpupool.cli.main", "serve", "--port", str(port), "--data-dir", str(data)]
+    argv += ["--auth-file", str(auth), "--no-simulate-readings", "--no-tidal"]
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise RuntimeError(f"serve exited {p.returncode}: {p.stderr.read().decode() if p.stderr else ''}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=0.5).status_code == 200:
+                return p
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    p.kill()
+    raise RuntimeError("serve did not come up")
+
+
+def _drained(cl: httpx.Client) -> dict[str, bool]:
+    return {g["gpu_id"]: g["drained"] for n in cl.get("/v1/pool").json()["nodes"] for g in n["gpus"]}
+
+
+def test_a_drained_gpu_stays_drained_after_a_kill_and_restart(tmp_path: Path) -> None:
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(f"tokens:\n  - {{token: {ADMIN}, tenant: ops, role: admin}}\n")
+    data, port = tmp_path / "data", free_port("127.0.0.1")
+    url = f"http://127.0.0.1:{port}"
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    proc = _start(data, auth, port)
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=10) as cl:
+            held = cl.post("/v1/leases", json={"vram_mib": 1024, "gpu_id": GPU, "ttl_s": 600})
+            assert held.status_code == 201, held.text
+            r = cl.post(f"/v1/admin/gpus/{GPU}/drain", json={"reason": "maintenance"})
+            assert r.status_code == 200 and r.json()["drained"] is True, r.text
+        proc.kill()
+        proc.wait(10)
+        proc = _start(data, auth, port)
+        with httpx.Client(base_url=url, headers=headers, timeout=10) as cl:
+            assert _drained(cl)[GPU] is True
+            assert cl.get(f"/v1/leases/{held.json()['id']}").json()["state"] == "active"
+            r = cl.post("/v1/leases", json={"vram_mib": 1024, "gpu_id": GPU})
+            assert r.status_code == 503 and r.json()["code"] == "unresolvable", r.text
+            r = cl.post(f"/v1/admin/gpus/{GPU}/drain", json={"undo": True})
+            assert r.status_code == 200 and r.json()["drained"] is False, r.text
+        proc.kill()
+        proc.wait(10)
+        proc = _start(data, auth, port)
+        with httpx.Client(base_url=url, headers=headers, timeout=10) as cl:
+            assert not any(_drained(cl).values())
+            assert cl.post("/v1/leases", json={"vram_mib": 1024, "gpu_id": GPU}).status_code == 201
+    finally:
+        proc.kill()
+        proc.wait(10)
