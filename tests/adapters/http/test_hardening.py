@@ -5,9 +5,11 @@ PUT/PATCH watermarks; SSE ids and ``Last-Event-ID``; offline ``/docs``; ``/metri
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from gpupool.adapters.store import SqliteLeaseStore
 from gpupool.cli.demo import seed_example_pool
 from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import LeaseController
+from gpupool.core.watermarks import WatermarkConfig
 from tests.adapters.http.servers import running
 
 ADMIN, A, B = "admin-token-0001", "tenant-a-token-1", "tenant-b-token-2"
@@ -329,6 +332,23 @@ def test_put_watermarks_needs_every_field_and_patch_changes_only_what_it_names(
         assert cl.patch("/v1/admin/watermarks", headers=h(A), json={}).status_code == 403
         assert cl.put("/v1/admin/watermarks", headers=h(A), json={}).status_code == 403
     assert c.bank.config.vram_high == 0.95 and c.bank.config.temp_low_c == 70
+
+
+def test_the_documented_watermark_reset_gives_the_defaults(gw: tuple[str, LeaseController]) -> None:
+    """docs/ops/upgrading.md's "Watermarks back to the defaults" body, sent as it is written."""
+    url, c = gw
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "ops" / "upgrading.md").read_text()
+    found = re.search(
+        r"\*\*Watermarks back to the defaults\*\*.*?`PUT /v1/admin/watermarks` with\s+`([^`]*)`", doc, re.S
+    )
+    assert found, "upgrading.md no longer shows the watermark reset"
+    with httpx.Client(base_url=url, headers=h(ADMIN), timeout=10) as cl:
+        cl.put(
+            "/v1/admin/watermarks", json={**asdict(WatermarkConfig()), "vram_high": 0.95, "temp_low_c": 60}
+        )
+        r = cl.put("/v1/admin/watermarks", content=found.group(1), headers=JSON_CT)
+        assert r.status_code == 200, r.text
+    assert c.bank.config == WatermarkConfig()
 
 
 def test_true_is_not_a_number_anywhere(gw: tuple[str, LeaseController]) -> None:
