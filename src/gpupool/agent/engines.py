@@ -45,7 +45,7 @@ def parse_engine_spec(spec: str) -> Engine:
     if not url.startswith(("http://", "https://")):
         raise InvalidInput("engine.url", url, "must be an http(s) URL")
     raw = fields.get("reserved_mib", "0")
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):  # isdigit alone takes '²', which int() refuses
         raise InvalidInput("engine.reserved_mib", raw, "must be an integer >= 0")
     return Engine(gpu, url.rstrip("/"), int(raw))
 

@@ -176,3 +176,15 @@ def test_custom_domain_and_priority_classes() -> None:
     d = parse_pod(whole)
     assert d is not None and (d.vram_mib, d.compute_milli, d.gpu_count, d.priority) == (1, 1000, 2, 10**9)
     assert d.uid == "default/w"
+
+
+@pytest.mark.parametrize("quantity", ["\u00b2", "1\u00b2", "\u2460"])
+def test_a_quantity_of_non_ascii_digits_is_invalid_input_naming_it(quantity: str) -> None:
+    """``str.isdigit`` accepts superscripts and circled digits that ``int()`` refuses (a ValueError,
+    a 500 from the extender); such a quantity is invalid input naming the resource."""
+    pod = {
+        "metadata": {"name": "q"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"gpupool.io/gpu": quantity}}}]},
+    }
+    with pytest.raises(InvalidInput, match=r"gpupool\.io/gpu"):
+        parse_pod(pod)

@@ -194,6 +194,7 @@ def test_a_dead_first_endpoint_is_skipped_and_no_endpoint_is_an_error(etcd_url: 
         ("etcd://h:99999", "port in [1, 65535]"),
         ("etcd://h:1,:2", "endpoint ':2'"),
         ("etcd://h:x", "endpoint 'h:x'"),
+        ("etcd://h:\u00b2", "endpoint 'h:\u00b2'"),  # '²': str.isdigit accepts it, int() does not
         ("etcdx://h:1", "expected etcd://"),
     ],
 )

@@ -116,7 +116,7 @@ def _int_quantity(value: object, field: str, *, lo: int, hi: int) -> int:
         raise InvalidInput(field, value, "must be an integer")
     if isinstance(value, int):
         n = value
-    elif isinstance(value, str) and value.strip().isdigit():
+    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         n = int(value.strip())
     else:
         raise InvalidInput(field, value, "must be a plain integer quantity (no unit suffix)")

@@ -102,7 +102,7 @@ class SocketTransport:
 def _device(dev: int | str) -> str:
     if type(dev) is int and dev >= 0:
         return str(dev)
-    if isinstance(dev, str) and (dev.isdigit() or _UUID_RE.match(dev)):
+    if isinstance(dev, str) and ((dev.isascii() and dev.isdigit()) or _UUID_RE.match(dev)):
         return dev
     raise InvalidInput("mps.device", dev, "must be a device ordinal or a GPU-/MIG- UUID")
 

@@ -491,7 +491,7 @@ def parse_etcd_url(url: str, *, field: str = "store") -> EtcdUrl:
     endpoints = []
     for hp in hosts.split(","):
         host, colon, port = hp.rpartition(":")
-        if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        if not colon or not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
             raise InvalidInput(field, url, f"endpoint {hp!r} is not host:port with a port in [1, 65535]")
         if any(c in host for c in " @?#"):
             raise InvalidInput(field, url, f"endpoint {hp!r}: bad host {host!r}")
