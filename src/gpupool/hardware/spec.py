@@ -41,7 +41,7 @@ PRIORITY_VALUES = {"P0": 100, "P1": 50, "P2": -1}
 """Same integers as ``gpupool.core.priority`` (hardware cannot import core)."""
 
 MAX_REPLICAS = 1024
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 _SHOWN = reprlib.Repr()
 _SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxtuple = 2, 4, 4, 4
@@ -190,7 +190,7 @@ class _Ctx:
         return value
 
     def name(self, value: object, key: str) -> str:
-        if not isinstance(value, str) or not _NAME_RE.match(value):
+        if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
             raise self.err(key, value, "expected a name of letters, digits, '.', '_' or '-' (max 63)")
         return value
 
