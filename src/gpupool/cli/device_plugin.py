@@ -91,6 +91,10 @@ def device_plugin(
         raise UserError(f"--mps-shm-dir {mps_shm_dir}: must be an absolute directory")
     if not Path(plugin_dir).is_dir():
         raise UserError(f"--plugin-dir {plugin_dir}: no such directory")
+    if endpoint in ("", ".", "..") or Path(endpoint).name != endpoint:  # kubelet dials <dir>/<endpoint>
+        raise UserError(f"invalid --endpoint={endpoint!r}: must be a file name in --plugin-dir")
+    if endpoint == "kubelet.sock":  # serving removes a stale socket of our name first
+        raise UserError(f"invalid --endpoint={endpoint!r}: kubelet's own socket in --plugin-dir")
     api: KubeApi | None = None
     if not no_kube:
         api = kube_api_from_options(kube_api, kubeconfig)

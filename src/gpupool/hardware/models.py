@@ -229,12 +229,25 @@ def _int(cfg: dict[str, Any], key: str, where: str) -> int:
     return value
 
 
+def _opt_int(cfg: dict[str, Any], key: str, where: str, default: int) -> int:
+    """An optional count (absent or null: ``default``); a negative one would make the estimate negative."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if type(value) is not int or value < 0:
+        raise BadModelConfigError(f"{where}: {key}={value!r}: expected an integer >= 0")
+    return value
+
+
 def arch_from_hf_config(cfg: dict[str, Any], *, name: str = "", where: str = "config.json") -> ModelArch:
     """Architecture from a HuggingFace config.json dict (decoders and BERT / XLM-R encoders)."""
     if not isinstance(cfg, dict):
         raise BadModelConfigError(f"{where}: expected a JSON object")
     mtype = str(cfg.get("model_type", ""))
-    archs = [str(a) for a in cfg.get("architectures") or []]
+    archs_raw = cfg.get("architectures") or []
+    if not isinstance(archs_raw, list) or not all(isinstance(a, str) for a in archs_raw):
+        raise BadModelConfigError(f"{where}: architectures={archs_raw!r}: expected a list of class names")
+    archs: list[str] = archs_raw
     label = name or str(cfg.get("_name_or_path") or mtype or "custom")
     layers = _int(cfg, "num_hidden_layers", where)
     hidden = _int(cfg, "hidden_size", where)
@@ -244,7 +257,7 @@ def arch_from_hf_config(cfg: dict[str, Any], *, name: str = "", where: str = "co
     max_pos = _int(cfg, "max_position_embeddings", where)
     if mtype in ("bert", "xlm-roberta", "roberta") or any("Bert" in a or "Roberta" in a for a in archs):
         head = "classifier" if any("SequenceClassification" in a for a in archs) else "pooler"
-        tv = cfg.get("type_vocab_size", 2)
+        tv = _opt_int(cfg, "type_vocab_size", where, 2)
         return ModelArch(
             label,
             "encoder",
@@ -258,7 +271,7 @@ def arch_from_hf_config(cfg: dict[str, Any], *, name: str = "", where: str = "co
             vocab,
             False,
             max_pos,
-            type_vocab=tv if type(tv) is int else 2,
+            type_vocab=tv,
             head=head,
         )
     kv = cfg.get("num_key_value_heads", heads)
@@ -267,8 +280,8 @@ def arch_from_hf_config(cfg: dict[str, Any], *, name: str = "", where: str = "co
         raise BadModelConfigError(f"{where}: num_key_value_heads={kv!r}: expected a positive integer")
     if type(head_dim) is not int or head_dim <= 0:
         raise BadModelConfigError(f"{where}: head_dim={head_dim!r}: expected a positive integer")
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
-    moe_inter = cfg.get("moe_intermediate_size") or 0
+    experts = _opt_int(cfg, "num_experts", where, 0) or _opt_int(cfg, "num_local_experts", where, 0)
+    moe_inter = _opt_int(cfg, "moe_intermediate_size", where, 0)
     family = "qwen3" if mtype.startswith("qwen3") else "qwen2" if mtype.startswith("qwen2") else mtype
     return ModelArch(
         label,
@@ -285,8 +298,8 @@ def arch_from_hf_config(cfg: dict[str, Any], *, name: str = "", where: str = "co
         max_pos,
         qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
         qk_norm=family == "qwen3",
-        experts=int(experts) if isinstance(experts, int) else 0,
-        moe_intermediate=int(moe_inter) if isinstance(moe_inter, int) else 0,
+        experts=experts,
+        moe_intermediate=moe_inter,
     )
 
 
@@ -299,6 +312,8 @@ def load_hf_config(path: str | Path, *, name: str = "") -> ModelArch:
         cfg = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise BadModelConfigError(f"{p}: no such file (gpupool never downloads models)") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # (ValueError: not UTF-8, not JSON)
         raise BadModelConfigError(f"{p}: cannot read config.json: {exc}") from None
+    except RecursionError:
+        raise BadModelConfigError(f"{p}: cannot read config.json: JSON nested too deeply") from None
     return arch_from_hf_config(cfg, name=name or p.parent.name, where=str(p))

@@ -18,12 +18,15 @@ embedding|rerank|batch; inferred when absent).
 
 Invariants:
 - Unknown keys are errors (typos never pass silently); node names, GPU ids and workload names are unique.
-- Every error message is one line and starts with ``source``.
+- Every error message is one line and starts with ``source``, and is short: the value is shown
+  abridged (`shown`), so a huge value (a long string, a YAML alias "billion laughs" structure) costs
+  no more to report than a small one.
 """
 
 from __future__ import annotations
 
 import re
+import reprlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -38,14 +41,24 @@ PRIORITY_VALUES = {"P0": 100, "P1": 50, "P2": -1}
 """Same integers as ``gpupool.core.priority`` (hardware cannot import core)."""
 
 MAX_REPLICAS = 1024
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxtuple = 2, 4, 4, 4
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 80, 80, 40
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, abridged with ``...`` past a few items, levels or characters: its cost is
+    bounded whatever the value (aliases let a small YAML file hold a structure of 10**9 items)."""
+    return _SHOWN.repr(value)
 
 
 class SpecError(ValueError):
     def __init__(self, source: str, key: str, value: object, reason: str) -> None:
         self.source, self.key, self.value, self.reason = source, key, value, reason
         if key:
-            text = f"{source}: {key}={value!r}: {reason}"
+            text = f"{source}: {key}={shown(value)}: {reason}"
         else:
             text = f"{source}: top level: {reason}, got {type(value).__name__}"
         super().__init__(" ".join(text.split()))
@@ -177,7 +190,7 @@ class _Ctx:
         return value
 
     def name(self, value: object, key: str) -> str:
-        if not isinstance(value, str) or not _NAME_RE.match(value):
+        if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
             raise self.err(key, value, "expected a name of letters, digits, '.', '_' or '-' (max 63)")
         return value
 

@@ -96,7 +96,19 @@ _values = st.recursive(
         st.lists(inner, max_size=3)
         | st.dictionaries(
             st.sampled_from(
-                ["metadata", "spec", "containers", "resources", "limits", "name", "uid", "items"]
+                [
+                    "metadata",
+                    "spec",
+                    "containers",
+                    "initContainers",
+                    "resources",
+                    "limits",
+                    "name",
+                    "uid",
+                    "items",
+                    "Pods",
+                    "NumPDBViolations",
+                ]
             ),
             inner,
             max_size=3,
@@ -119,3 +131,40 @@ _args = st.dictionaries(
 def test_no_json_object_is_a_5xx_on_any_verb(extender_http: Any, verb: str, args: dict[str, Any]) -> None:
     status, body = extender_http.raw(verb, json.dumps(args).encode())
     assert status == 200, body
+
+
+def _pod(limits: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u-odd"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}], **spec},
+    }
+
+
+_VRAM = {"gpupool.io/vram-mib": "1000"}
+_N = {"NodeNames": ["gpu-a"]}
+
+
+@pytest.mark.parametrize(
+    ("verb", "args", "fragment"),
+    [
+        ("filter", {"Pod": _pod({"gpupool.io/vram-mib": "²"}), **_N}, "vram-mib]='²'"),
+        ("filter", {"Pod": _pod({"gpupool.io/vram-mib": "１２"}), **_N}, "vram-mib]='１２'"),
+        ("filter", {"Pod": _pod(_VRAM, initContainers=5), **_N}, "initContainers='int'"),
+        ("prioritize", {"Pod": _pod(_VRAM, initContainers=5), **_N}, None),
+        ("filter", {"Pod": _pod(_VRAM), "Nodes": {"items": [{"metadata": 5}]}}, "items[0].metadata.name"),
+        ("preempt", {"Pod": _pod({}), "NodeNameToMetaVictims": {"gpu-a": {"Pods": 5}}}, None),
+        ("preempt", {"Pod": _pod({}), "NodeNameToMetaVictims": {"gpu-a": {"Pods": [{"metadata": 5}]}}}, None),
+        ("preempt", {"Pod": _pod({}), "NodeNameToVictims": {"gpu-a": {"NumPDBViolations": "x"}}}, None),
+    ],
+)
+def test_odd_field_types_are_answered_not_a_500(
+    extender_http: Any, verb: str, args: dict[str, Any], fragment: str | None
+) -> None:
+    """Each of these was an HTTP 500 (a TypeError, AttributeError or ValueError in the verb)."""
+    status, body = extender_http.raw(verb, json.dumps(args).encode())
+    assert status == 200, body
+    if fragment is not None:
+        assert fragment in body["Error"]
+    if verb == "preempt":
+        for victims in body["NodeNameToMetaVictims"].values():
+            assert isinstance(victims["Pods"], list) and isinstance(victims["NumPDBViolations"], int)

@@ -156,7 +156,7 @@ def test_register_list_allocate_verify_and_reregister(short_dir: Path, fake_api:
                 pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["x"])]),
                 timeout=5,
             )
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
         podres.pods = [
             ("default", "one", "gpupool.io/gpu", chosen),
@@ -225,3 +225,68 @@ def test_container_env_per_slice_kind() -> None:
     w1 = PlacedGrant("n/3/whole", "n/3", "", SliceKind.WHOLE, 3, "", 81920, 1000, False)
     env = container_env(_placement(w0, w1), mps_pipe_dir="/run/mps")
     assert env.envs["NVIDIA_VISIBLE_DEVICES"] == "2,3" and "CUDA_MPS_PIPE_DIRECTORY" not in env.envs
+
+
+def _wide_placement() -> Placement:
+    """A bound two-card lease on both cards of CLUSTER's node, waiting for its Allocate."""
+    grants = tuple(
+        PlacedGrant(
+            f"gpu-a/{i}/whole", f"gpu-a/{i}", f"GPU-aaaa-{i}", SliceKind.WHOLE, i, "", 46068, 1000, False
+        )
+        for i in (0, 1)
+    )
+    return Placement(
+        "lease-wide", "uid-wide", "default", "wide", "main", "gpu-a", 0, False, 46068, 1000, 2,
+        (SliceKind.WHOLE,), grants, 1.0,
+    )  # fmt: skip
+
+
+def test_bad_device_ids_are_invalid_argument_and_take_no_lease(short_dir: Path) -> None:
+    slices = list(inventory_from_cluster(load_cluster_spec(CLUSTER)))
+    kubelet = FakeKubelet(short_dir).start()
+    plugin = DevicePlugin(
+        PluginConfig(node="gpu-a", plugin_dir=str(short_dir), replicas=2, poll_s=0.05),
+        cards_of(slices, "gpu-a"),
+    )
+    plugin.start()
+    try:
+        channel, stub = kubelet.plugin(kubelet.wait_registered(1).endpoint)
+        assert plugin.queue.offer(_wide_placement())
+
+        def refused(call: Any, request: Any) -> str:
+            with pytest.raises(grpc.RpcError) as err:
+                call(request, timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+            assert [p.name for p in plugin.queue.waiting()] == ["wide"]  # nothing taken
+            return err.value.details() or ""
+
+        def alloc(*requests: list[str]) -> pb.AllocateRequest:
+            return pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=ids) for ids in requests]
+            )
+
+        # the same ID twice counted as two cards: it took the two-card lease of other cards
+        assert "repeat" in refused(stub.Allocate, alloc(["gpu-a_0-0", "gpu-a_0-0"]))
+        assert "no device IDs" in refused(stub.Allocate, alloc([]))
+        assert "not devices of gpu-a" in refused(stub.Allocate, alloc(["gpu-a_0-0", "gpu-a_1-0"], ["x"]))
+        # a long unknown ID: the whole message exceeded gRPC's metadata limit (RESOURCE_EXHAUSTED)
+        assert "not devices of gpu-a" in refused(stub.Allocate, alloc(["x" * 100_000]))
+
+        def pref(available: list[str], size: int, must: list[str]) -> pb.PreferredAllocationRequest:
+            creq = pb.ContainerPreferredAllocationRequest(
+                available_deviceIDs=available, must_include_deviceIDs=must, allocation_size=size
+            )
+            return pb.PreferredAllocationRequest(container_requests=[creq])
+
+        ids = ["gpu-a_0-0", "gpu-a_0-1", "gpu-a_1-0", "gpu-a_1-1"]
+        assert "not in available" in refused(stub.GetPreferredAllocation, pref(ids[:2], 2, ["bogus"]))
+        assert "allocation_size" in refused(stub.GetPreferredAllocation, pref(ids, -1, []))
+        got = stub.GetPreferredAllocation(pref(ids + ids, 2, []), timeout=5).container_responses[0]
+        assert sorted(got.deviceIDs) == ["gpu-a_0-0", "gpu-a_1-0"]
+
+        resp = stub.Allocate(alloc(["gpu-a_0-0", "gpu-a_1-0"]), timeout=5)
+        assert dict(resp.container_responses[0].envs)["GPUPOOL_POD"] == "default/wide"
+        channel.close()
+    finally:
+        plugin.stop()
+        kubelet.stop()

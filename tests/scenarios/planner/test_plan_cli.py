@@ -148,3 +148,28 @@ def test_seed_example_follows_the_seed_rules():
     reasons = {g["gpu_id"]: g["reason"] for g in doc["gpus"]}
     assert reasons["gpu-a/0"].startswith("MIG: hard isolation for main-llm")
     assert reasons["gpu-b/0"].startswith("MPS: L40S-48GB has no MIG")
+
+
+def _laughs(depth: int) -> str:
+    """YAML whose aliases nest ``depth`` levels of 9 references: 9**depth items once loaded."""
+    lines = ['x:\n  l0: &l0 ["x","x","x","x","x","x","x","x","x"]\n']
+    for i in range(1, depth):
+        lines.append(f"  l{i}: &l{i} [{','.join([f'*l{i - 1}'] * 9)}]\n")
+    return "".join(lines) + f"nodes:\n  - name: a\n    gpus: [{{model: *l{depth - 1}}}]\n"
+
+
+@pytest.mark.parametrize(
+    ("cluster", "fragment"),
+    [
+        (_laughs(7), "x={'l0': ['x', 'x', 'x', 'x', ...]"),  # 9**7 items: never walked whole
+        ("nodes:\n  - name: " + "a" * 100_000 + "\n    gpus: [L4-24GB]\n", "nodes[0].name='aaa"),
+    ],
+)
+def test_huge_values_are_reported_abridged(tmp_path, cluster, fragment):
+    c = _write(tmp_path, "c.yaml", cluster)
+    w = _write(tmp_path, "w.yaml", GOOD_WORKLOADS)
+    res = _run("-c", str(c), "-w", str(w))
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert fragment in line and "..." in line and "\n" not in line
+    assert len(line) < 500, line

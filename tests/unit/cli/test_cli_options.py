@@ -189,3 +189,39 @@ def test_agent_metrics_port_in_use_or_foreign_host_is_exit_2_naming_the_option()
         assert_one_line_exit_2(out, f"invalid --metrics-port={port}: cannot listen on 127.0.0.1:{port}")
     out = gpupool("agent", "--node", "n", "--metrics-host", "192.0.2.1", "--metrics-port", "0")
     assert_one_line_exit_2(out, "invalid --metrics-host='192.0.2.1': cannot listen on 192.0.2.1:0")
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "want"),
+    [
+        ("a/b", "invalid --endpoint='a/b': must be a file name in --plugin-dir"),  # was a traceback
+        ("../gpupool.sock", "invalid --endpoint='../gpupool.sock'"),  # served outside --plugin-dir
+        ("kubelet.sock", "invalid --endpoint='kubelet.sock': kubelet's own socket"),  # was deleted
+    ],
+)
+def test_device_plugin_endpoint_is_a_file_name_in_the_plugin_dir(
+    tmp_path: Path, endpoint: str, want: str
+) -> None:
+    plugin_dir = tmp_path / "plugins"
+    plugin_dir.mkdir()
+    kubelet = plugin_dir / "kubelet.sock"
+    kubelet.write_text("")  # stands for kubelet's registration socket
+    args = [
+        "device-plugin",
+        "--node",
+        "gpu-a",
+        "--no-kube",
+        "--cluster",
+        CLUSTER,
+        "--plugin-dir",
+        str(plugin_dir),
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", *args, "--endpoint", endpoint],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    assert_one_line_exit_2(out, want)
+    assert kubelet.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["plugins"]

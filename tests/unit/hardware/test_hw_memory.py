@@ -139,3 +139,41 @@ def test_hf_config_errors(tmp_path):
         load_hf_config(tmp_path)
     with pytest.raises(BadModelConfigError, match="num_hidden_layers"):
         arch_from_hf_config({"hidden_size": 8})
+
+
+_TINY = {
+    "num_hidden_layers": 4,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 100,
+    "max_position_embeddings": 1024,
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"architectures": 5}, "architectures=5: expected a list"),
+        ({"architectures": [["BertModel"]]}, "architectures=[['BertModel']]"),
+        ({"num_experts": -5000, "moe_intermediate_size": 10}, "num_experts=-5000: expected an integer >= 0"),
+        ({"num_experts": 8, "moe_intermediate_size": -1}, "moe_intermediate_size=-1"),
+        ({"model_type": "bert", "type_vocab_size": -100_000_000}, "type_vocab_size=-100000000"),
+    ],
+)
+def test_hf_config_bad_optional_fields(extra, fragment):
+    """Each was a traceback or a negative parameter count (a plan placing a -700 GiB model)."""
+    with pytest.raises(BadModelConfigError) as exc:
+        arch_from_hf_config({**_TINY, **extra}, where="m/config.json")
+    assert str(exc.value).startswith("m/config.json: ") and fragment in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"a": "\xff"}', b"[" * 100_000 + b"]" * 100_000],
+    ids=["not-utf8", "nested-deeply"],
+)
+def test_hf_config_unreadable_names_the_file(tmp_path, raw):
+    (tmp_path / "config.json").write_bytes(raw)
+    with pytest.raises(BadModelConfigError, match=r"config\.json: cannot read config\.json"):
+        load_hf_config(tmp_path)

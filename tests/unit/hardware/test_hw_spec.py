@@ -62,6 +62,7 @@ def test_workload_defaults_and_estimate():
         ({"nodes": []}, "nodes=[]"),
         ([1, 2], "c.yaml: top level: expected a mapping, got list"),
         ({"nodes": [{"name": "a/b", "gpus": ["L4"]}]}, "nodes[0].name='a/b'"),
+        ({"nodes": [{"name": "gpu-a\n", "gpus": ["L4"]}]}, "nodes[0].name='gpu-a\\n'"),
     ],
 )
 def test_cluster_errors_name_file_key_value(data, fragment):
@@ -83,6 +84,7 @@ def test_cluster_errors_name_file_key_value(data, fragment):
         ({"name": "x", "model": "qwen3-8b", "max_context": 1_000_000}, "supports at most 40960"),
         ({"name": "x", "model": "qwen3-8b", "quant": "int3"}, "workloads[0].quant='int3'"),
         ({"name": "x", "vram_mib": 10, "replica": 2}, "workloads[0].replica=2: unknown key"),
+        ({"name": "x\n", "vram_mib": 10}, "workloads[0].name='x\\n': expected a name"),
     ],
 )
 def test_workload_errors(w, fragment):

@@ -20,8 +20,11 @@ environment of the lease the extender bound for its pod.
   built per MPS grant by an injected `MpsSide` (the CLI passes ``gpupool.adapters.mps.container_mps``,
   NVIDIA k8s-device-plugin's MPS container side; the built-in `plain_mps_side` gives the same shape).
   A MIG grant without a device UUID, MPS grants of one container on daemons with different pipe
-  directories (a client talks to one daemon), or no waiting lease, fail the whole Allocate (kubelet
-  retries the container).
+  directories (a client talks to one daemon), or no waiting lease, fail the whole Allocate with
+  ``FAILED_PRECONDITION`` (kubelet retries the container). Device IDs this plugin never advertised,
+  repeated IDs, an empty ID list, a negative ``allocation_size`` or ``must_include_deviceIDs`` outside
+  ``available_deviceIDs`` are ``INVALID_ARGUMENT``, checked before any lease is taken. Error details
+  are cut to `MAX_DETAIL_CHARS` (gRPC refuses status messages over its metadata limit).
 - Registration: serve ``<plugin_dir>/<endpoint>``, then ``Register`` on ``<plugin_dir>/kubelet.sock``.
   A watcher re-creates the socket and registers again whenever kubelet.sock is re-created (kubelet
   restart) or our socket disappears.
@@ -34,6 +37,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
@@ -54,6 +58,7 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 MAX_DEVICE_ID_CHARS = 63
+MAX_DETAIL_CHARS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +225,13 @@ def container_env(
     return ContainerEnv(envs, tuple(mounts.values()), annotations, host_ipc)
 
 
+def _detail(exc: Exception) -> str:
+    """A gRPC status message: ``exc`` cut in the middle (the field first, the reason last) to
+    `MAX_DETAIL_CHARS`: a longer one never reaches the caller."""
+    text, half = str(exc), (MAX_DETAIL_CHARS - 3) // 2
+    return text if len(text) <= MAX_DETAIL_CHARS else f"{text[:half]}...{text[-half:]}"
+
+
 def _pb() -> tuple[Any, Any]:
     from gpupool.adapters.k8s.proto import deviceplugin_v1beta1_pb2 as pb
     from gpupool.adapters.k8s.proto import deviceplugin_v1beta1_pb2_grpc as pbg
@@ -362,30 +374,58 @@ class DevicePlugin:
             devices = [pb.Device(ID=did, health=h) for did, h in self.device_list()]
             yield pb.ListAndWatchResponse(devices=devices)
 
+    def _check_ids(self, ids: list[str], field: str) -> None:
+        """`InvalidInput` unless ``ids`` are distinct device IDs this plugin advertises."""
+        unknown = [d for d in ids if d not in self._ids]
+        if unknown:
+            raise InvalidInput(field, unknown, f"not devices of {self.config.node}")
+        repeated = sorted(d for d, n in Counter(ids).items() if n > 1)
+        if repeated:
+            raise InvalidInput(field, repeated, "device IDs repeat")
+
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:  # noqa: N802
+        import grpc
+
         pb, _ = _pb()
         out = []
-        for creq in request.container_requests:
-            available: dict[str, list[str]] = {}
-            for did in sorted(creq.available_deviceIDs):
-                if did in self._ids:
-                    available.setdefault(self._ids[did], []).append(did)
-            ids = self.queue.prefer(int(creq.allocation_size), available, list(creq.must_include_deviceIDs))
-            out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        try:
+            for creq in request.container_requests:
+                size, must = int(creq.allocation_size), list(creq.must_include_deviceIDs)
+                if size < 0:
+                    raise InvalidInput("allocation_size", size, "must be >= 0")
+                offered = set(creq.available_deviceIDs)
+                missing = [d for d in must if d not in offered]
+                if missing:
+                    raise InvalidInput("must_include_deviceIDs", missing, "not in available_deviceIDs")
+                self._check_ids(must, "must_include_deviceIDs")
+                available: dict[str, list[str]] = {}
+                for did in sorted(offered):
+                    if did in self._ids:
+                        available.setdefault(self._ids[did], []).append(did)
+                ids = self.queue.prefer(size, available, must)
+                out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        except InvalidInput as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _detail(exc))
         return pb.PreferredAllocationResponse(container_responses=out)
 
     def Allocate(self, request: Any, context: Any) -> Any:  # noqa: N802
         import grpc
 
         pb, _ = _pb()
+        try:
+            for creq in request.container_requests:
+                ids = list(creq.devices_ids)
+                if not ids:
+                    raise InvalidInput("devices_ids", ids, "no device IDs to allocate")
+                self._check_ids(ids, "devices_ids")
+        except InvalidInput as exc:  # before anything is taken: the queue is unchanged
+            log.warning("Allocate refused: %s", exc)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _detail(exc))
         taken: list[Placement] = []
         responses = []
         try:
             for creq in request.container_requests:
                 ids = list(creq.devices_ids)
-                unknown = [d for d in ids if d not in self._ids]
-                if unknown or not ids:
-                    raise InvalidInput("devices_ids", unknown or ids, f"not devices of {self.config.node}")
                 gpus = frozenset(self._ids[d] for d in ids)
                 p = self.queue.take(gpus, len(ids))
                 if p is None:
@@ -422,7 +462,7 @@ class DevicePlugin:
             for p in taken:
                 self.queue.untake(p)
             log.warning("Allocate failed: %s", exc)
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, _detail(exc))
         for p in taken:
             log.info("allocated lease %s to pod %s/%s", p.lease_id, p.namespace, p.name)
         return pb.AllocateResponse(container_responses=responses)

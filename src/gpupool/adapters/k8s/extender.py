@@ -86,7 +86,8 @@ def _nodes_of(args: dict[str, Any]) -> tuple[list[str], dict[str, Any] | None]:
         raise InvalidInput("Nodes.items", type(items).__name__, "must be a list")
     objs: dict[str, Any] = {}
     for i, node in enumerate(items):
-        name = (node.get("metadata") or {}).get("name") if isinstance(node, dict) else None
+        meta = node.get("metadata") if isinstance(node, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"Nodes.items[{i}].metadata.name", name, "must be a non-empty string")
         objs.setdefault(name, node)
@@ -221,7 +222,7 @@ class Extender:
             violations = pdb.get("NumPDBViolations", 0) if isinstance(pdb, dict) else 0
             result[node] = {
                 "Pods": [{"UID": u} for u in uids],
-                "NumPDBViolations": violations if isinstance(violations, int) else 0,
+                "NumPDBViolations": violations if type(violations) is int else 0,
             }
         return {"NodeNameToMetaVictims": result}
 
@@ -327,14 +328,17 @@ class Extender:
 
 
 def _meta_of(victims: dict[str, Any]) -> dict[str, Any]:
-    pods = victims.get("Pods") or []
+    """The victims as ``MetaVictims``; entries of the wrong type are skipped (never a 500)."""
+    pods = victims.get("Pods")
     uids = []
-    for p in pods:
+    for p in pods if isinstance(pods, list) else ():
         if isinstance(p, dict):
-            uid = p.get("UID") or (p.get("metadata") or {}).get("uid")
+            meta = p.get("metadata")
+            uid = p.get("UID") or (meta.get("uid") if isinstance(meta, dict) else None)
             if isinstance(uid, str):
                 uids.append({"UID": uid})
-    return {"Pods": uids, "NumPDBViolations": victims.get("NumPDBViolations", 0)}
+    violations = victims.get("NumPDBViolations", 0)
+    return {"Pods": uids, "NumPDBViolations": violations if type(violations) is int else 0}
 
 
 class _Handler(BaseHTTPRequestHandler):

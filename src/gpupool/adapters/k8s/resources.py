@@ -161,7 +161,10 @@ def parse_pod(pod: object, names: ResourceNames = DEFAULT_NAMES) -> PodDemand | 
     pod = _obj(pod, "Pod")
     meta = _obj(pod.get("metadata"), "Pod.metadata")
     spec = _obj(pod.get("spec"), "Pod.spec")
-    for i, c in enumerate(spec.get("initContainers") or []):
+    init_containers = spec.get("initContainers") or []
+    if not isinstance(init_containers, list):
+        raise InvalidInput("Pod.spec.initContainers", type(init_containers).__name__, "must be a list")
+    for i, c in enumerate(init_containers):
         if _container_asks(_obj(c, f"Pod.spec.initContainers[{i}]"), names, "initContainers"):
             raise InvalidInput(
                 f"Pod.spec.initContainers[{i}].resources",
