@@ -108,6 +108,9 @@ def test_bad_values_are_refused_before_anything_is_sent(daemon: tuple[Path, Path
         mps.set_device_pinned_mem_limit(4242, 0, -5)
     with pytest.raises(InvalidInput, match=r"mps\.device"):
         mps.set_device_pinned_mem_limit(4242, "0; quit", 10)
+    for dev in ("GPU-abc\nquit", "GPU-abc\n", "\u00b2"):  # a line break would end the command early
+        with pytest.raises(InvalidInput, match=r"mps\.device"):
+            mps.set_device_pinned_mem_limit(4242, dev, 10)
     with pytest.raises(InvalidInput, match="server_pid"):
         mps.set_active_thread_percentage(0, 10)
     assert sent(log) == []

@@ -36,7 +36,7 @@ from gpupool.hardware.units import COMPUTE_MILLI_PER_GPU
 
 DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # noqa: S108 - NVIDIA's documented product default
 CONTROL_BINARY = "nvidia-cuda-mps-control"
-_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
+_UUID_RE = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")  # fullmatch: "$" also matches before a final newline
 _ERROR_PREFIXES = ("error", "invalid", "unrecognized", "failed")
 
 
@@ -102,7 +102,7 @@ class SocketTransport:
 def _device(dev: int | str) -> str:
     if type(dev) is int and dev >= 0:
         return str(dev)
-    if isinstance(dev, str) and ((dev.isascii() and dev.isdigit()) or _UUID_RE.match(dev)):
+    if isinstance(dev, str) and ((dev.isascii() and dev.isdigit()) or _UUID_RE.fullmatch(dev)):
         return dev
     raise InvalidInput("mps.device", dev, "must be a device ordinal or a GPU-/MIG- UUID")
 
