@@ -21,7 +21,7 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import UserError, check_range, check_url, options_named, user_errors
+from gpupool.cli.errors import UserError, check_domain, check_range, check_url, options_named, user_errors
 
 OPTIONS = {
     "devices": "--devices",
@@ -142,6 +142,7 @@ def agent(
     if not vram_low < vram_high:
         raise UserError(f"invalid --vram-low={vram_low!r}: must be < --vram-high ({vram_high!r})")
     check_range("--resync-s", resync_s, lo=0, lo_open=True)
+    check_domain("--domain", domain)
     check_range("--evict-grace-ms", evict_grace_ms, lo=-1, hi=10_000)
     if not mps_pipe_dir.startswith("/"):  # published to pods, which mount it: relative means nothing there
         raise UserError(f"invalid --mps-pipe-dir={mps_pipe_dir!r}: must be an absolute directory")

@@ -20,7 +20,7 @@ from types import FrameType
 import typer
 
 from gpupool.adapters.mps import ContainerMps, MpsLimits, container_mps
-from gpupool.cli.errors import UserError, check_range, user_errors
+from gpupool.cli.errors import UserError, check_domain, check_range, user_errors
 
 
 def mps_client_side(
@@ -84,6 +84,7 @@ def device_plugin(
     if not 1 <= replicas <= 1024:
         raise UserError(f"--replicas {replicas}: must be in [1, 1024]")
     check_range("--verify-s", verify_s, lo=0, lo_open=True)
+    check_domain("--domain", domain)
     check_range("--node-poll-s", node_poll_s, lo=0, lo_open=True)
     if not mps_pipe_dir.startswith("/"):  # mounted into containers: must name a host directory
         raise UserError(f"invalid --mps-pipe-dir={mps_pipe_dir!r}: must be an absolute directory")

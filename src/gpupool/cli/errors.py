@@ -1,6 +1,7 @@
 """One place that turns expected user errors into a one-line message and exit code 2 (no traceback).
 
-Also the shared checks of numeric and URL options (`check_port`, `check_range`, `check_url`):
+Also the shared checks of numeric, URL and domain options (`check_port`, `check_range`, `check_url`,
+`check_domain`):
 commands call them first, before opening a store or binding a socket, so a bad value changes
 nothing. Messages name the option and the value: ``invalid --port=70000: must be in [0, 65535]``,
 ``invalid --gateway='http://gw:abc': Port could not be cast to integer value as 'abc'``.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -102,6 +104,24 @@ def check_url(option: str, url: str, *, schemes: tuple[str, ...] = ("http", "htt
         want = " or ".join(f"{s}://HOST[:PORT]" for s in schemes)
         raise UserError(f"invalid {option}={url!r}: expected {want}")
     return url
+
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+MAX_DOMAIN_CHARS = 253
+
+
+def check_domain(option: str, domain: str) -> str:
+    """A resource / annotation domain (``--domain``): a DNS subdomain (RFC 1123: lower-case letters,
+    digits, '-' and '.', at most 253 characters), as Kubernetes requires of the prefix of an
+    extended resource or annotation name; else `UserError` naming the option. (Kubelet and the API
+    server refuse ``a b/gpu`` or ``/gpu`` only later, far from the option that caused it.)"""
+    if len(domain) > MAX_DOMAIN_CHARS or not _DNS_SUBDOMAIN.fullmatch(domain):
+        shown = domain if len(domain) <= 80 else domain[:77] + "..."
+        raise UserError(
+            f"invalid {option}={shown!r}: must be a DNS subdomain (lower-case letters, digits, '-' and"
+            f" '.', at most {MAX_DOMAIN_CHARS} characters), e.g. gpupool.io"
+        )
+    return domain
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gpupool.cli.errors import UserError, check_port, check_range, check_url, user_errors
+from gpupool.cli.errors import UserError, check_domain, check_port, check_range, check_url, user_errors
 
 if TYPE_CHECKING:
     from gpupool.adapters.k8s.extender import Extender
@@ -226,6 +226,7 @@ def extender(
     from gpupool.hardware.slices import Slice
 
     check_port("--port", port)
+    check_domain("--domain", domain)
     check_range("--preempt-interval-s", preempt_interval_s, lo=0)
     check_range("--inventory-resync-s", inventory_resync_s, lo=0)
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -30,7 +30,15 @@ from typing import Any
 import typer
 
 from gpupool.cli.console import say
-from gpupool.cli.errors import UserError, check_listen, check_port, check_range, ensure_dir, user_errors
+from gpupool.cli.errors import (
+    UserError,
+    check_domain,
+    check_listen,
+    check_port,
+    check_range,
+    ensure_dir,
+    user_errors,
+)
 from gpupool.cli.kvsizer import KvSizer
 
 __all__ = ["KvSizer", "build", "load_tokens", "serve"]
@@ -477,6 +485,7 @@ def serve(  # noqa: PLR0917 (typer options)
         max_txn_ops=etcd_max_txn_ops,
     )
     check_port("--extender-port", extender_port)  # (checked with or without --kubernetes)
+    check_domain("--domain", domain)
     check_listen("--host/--port", host, port)
     kube = None
     if kubernetes:

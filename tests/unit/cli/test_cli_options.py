@@ -225,3 +225,20 @@ def test_device_plugin_endpoint_is_a_file_name_in_the_plugin_dir(
     )
     assert_one_line_exit_2(out, want)
     assert kubelet.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["plugins"]
+
+
+@pytest.mark.parametrize("domain", ["", "a b", "Gpupool.IO", "-x.io", "x.io/", "a" * 254])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["extender", "--cluster", CLUSTER, "--port", "0"],
+        ["device-plugin", "--node", "n", "--no-kube", "--cluster", CLUSTER],
+        ["agent", "--node", "n", "--metrics-port", "-1", "--duration-s", "0.1"],
+        ["serve", "--port", "0", "--kubernetes", "--no-kube"],
+    ],
+    ids=["extender", "device-plugin", "agent", "serve"],
+)
+def test_a_domain_that_kubernetes_would_refuse_is_exit_2_naming_it(command: list[str], domain: str) -> None:
+    """``--domain`` prefixes extended resource and annotation names (``<domain>/gpu``): kubelet or the
+    API server would refuse a bad one only later, far from the option."""
+    assert_one_line_exit_2(gpupool(*command, "--domain", domain), "invalid --domain=")
