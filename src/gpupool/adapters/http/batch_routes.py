@@ -5,7 +5,8 @@
   400 a body the bounded decoder (`jsonbody`) refuses (not JSON, nested too deep, a lone surrogate);
 - ``GET /v1/batch/jobs`` -> ``{"jobs": [...]}`` in queue order (``?state=queued|running|...``);
 - ``GET /v1/batch/jobs/{id}``; ``DELETE /v1/batch/jobs/{id}`` -> the job, now ``cancelled`` (its
-  process stopped, its P2 lease released); 409 when it had already ended.
+  process stopped, its P2 lease released); 409 when it had already ended. ``{id}`` is the rest of the
+  path, percent-decoded, so every id ``POST`` accepts (``/`` included) can be named.
 
 Role ``admin`` only: a job is a command the gateway's host runs, so submitting one is running code
 there. Each running job holds a P2 lease through the same admission as every other lease (the tidal
@@ -100,11 +101,11 @@ def add_batch_routes(app: FastAPI, port: BatchPort) -> None:
                 ) from None
         return JSONResponse({"jobs": port.jobs(st)})
 
-    @app.get("/v1/batch/jobs/{job_id}")
+    @app.get("/v1/batch/jobs/{job_id:path}")  # (an id may hold a "/")
     async def get_job(job_id: str, who: AdminWho) -> JSONResponse:
         return JSONResponse(port.job(job_id))
 
-    @app.delete("/v1/batch/jobs/{job_id}")
+    @app.delete("/v1/batch/jobs/{job_id:path}")  # (an id may hold a "/")
     async def cancel_job(job_id: str, who: AdminWho) -> JSONResponse:
         try:
             return JSONResponse(port.cancel(job_id))
