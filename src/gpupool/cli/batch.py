@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,8 @@ def cancel(
     data_dir: Path = DATA_DIR,
 ) -> None:
     """Stop a job's process, release its lease, mark it cancelled."""
-    job = _call("DELETE", url, _token(token, data_dir), f"/v1/batch/jobs/{job_id}")
+    path = "/v1/batch/jobs/" + urllib.parse.quote(job_id, safe="")  # the id as one path segment
+    job = _call("DELETE", url, _token(token, data_dir), path)
     typer.echo(f"{job['id']} {job['state']}")
 
 

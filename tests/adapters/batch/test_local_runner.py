@@ -208,3 +208,22 @@ def test_a_queue_that_refuses_writes_keeps_jobs_and_leases_consistent(tmp_path):
     assert q.get("quick").state is JobState.DONE and q.get("quick").returncode == 0
     assert not runner.running and alloc.slice_state("gpu-0").granted.vram_mib == 0
     alloc.check_invariants()
+
+
+def test_a_job_whose_command_cannot_start_fails_and_the_queue_goes_on(tmp_path):
+    """A command that is not there (a typo) cannot be started: the job fails with the reason, its
+    lease is released at once, and the same step goes on to start the next job (it was left
+    RUNNING with no process and the step raised, so the jobs after it waited for the next one)."""
+    clock, alloc, q, runner = setup(tmp_path)
+    q.submit(BatchJobSpec(id="typo", vram_mib=1000, command=(str(tmp_path / "no-such-program"),)), now=0.0)
+    q.submit(BatchJobSpec(id="ok", vram_mib=1000, command=(sys.executable, "-c", "pass")), now=1.0)
+    runner.step(clock.now())
+    rec = q.get("typo")
+    assert rec.state is JobState.FAILED and "cannot start" in rec.reason and "no-such-program" in rec.reason
+    assert set(runner.running) == {"ok"}
+    assert alloc.slice_state("gpu-0").granted.vram_mib == 1000  # only the job that runs holds a lease
+    assert wait_for(lambda: runner.running["ok"].handle.poll() is not None)
+    runner.step(clock.advance(1.0))
+    assert q.get("ok").state is JobState.DONE
+    assert alloc.slice_state("gpu-0").granted.vram_mib == 0
+    alloc.check_invariants()

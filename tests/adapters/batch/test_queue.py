@@ -28,6 +28,7 @@ def job(i: str, **kw) -> BatchJobSpec:
         (BatchJobSpec(id="a", vram_mib=1, command=("x",), tenant="t" * 201), "tenant"),
         (BatchJobSpec(id="a", vram_mib=1, command=("x",), compute_milli=1001), "compute_milli"),
         (BatchJobSpec(id="a", vram_mib=1, command=("x",), deadline_s=float("inf")), "deadline_s"),
+        (BatchJobSpec(id="a", vram_mib=1, command=("python3", "-c", "pass\x00")), "command"),  # argv: no NUL
     ],
 )
 def test_bad_specs_name_the_field(spec, field):

@@ -216,3 +216,42 @@ def test_streams_are_identical_on_both_paths(two: dict[str, tuple[str, LeaseCont
         assert c.request_lease_count() == 0
     assert texts["native"] == texts["asgi"]
     assert texts["native"][1][-1] == "data: [DONE]"
+
+
+def _dying_backend() -> Any:
+    """Streams one event, then fails: uvicorn drops the connection mid-body (a backend that died)."""
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions() -> Any:
+        async def chunks() -> Any:
+            yield b'data: {"choices": [{"index": 0, "text": "a"}]}\n\n'
+            raise RuntimeError("the engine died")
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    return app
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["native", "asgi"])
+def test_a_stream_the_backend_cuts_short_ends_the_client_connection(plain: bool) -> None:
+    """The backend dies mid-stream: the client's connection is closed at once (an unterminated
+    chunked body, as uvicorn's ASGI cycle does), never left open looking like a stream that is
+    merely slow until the keep-alive timer (here an hour) closes it; the lease is given back."""
+    with running(_dying_backend(), plain=True) as be_url:
+        app, c = _gateway(be_url)
+        options = {} if plain else {"keep_alive_s": 3600}
+        with running(app, plain=plain, **options) as url:
+            body = json.dumps({"model": MODEL, "prompt": "p", "max_tokens": 4, "stream": True}).encode()
+            host, port = url.removeprefix("http://").split(":")
+            out = b""
+            with socket.create_connection((host, int(port)), timeout=20) as s:
+                s.sendall(_post("/v1/completions", body))
+                while chunk := s.recv(65536):  # a TimeoutError here: the connection was left open
+                    out += chunk
+            assert out.startswith(b"HTTP/1.1 200 ") and b'"text": "a"' in out
+            assert not out.endswith(b"0\r\n\r\n")  # the cut is not passed off as the stream's end
+            assert c.request_lease_count() == 0

@@ -14,6 +14,8 @@ import pytest
 
 from gpupool.adapters.http.upstream import UpstreamError, UpstreamPool
 
+BIG = bytes(range(256)) * (16 * 1024)
+"""4 MiB: far past the reader's high-water mark and the sockets' buffers together."""
 ANSWERS = {
     b"/ok": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Type: application/json\r\n\r\nhello",
     b"/chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
@@ -21,6 +23,8 @@ ANSWERS = {
     b"/hang": b"",
     b"/eof": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end",
     b"/slow": b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow",
+    b"/big": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(BIG), BIG),
+    b"/big-eof": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + BIG,
 }
 SLOW_S = 0.05
 """``/slow`` is answered after this long."""
@@ -48,7 +52,7 @@ def server() -> Iterator[tuple[int, list[int]]]:
                 if path == b"/slow":
                     time.sleep(SLOW_S)
                 c.sendall(ANSWERS[path])
-                if path in (b"/short", b"/eof"):
+                if path in (b"/short", b"/eof", b"/big-eof"):
                     return
 
     def accept_loop() -> None:
@@ -160,3 +164,26 @@ def test_a_body_framed_by_the_connections_end_is_read_whole(server: tuple[int, l
             await pool.aclose()
 
     assert b"".join(asyncio.run(go())) == b"until the end"
+
+
+def test_a_complete_body_larger_than_the_high_water_mark_is_read_whole(
+    server: tuple[int, list[int]],
+) -> None:
+    """`read` (a non-streamed answer: a large embeddings batch, n > 1) waited for the body's end
+    while the socket stayed paused at `HIGH_WATER_BYTES` buffered, so a body past it plus the
+    sockets' buffers never ended: the request hung, holding its lease, until the client left."""
+    port, accepted = server
+
+    async def go() -> list[bytes]:
+        pool = UpstreamPool(timeout_s=5)
+        try:
+            out = []
+            for path in ("/big", "/big", "/ok", "/big-eof"):
+                r = await pool.request("POST", f"http://127.0.0.1:{port}{path}", content=b"", headers={})
+                out.append(await asyncio.wait_for(r.read(), 60))  # (a hang fails here, not the suite)
+            return out
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(go()) == [BIG, BIG, b"hello", BIG]
+    assert len(accepted) == 1  # each whole body left the connection reusable

@@ -7,7 +7,10 @@ One `step(now)`:
    PAUSED) when the job is checkpointable and the executor can pause, else stopped and requeued
    (state QUEUED, attempts counted): never silently dropped;
 3. paused jobs get a new P2 lease when the pool has room again -> resumed (SIGCONT, RUNNING);
-4. queued jobs are claimed in the core's queue order while the allocator grants leases;
+4. queued jobs are claimed in the core's queue order while the allocator grants leases; a job
+   whose command cannot be run (the executor's start raises `OSError` / `ValueError`: not found,
+   not executable) is FAILED with the reason and its lease released; any other start failure
+   releases the lease, requeues the job and is raised;
 5. running jobs' leases are renewed.
 The caller owns the clock (``now``) and the lease port (an `Allocator`, or the gateway's
 `LeaseController` through `ControllerLeases`, so job leases pass the same admission, the same
@@ -245,6 +248,16 @@ class BatchRunner:
             if claimed is None:  # another runner took it first
                 self.allocator.release(out.lease.id, reason="lost the claim race")
                 continue
-            handle = self.executor.start(spec, lease_id=out.lease.id)
+            try:
+                handle = self.executor.start(spec, lease_id=out.lease.id)
+            except (OSError, ValueError) as exc:  # the command cannot be run (not found, not executable)
+                self.allocator.release(out.lease.id, reason=f"job {spec.id} could not start")
+                self.queue.transition(spec.id, JobState.FAILED, now=now, reason=f"cannot start: {exc}")
+                self._event(now, spec.id, "failed")
+                continue
+            except Exception:  # anything else may pass (an executor's connection): requeued, raised
+                self.allocator.release(out.lease.id, reason=f"job {spec.id} could not start")
+                self.queue.transition(spec.id, JobState.QUEUED, now=now, reason="start failed; requeued")
+                raise
             self.running[spec.id] = _Running(handle, out.lease.id, attempt)
             self._event(now, spec.id, "started")

@@ -1,10 +1,12 @@
 """The batch queue's routes on the gateway (``gpupool serve`` / ``run`` mount them when tidal is on).
 
 - ``POST /v1/batch/jobs`` ``{"id"?, "command": [argv...], "vram_mib", "compute_pct"?, "checkpointable"?,
-  "deadline_s"?, "tenant"?}`` -> 201 the job (state ``queued``); 422 names a bad field, 409 a duplicate id;
+  "deadline_s"?, "tenant"?}`` -> 201 the job (state ``queued``); 422 names a bad field, 409 a duplicate id,
+  400 a body the bounded decoder (`jsonbody`) refuses (not JSON, nested too deep, a lone surrogate);
 - ``GET /v1/batch/jobs`` -> ``{"jobs": [...]}`` in queue order (``?state=queued|running|...``);
 - ``GET /v1/batch/jobs/{id}``; ``DELETE /v1/batch/jobs/{id}`` -> the job, now ``cancelled`` (its
-  process stopped, its P2 lease released); 409 when it had already ended.
+  process stopped, its P2 lease released); 409 when it had already ended. ``{id}`` is the rest of the
+  path, percent-decoded, so every id ``POST`` accepts (``/`` included) can be named.
 
 Role ``admin`` only: a job is a command the gateway's host runs, so submitting one is running code
 there. Each running job holds a P2 lease through the same admission as every other lease (the tidal
@@ -20,9 +22,10 @@ from typing import Annotated, Any, Protocol
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 
+from gpupool.adapters.http import jsonbody
 from gpupool.adapters.http.app import admin_principal
 from gpupool.adapters.http.auth import Principal
-from gpupool.adapters.http.errors import HttpError
+from gpupool.adapters.http.errors import BadJson, HttpError
 from gpupool.core.errors import DuplicateId, InvalidInput
 from gpupool.core.tidal.jobs import BatchJobSpec, JobState, validate_job
 from gpupool.hardware.units import compute_milli_from_pct
@@ -77,10 +80,10 @@ def add_batch_routes(app: FastAPI, port: BatchPort) -> None:
 
     @app.post("/v1/batch/jobs", status_code=201)
     async def submit(request: Request, who: AdminWho) -> JSONResponse:
-        try:
-            body = await request.json()
-        except ValueError:
-            raise HttpError(400, "body is not valid JSON", "bad_json") from None
+        try:  # the bounded decoder: too deep, a lone surrogate or bad JSON is a 400 naming it
+            body = jsonbody.loads(await request.body())
+        except jsonbody.JsonBodyError as exc:
+            raise BadJson(exc) from None
         try:
             return JSONResponse(port.submit(spec_from_json(body)), status_code=201)
         except DuplicateId as exc:
@@ -98,11 +101,11 @@ def add_batch_routes(app: FastAPI, port: BatchPort) -> None:
                 ) from None
         return JSONResponse({"jobs": port.jobs(st)})
 
-    @app.get("/v1/batch/jobs/{job_id}")
+    @app.get("/v1/batch/jobs/{job_id:path}")  # (an id may hold a "/")
     async def get_job(job_id: str, who: AdminWho) -> JSONResponse:
         return JSONResponse(port.job(job_id))
 
-    @app.delete("/v1/batch/jobs/{job_id}")
+    @app.delete("/v1/batch/jobs/{job_id:path}")  # (an id may hold a "/")
     async def cancel_job(job_id: str, who: AdminWho) -> JSONResponse:
         try:
             return JSONResponse(port.cancel(job_id))

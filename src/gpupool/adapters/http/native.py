@@ -18,7 +18,9 @@ What it keeps of the ASGI path, so the two cannot be told apart by a client:
   in OpenAI's error shape;
 - uvicorn's keep-alive, ``Connection: close``, default headers (``date``, ``server``), graceful
   shutdown (the task is in the server's task set) and flow control (writes wait while the
-  transport is paused; a streamed response stops and runs its clean-up when the client goes).
+  transport is paused; a streamed response stops and runs its clean-up when the client goes; one
+  whose body fails mid-way, a backend that died, closes the connection with the chunked body
+  unterminated instead of leaving it open until the keep-alive timer).
   Beyond it: a request whose client hangs up is cancelled wherever it waits, a complete answer
   too (the ASGI path lets those run to their end), so the backend stops working for nobody.
 
@@ -278,6 +280,9 @@ class NativeCycle:
                     await flow.drain()
             if not self._gone():
                 transport.write(b"0\r\n\r\n")
+        except Exception as exc:  # the backend failed mid-body: the client must see the body cut short
+            self.keep_alive = False  # (`_done` closes the connection, as uvicorn's cycle does)
+            log.warning("proxy stream %s cut short: %s: %s", self.path, type(exc).__name__, exc)
         finally:
             aclose = getattr(it, "aclose", None)
             if aclose is not None:

@@ -24,7 +24,8 @@ Invariants:
   backend did not ask to close it; a request cancelled before its response head closes its
   connection (a backend that sees its client go aborts the request: vLLM does);
 - a streamed body never buffers more than `HIGH_WATER_BYTES` ahead of its reader: the socket stops
-  being read until the reader catches up (back-pressure onto the backend).
+  being read until the reader catches up (back-pressure onto the backend); `read` (a whole body)
+  takes what was buffered whenever reading paused, so a body of any size comes to its end.
 """
 
 from __future__ import annotations
@@ -210,13 +211,17 @@ class UpstreamResponse:
     async def read(self) -> bytes:
         conn = self._conn
         assert conn is not None, "response body already consumed"
+        parts: list[bytes] = []
         try:
             while not conn.complete:
                 if conn.error is not None:
                     raise UpstreamError(f"{conn.error} mid-body")
+                while conn.paused and conn.chunks:  # taken off the connection, so it reads on
+                    parts.append(conn.take())
                 await conn.wait()
             chunks = conn.chunks
-            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            parts += chunks
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
             chunks.clear()
             conn.buffered = 0
         finally:

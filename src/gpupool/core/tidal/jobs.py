@@ -106,8 +106,9 @@ def validate_job(spec: BatchJobSpec) -> BatchJobSpec:
         raise InvalidInput("id", spec.id, "must be a non-empty string of at most 200 characters")
     if bool(spec.command) == bool(spec.ray_task):
         raise InvalidInput("command", list(spec.command), "give exactly one of command or ray_task")
-    if spec.command and not all(isinstance(a, str) and a for a in spec.command):
-        raise InvalidInput("command", list(spec.command), "must be a list of non-empty strings")
+    if spec.command and not all(isinstance(a, str) and a and "\x00" not in a for a in spec.command):
+        # (an argv string cannot hold a NUL byte: the job could never be started)
+        raise InvalidInput("command", list(spec.command), "must be a list of non-empty strings without NUL")
     if spec.ray_task and (spec.ray_task.count(":") != 1 or not all(spec.ray_task.split(":"))):
         raise InvalidInput("ray_task", spec.ray_task, "expected package.module:function")
     if type(spec.vram_mib) is not int or not 1 <= spec.vram_mib <= MAX_VRAM_MIB:
