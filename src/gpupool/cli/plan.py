@@ -110,7 +110,12 @@ def plan(  # noqa: PLR0917 (typer options)
     cluster: Path = typer.Option(..., "--cluster", "-c", help="Cluster spec YAML (nodes and their GPUs)."),
     workloads: Path = typer.Option(..., "--workloads", "-w", help="Workload spec YAML (models, replicas)."),
     fmt: PlanFormat = typer.Option(
-        PlanFormat.TABLE, "--format", "-f", help="table | json | mig-parted | mps", case_sensitive=False
+        PlanFormat.TABLE,
+        "--format",
+        "-f",
+        help="table | json | mig-parted (nvidia-mig-parted config) | mps (MPS daemon and client "
+        "settings per GPU) | vllm (`vllm serve` flags per model instance).",
+        case_sensitive=False,
     ),
     actuator: ActuatorKind | None = typer.Option(
         None,
