@@ -299,3 +299,24 @@ def test_console_late_refusal_of_an_old_token_keeps_the_new_sign_in(
     assert page.locator("#app").is_visible()
 
     assert "admin" in _drain_first_gpu_as_tenant(page, url)
+
+
+def test_console_watermarks_form_refuses_an_empty_field(gateway: tuple[str, Any], browser: Any) -> None:
+    """A cleared field is not sent as 0 (it was: clearing "VRAM low" and confirming set the resume
+    threshold to 0 %, so paused P2 work would never resume); the watermarks stay as they were."""
+    url, _ = gateway
+    adm = _client(url, ADMIN)
+    before = adm.get("/v1/admin/watermarks").json()
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    puts: list[str] = []
+    page.on("request", lambda r: puts.append(r.url) if r.method == "PUT" else None)
+    page.goto(f"{url}/?token={ADMIN}")
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    page.fill("#wm-form input[name='vram_low']", "")
+    page.click("#wm-form button[type='submit']")
+    page.wait_for_timeout(300)
+    if page.evaluate("document.getElementById('confirm').open"):
+        page.click("#confirm-ok")
+        page.wait_for_timeout(500)
+    assert puts == []
+    assert adm.get("/v1/admin/watermarks").json() == before
