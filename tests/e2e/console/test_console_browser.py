@@ -4,7 +4,8 @@ address bar, loads with no console error, shows every GPU of ``/v1/pool``, a GPU
 watermark as paused, its heat map follows a grant within 1 s (the SSE event triggers the refresh; the
 periodic poll alone is 2 s), a drain from the page changes ``/v1/pool``, it has no horizontal overflow
 at 800 px, a tenant token sees only its own leases and no admin controls, and the event stream
-reconnects after failures; a late 401 for an old token does not sign out a newer one. Screenshots go to
+reconnects after failures; a late 401 for an old token does not sign out a newer one; a sign-in
+while the gateway answers errors is retried; a cleared watermark field is never sent. Screenshots go to
 ``.gpupool/artifacts/console/`` (gitignored).
 
 Skipped when chromium or playwright is absent (``.ci/run`` installs chromium).
@@ -299,6 +300,35 @@ def test_console_late_refusal_of_an_old_token_keeps_the_new_sign_in(
     assert page.locator("#app").is_visible()
 
     assert "admin" in _drain_first_gpu_as_tenant(page, url)
+
+
+def test_console_sign_in_outlasts_a_gateway_that_answers_errors(
+    gateway: tuple[str, Any], browser: Any
+) -> None:
+    """Opened while the gateway (or the proxy in front of it) answers 502 or does not answer, the
+    page keeps the token and tries again until the gateway is back (it stayed on the sign-in form
+    for good, the token field empty)."""
+    url, _ = gateway
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    down = [True]
+
+    def bad_gateway(route: Any) -> None:
+        if not down[0]:
+            route.continue_()
+        elif route.request.url.endswith("/v1/pool"):
+            route.fulfill(status=502, body="<html>Bad Gateway</html>", content_type="text/html")
+        else:
+            route.abort()
+
+    page.route("**/v1/pool", bad_gateway)
+    page.route("**/v1/leases", bad_gateway)
+    page.goto(f"{url}/?token={ALICE}")
+    wait_js(page, "() => document.getElementById('signin-error').textContent !== ''")
+    assert "token" not in page.url
+    down[0] = False
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    assert page.locator("#app").is_visible()
+    assert page.evaluate("sessionStorage.getItem('gpupool.token')") == ALICE
 
 
 def test_console_watermarks_form_refuses_an_empty_field(gateway: tuple[str, Any], browser: Any) -> None:
