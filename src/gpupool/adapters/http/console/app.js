@@ -122,6 +122,8 @@
       return;
     }
     if (token !== state.token) return;
+    await learnRole();
+    if (token !== state.token) return;
     sessionStorage.setItem(TOKEN_KEY, token);
     $("signin").hidden = true;
     $("app").hidden = false;
@@ -130,6 +132,17 @@
     startEvents();
     clearInterval(state.pollTimer);
     state.pollTimer = setInterval(() => schedule(0), POLL_MS);
+  }
+
+  // The token's role, from an admin read (200: admin, 403: tenant), so that a tenant is not offered
+  // admin controls that can only be refused. Unknown (null) if the gateway does not say.
+  async function learnRole() {
+    try {
+      await api("GET", "/v1/admin/watermarks");
+      state.isAdmin = true;
+    } catch (e) {
+      state.isAdmin = e instanceof ApiError && e.status === 403 ? false : null;
+    }
   }
 
   function showRole() {
@@ -563,6 +576,7 @@
   }
 
   async function sliceHealth(s) {
+    if (state.isAdmin === false) return; // a tenant token cannot mark slices
     const healthy = !s.healthy;
     const c = await confirmDialog(
       healthy ? `Mark ${s.slice_id} healthy?` : `Mark ${s.slice_id} unhealthy?`,
