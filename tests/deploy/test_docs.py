@@ -1,7 +1,7 @@
 """The project's own docs: every relative link in the README, CONTRIBUTING.md, docs/architecture.md,
 docs/ops/ and deploy/README.md points at a file of the repository (none leaves it), the README shows
-the console screenshot, the working notes are gone, and no tracked file names an absolute path of a
-development machine."""
+the console screenshot, the working notes are gone, no tracked file names an absolute path of a
+development machine, and the admin calls docs/ops shows are accepted by a real gateway."""
 
 from __future__ import annotations
 
@@ -68,3 +68,35 @@ def test_machine_path_pattern() -> None:
     assert _MACHINE_PATH.search(f"in {root}home/alice/src")
     assert not _MACHINE_PATH.search("--workloads /etc/gpupool/workloads.yaml")
     assert not _MACHINE_PATH.search("../shared/data and /var/lib/gpupool")
+
+
+_ADMIN_CALL = re.compile(r"`(POST|PUT|PATCH) (/v1/[^`\s]+)` with\s+`(\{[^`]*\})`")
+
+
+def test_admin_calls_the_ops_docs_show_are_accepted(tmp_path: Path) -> None:
+    """Each `METHOD /v1/... with {body}` of docs/ops, sent as written (the path's {gpu_id} or
+    {slice_id} filled in) to a real gateway, is answered 2xx (upgrading.md reset the watermarks with
+    `PUT` and `{}`, which is 422: PUT needs every field)."""
+    import httpx
+
+    from gpupool.cli.serve import build
+    from tests.adapters.http.servers import running
+
+    calls = [
+        (page.name, *m.groups())
+        for page in sorted((ROOT / "docs" / "ops").glob("*.md"))
+        for m in _ADMIN_CALL.finditer(page.read_text())
+    ]
+    assert any(path == "/v1/admin/watermarks" for _, _, path, _ in calls)
+    auth = tmp_path / "auth.yaml"
+    auth.write_text("tokens:\n  - {token: docs-admin-token-1, tenant: ops, role: admin}\n")
+    bundle = build(data_dir=tmp_path / "d", auth_file=auth, simulate=True)
+    with running(bundle.app) as url:
+        cl = httpx.Client(base_url=url, headers={"Authorization": "Bearer docs-admin-token-1"}, timeout=10)
+        gpu = cl.get("/v1/pool").json()["nodes"][0]["gpus"][0]
+        for page_name, method, shown, body in calls:
+            path = shown.replace("{gpu_id}", gpu["gpu_id"]).replace(
+                "{slice_id}", gpu["slices"][0]["slice_id"]
+            )
+            r = cl.request(method, path, content=body, headers={"Content-Type": "application/json"})
+            assert r.status_code < 300, f"{page_name}: {method} {path} {body}: {r.status_code} {r.text}"

@@ -2,9 +2,9 @@
 
 Checks (names as in the JSON): ``driver`` (>= 535.129), ``cuda`` (driver CUDA >= 12.2), per GPU
 ``gpu <id>`` (model, MIG capability, current and pending MIG mode, the mode discovery picks; a
-pending MIG mode change fails it), ``mps-control`` (``nvidia-cuda-mps-control`` on PATH) and
-``mps-pipe-dir`` (exists or can be created, writable) when a GPU is served by MPS, ``ipc-namespace``
-(shared with the host, as MPS clients need), ``kubelet-socket`` (``kubelet.sock`` in the device-plugin
+pending MIG mode change fails it), ``mps-control`` (``nvidia-cuda-mps-control`` on PATH),
+``mps-pipe-dir`` (exists or can be created, writable) and ``ipc-namespace`` (shared with the host, as
+MPS clients need) when a GPU is served by MPS, ``kubelet-socket`` (``kubelet.sock`` in the device-plugin
 directory), ``gpu-operator`` (NVIDIA mig-manager on this node or not: informational, it decides who
 applies MIG layouts), ``clock-skew`` (against the gateway's ``Date``, at most ``MAX_SKEW_S``) and
 ``gateway`` (``GET /healthz``).
@@ -200,6 +200,8 @@ def _mps_pipe_dir(p: Probe) -> Check:
 
 
 def _ipc(p: Probe) -> Check:
+    if not _needs_mps(p):
+        return Check("ipc-namespace", True, "not needed: no GPU here is served by MPS")
     fix = (
         "run the agent and MPS client pods with hostIPC: true (MPS needs a shared IPC namespace and /dev/shm)"
     )

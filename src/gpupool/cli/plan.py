@@ -113,7 +113,8 @@ def plan(  # noqa: PLR0917 (typer options)
         PlanFormat.TABLE,
         "--format",
         "-f",
-        help="table | json | mig-parted | mps | vllm",
+        help="table | json | mig-parted (nvidia-mig-parted config) | mps (MPS daemon and client "
+        "settings per GPU) | vllm (`vllm serve` flags per model instance).",
         case_sensitive=False,
     ),
     actuator: ActuatorKind | None = typer.Option(

@@ -62,6 +62,17 @@ def test_unknown_assets_are_404(url: str, path: str) -> None:
     assert "import" not in r.text
 
 
+@pytest.mark.parametrize("name", ["nope.js", "%3Cimg src=x onerror=alert(1)%3E.html"])
+def test_an_unknown_asset_is_refused_with_the_console_headers(url: str, name: str) -> None:
+    """The console's own 404 echoes the name; it carries the same nosniff and CSP as every console
+    response (it had neither)."""
+    r = httpx.get(f"{url}/ui/{name}")
+    assert r.status_code == 404
+    assert r.headers["content-type"].startswith("text/plain")
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert "default-src 'none'" in r.headers["content-security-policy"]
+
+
 def test_api_still_needs_a_token(url: str) -> None:
     assert httpx.get(f"{url}/v1/pool").status_code == 401
 

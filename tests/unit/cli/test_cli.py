@@ -65,3 +65,34 @@ def test_bench_allocator_takes_a_core_policy_and_rejects_an_unknown_one() -> Non
     assert json.loads(out.stdout)["results"][0]["gpupool_us_per_op"] > 0
     bad = gpupool("bench", "allocator", "--sizes", "200", "--policy", "nope")
     assert bad.returncode == 2 and "--policy" in bad.stderr and "nope" in bad.stderr
+
+
+def test_every_choice_of_an_option_is_explained_in_its_help() -> None:
+    """An option that takes one of a fixed set of values names each value in its --help text
+    (``plan --format`` listed four of its five formats: ``vllm`` was missing)."""
+    import enum
+    import typing
+
+    import typer
+
+    from gpupool.cli.main import app
+
+    missing: list[str] = []
+
+    def walk(cmd: typing.Any, path: list[str]) -> None:
+        if hasattr(cmd, "commands"):
+            for name, sub in cmd.commands.items():
+                walk(sub, [*path, name])
+            return
+        for p in cmd.params:
+            ann = p.type_descriptor.annotation
+            for t in typing.get_args(ann) or (ann,):
+                if isinstance(t, type) and issubclass(t, enum.Enum):
+                    missing.extend(
+                        f"gpupool {' '.join(path)} {p.opts[0]}: {m.value}"
+                        for m in t
+                        if str(m.value) not in (p.help or "")
+                    )
+
+    walk(typer.main.get_command(app), [])
+    assert missing == []

@@ -107,6 +107,10 @@ def test_ipc_namespace_must_be_the_hosts() -> None:
     # not compared, so not known to be separate: the fix says to check, not that hostIPC is missing
     assert unknown["ipc-namespace"].fix.startswith("could not compare: check that")
     assert "hostIPC: true" in unknown["ipc-namespace"].fix
+    # without a GPU served by MPS nothing needs the host's IPC namespace (it failed a bare host
+    # without MPS, so doctor could never pass there)
+    no_mps = _probe(_fixture("a100-80gb-mig-3g40-2x1g10.json"), ipc_host=None, ipc_error="Permission denied")
+    assert _by_name(no_mps)["ipc-namespace"].ok and "not needed" in _by_name(no_mps)["ipc-namespace"].detail
 
 
 def test_gpu_operator_presence_and_clock_skew() -> None:

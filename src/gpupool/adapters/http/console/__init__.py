@@ -76,5 +76,10 @@ def add_console_routes(app: FastAPI) -> None:
     @app.api_route("/ui/{name}", methods=["GET", "HEAD"], include_in_schema=False)
     async def console_asset(name: str) -> Response:
         if name not in assets:
-            return Response(f"no console asset {name!r}\n", status_code=404, media_type="text/plain")
+            return Response(
+                f"no console asset {name!r}\n",
+                status_code=404,
+                media_type="text/plain",
+                headers=SECURITY_HEADERS,
+            )
         return asset(name)

@@ -8,6 +8,7 @@
 (() => {
   const TOKEN_KEY = "gpupool.token";
   const POLL_MS = 2000;
+  const SIGNIN_RETRY_MS = 2000;
   const MAX_EVENTS = 200;
   const MAX_TICKETS = 30;
   const LEASE_KINDS = new Set(["granted", "renewed", "released", "expired", "preempted", "revoked"]);
@@ -28,6 +29,7 @@
     again: false,
     timer: 0,
     pollTimer: 0,
+    signInTimer: 0,
     wmDirty: false,
   };
 
@@ -89,6 +91,7 @@
   }
 
   function signOut(message) {
+    clearTimeout(state.signInTimer);
     sessionStorage.removeItem(TOKEN_KEY);
     state.token = "";
     if (state.stream) state.stream.abort();
@@ -98,14 +101,29 @@
     showSignIn(message);
   }
 
+  // A refusal (401) shows the sign-in form; a failure that may pass (no answer: the gateway is
+  // restarting; 5xx: a proxy's 502, a 503; 408, 429) is retried with the same token until the gateway
+  // answers or another token is submitted.
   async function signIn(token) {
+    clearTimeout(state.signInTimer);
     state.token = token;
     try {
       await refresh(true);
     } catch (e) {
-      if (!(e instanceof ApiError && e.status === 401)) showSignIn(`Cannot reach the gateway: ${e.message}`);
+      if (e instanceof ApiError && e.status === 401) return;
+      if (token !== state.token) return; // another sign-in or a sign-out came since
+      const passing = !(e instanceof ApiError) || e.status >= 500 || e.status === 408 || e.status === 429;
+      if (!passing) {
+        showSignIn(`Sign-in failed: ${e.message}`);
+        return;
+      }
+      showSignIn(`Cannot reach the gateway: ${e.message}. Trying again in ${SIGNIN_RETRY_MS / 1000} s.`);
+      state.signInTimer = setTimeout(() => signIn(token), SIGNIN_RETRY_MS);
       return;
     }
+    if (token !== state.token) return;
+    await learnRole();
+    if (token !== state.token) return;
     sessionStorage.setItem(TOKEN_KEY, token);
     $("signin").hidden = true;
     $("app").hidden = false;
@@ -114,6 +132,17 @@
     startEvents();
     clearInterval(state.pollTimer);
     state.pollTimer = setInterval(() => schedule(0), POLL_MS);
+  }
+
+  // The token's role, from an admin read (200: admin, 403: tenant), so that a tenant is not offered
+  // admin controls that can only be refused. Unknown (null) if the gateway does not say.
+  async function learnRole() {
+    try {
+      await api("GET", "/v1/admin/watermarks");
+      state.isAdmin = true;
+    } catch (e) {
+      state.isAdmin = e instanceof ApiError && e.status === 403 ? false : null;
+    }
   }
 
   function showRole() {
@@ -547,6 +576,7 @@
   }
 
   async function sliceHealth(s) {
+    if (state.isAdmin === false) return; // a tenant token cannot mark slices
     const healthy = !s.healthy;
     const c = await confirmDialog(
       healthy ? `Mark ${s.slice_id} healthy?` : `Mark ${s.slice_id} unhealthy?`,
