@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
+import typer
+
 from gpupool.core.errors import GpupoolError, InvalidInput
 
 P = ParamSpec("P")
@@ -139,6 +141,31 @@ def options_named(options: dict[str, str]) -> Iterator[None]:
             raise
         named = f"{option} {rest}" if option == options.get(head) and rest else option
         raise UserError(f"invalid {named}={exc.value!r}: {exc.reason}") from None
+
+
+def usage_line(exc: typer.TyperException, argv: list[str]) -> str:
+    """One line for an error the parser finds in the command line (a value of the wrong type, a
+    choice that is not one, an unknown or missing option): ``invalid --port='abc': ...`` like the
+    commands' own checks, or ``gpupool sim variants: Missing option '--out' (see --help)``. The value
+    is taken from ``argv`` (``--opt=value`` or ``--opt value``): the parser keeps only the reason."""
+    param = getattr(exc, "param", None)
+    missing = type(exc).__name__ == "MissingParameter"
+    if isinstance(exc, typer.BadParameter) and not missing and param is not None and param.opts:
+        opts = [*param.opts, *param.secondary_opts]
+        value = next(
+            (
+                a.partition("=")[2] if "=" in a else argv[i + 1]
+                for i, a in enumerate(argv)
+                if a.partition("=")[0] in opts and ("=" in a or i + 1 < len(argv))
+            ),
+            None,
+        )
+        shown = "" if value is None else f"={value!r}"
+        reason = exc.message.removeprefix("Value error, ")
+        return f"invalid {max(opts, key=len)}{shown}: {reason}"
+    ctx = getattr(exc, "ctx", None)
+    where = f"{ctx.command_path}: " if ctx is not None else ""
+    return f"{where}{exc.format_message().rstrip('.')} (see --help)"
 
 
 def fail(message: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from gpupool import __version__
@@ -13,6 +15,7 @@ from gpupool.cli import proxy as cli_proxy
 from gpupool.cli import run as cli_run
 from gpupool.cli import serve as cli_serve
 from gpupool.cli import store as cli_store
+from gpupool.cli.errors import EXIT_BAD_INPUT, fail, usage_line
 
 app = typer.Typer(
     name="gpupool",
@@ -64,7 +67,22 @@ app.command("doctor", help="Preflight of a GPU node: driver, CUDA, MIG, MPS, kub
 
 
 def main() -> None:
-    app()
+    """Run the CLI; an error the parser finds in the command line is one line and exit 2, like the
+    commands' own checks (typer's default is a framed, multi-line box)."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        print("Aborted!", file=sys.stderr)
+        raise SystemExit(1) from None
+    except typer.TyperException as exc:  # the parser's errors (click's family, vendored by typer)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # nothing ran: the standard path prints the help
+            app()
+        elif exc.exit_code == EXIT_BAD_INPUT:  # a usage error
+            fail(usage_line(exc, sys.argv[1:]))
+        print(f"gpupool: error: {exc.format_message()}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -242,3 +242,30 @@ def test_a_domain_that_kubernetes_would_refuse_is_exit_2_naming_it(command: list
     """``--domain`` prefixes extended resource and annotation names (``<domain>/gpu``): kubelet or the
     API server would refuse a bad one only later, far from the option."""
     assert_one_line_exit_2(gpupool(*command, "--domain", domain), "invalid --domain=")
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["serve", "--port", "abc"], "invalid --port='abc': "),
+        (["serve", "--port=abc"], "invalid --port='abc': "),
+        (
+            ["plan", "-c", CLUSTER, "-w", WORKLOADS, "-f", "bogus"],
+            "invalid --format='bogus': 'bogus' is not one of",
+        ),
+        (["sim", "variants"], "sim variants: Missing option '--out' (see --help)"),
+        (["serve", "--no-such-option"], "serve: No such option: --no-such-option"),
+        (["demo", "extra"], "demo: Got unexpected extra argument"),
+    ],
+)
+def test_what_the_parser_refuses_is_one_line_and_exit_2(args: list[str], want: str) -> None:
+    """Errors found while parsing the command line (wrong type, not a choice, unknown or missing
+    option) read like the commands' own checks: one line naming the option and the value."""
+    assert_one_line_exit_2(gpupool(*args), want)
+
+
+def test_no_arguments_still_prints_the_help() -> None:
+    out = gpupool("sim")
+    assert (
+        out.returncode == 2 and "Usage:" in out.stdout + out.stderr and "variants" in out.stdout + out.stderr
+    )
