@@ -25,6 +25,7 @@ ANSWERS = {
     b"/slow": b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow",
     b"/big": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(BIG), BIG),
     b"/big-eof": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + BIG,
+    b"/999": b"HTTP/1.1 999 Whatever\r\nContent-Length: 2\r\n\r\n{}",
 }
 SLOW_S = 0.05
 """``/slow`` is answered after this long."""
@@ -52,7 +53,7 @@ def server() -> Iterator[tuple[int, list[int]]]:
                 if path == b"/slow":
                     time.sleep(SLOW_S)
                 c.sendall(ANSWERS[path])
-                if path in (b"/short", b"/eof", b"/big-eof"):
+                if path in (b"/short", b"/eof", b"/big-eof", b"/999"):
                     return
 
     def accept_loop() -> None:
@@ -187,3 +188,22 @@ def test_a_complete_body_larger_than_the_high_water_mark_is_read_whole(
 
     assert asyncio.run(go()) == [BIG, BIG, b"hello", BIG]
     assert len(accepted) == 1  # each whole body left the connection reusable
+
+
+def test_a_status_outside_100_599_is_an_upstream_error_and_not_pooled(server: tuple[int, list[int]]) -> None:
+    """A backend answering ``999`` is broken (the proxy answers 502), not a status to pass on: a client
+    library has no meaning for it, and some refuse the response outright."""
+    port, accepted = server
+
+    async def go() -> bytes:
+        pool = UpstreamPool(timeout_s=5)
+        try:
+            with pytest.raises(UpstreamError, match="status 999"):
+                await pool.request("POST", f"http://127.0.0.1:{port}/999", content=b"", headers={})
+            r = await pool.request("POST", f"http://127.0.0.1:{port}/ok", content=b"", headers={})
+            return await r.read()
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(go()) == b"hello"
+    assert len(accepted) == 2

@@ -286,6 +286,9 @@ class UpstreamPool:
                 raise
             finally:
                 conn.deadline = None
+            if not 100 <= conn.status <= 599:  # a broken backend (502 to the client), not a status to pass on
+                conn.transport.close()
+                raise UpstreamError(f"backend answered status {conn.status}, not an HTTP status (100-599)")
             return UpstreamResponse(self, key, conn)
         raise UpstreamError("unreachable")  # pragma: no cover
 
