@@ -1,10 +1,24 @@
 """Exceptions for misuse and broken invariants only; an expected "no" is an `Outcome`, not an error.
 
 Every message names the offending field or id and its value, so that adapters can show it verbatim
-(HTTP 4xx body, CLI one-line error with exit code 2).
+(HTTP 4xx body, CLI one-line error with exit code 2). The value is shown abridged (`show_value`): a
+client that sends a megabyte-long name gets a short error, at a bounded cost.
 """
 
 from __future__ import annotations
+
+import reprlib
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 200
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdict = 20
+_REPR.maxlevel = 4
+
+
+def show_value(value: object) -> str:
+    """``repr(value)`` when short; past 200 characters per string, 20 items per container or 4 levels
+    of nesting, abridged with ``...`` (`reprlib`)."""
+    return _REPR.repr(value)
 
 
 class GpupoolError(Exception):
@@ -34,7 +48,7 @@ class InvalidInput(GpupoolError, ValueError):
         self.field = field
         self.value = value
         self.reason = reason
-        super().__init__(f"invalid {field}={value!r}: {reason}")
+        super().__init__(f"invalid {field}={show_value(value)}: {reason}")
 
 
 class DuplicateId(InvalidInput):
@@ -50,7 +64,7 @@ class UnknownId(GpupoolError, KeyError):
     def __init__(self, kind: str, value: object) -> None:
         self.kind = kind
         self.value = value
-        super().__init__(f"unknown {kind} {value!r}")
+        super().__init__(f"unknown {kind} {show_value(value)}")
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -168,3 +168,15 @@ def test_odd_field_types_are_answered_not_a_500(
     if verb == "preempt":
         for victims in body["NodeNameToMetaVictims"].values():
             assert isinstance(victims["Pods"], list) and isinstance(victims["NumPDBViolations"], int)
+
+
+def test_an_error_about_a_huge_value_stays_short(extender_http: Any) -> None:
+    """A multi-megabyte quantity string is named in the Error, abridged: the answer does not echo it."""
+    huge = "9" * 2_000_000 + "x"
+    status, body = extender_http.raw(
+        "filter", json.dumps({"Pod": _pod({"gpupool.io/vram-mib": huge}), **_N}).encode()
+    )
+    assert status == 200 and "vram-mib]='9999" in body["Error"] and "..." in body["Error"], body["Error"][
+        :300
+    ]
+    assert len(body["Error"]) < 2_000

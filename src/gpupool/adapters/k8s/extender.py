@@ -231,7 +231,10 @@ class Extender:
         for key in ("PodName", "PodNamespace", "PodUID", "Node"):
             value = args.get(key, "")
             if not isinstance(value, str) or (key != "PodUID" and not value):
-                return {"Error": str(InvalidInput(key, value, "must be a non-empty string"))}
+                why = (
+                    "must be a string" if key == "PodUID" else "must be a non-empty string"
+                )  # (a UID may be "")
+                return {"Error": str(InvalidInput(key, value, why))}
             fields[key] = value
         name, ns, uid, node = fields["PodName"], fields["PodNamespace"], fields["PodUID"], fields["Node"]
         with self._bind_locks.hold((ns, name)):
