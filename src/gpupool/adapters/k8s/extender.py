@@ -230,10 +230,8 @@ class Extender:
         fields = {}
         for key in ("PodName", "PodNamespace", "PodUID", "Node"):
             value = args.get(key, "")
-            if not isinstance(value, str) or (key != "PodUID" and not value):
-                why = (
-                    "must be a string" if key == "PodUID" else "must be a non-empty string"
-                )  # (a UID may be "")
+            if not isinstance(value, str) or (key != "PodUID" and not value):  # (a PodUID may be "")
+                why = "must be a string" if key == "PodUID" else "must be a non-empty string"
                 return {"Error": str(InvalidInput(key, value, why))}
             fields[key] = value
         name, ns, uid, node = fields["PodName"], fields["PodNamespace"], fields["PodUID"], fields["Node"]
