@@ -115,6 +115,8 @@ def list_jobs(
         rc = "" if j["returncode"] is None else f" rc={j['returncode']}"
         cmd = " ".join(j["command"])
         typer.echo(f"{j['id']}\t{j['state']}\t{j['vram_mib']} MiB\tattempts={j['attempts']}{rc}\t{cmd}")
+        if j.get("waiting"):
+            typer.echo(f"\twaiting: {j['waiting']}")
 
 
 @app.command("cancel")

@@ -227,3 +227,25 @@ def test_a_job_whose_command_cannot_start_fails_and_the_queue_goes_on(tmp_path):
     assert q.get("ok").state is JobState.DONE
     assert alloc.slice_state("gpu-0").granted.vram_mib == 0
     alloc.check_invariants()
+
+
+def test_a_queued_job_says_why_it_does_not_start(tmp_path):
+    """A job no slice can ever hold, or one waiting for room, is listed with the reason (it waited in
+    silence before); a job that starts has none."""
+    from gpupool.adapters.batch.service import BatchService
+
+    clock, _alloc, q, runner = setup(tmp_path)
+    service = BatchService(q, runner, now=clock.now)
+    q.submit(sleeper("fits", checkpointable=False, vram=6000), now=0.0)
+    q.submit(sleeper("later", checkpointable=False, vram=6000), now=0.0)
+    q.submit(sleeper("huge", checkpointable=False, vram=1_000_000), now=0.0)
+    try:
+        runner.step(clock.now())
+        jobs = {j["id"]: j for j in service.jobs()}
+        assert jobs["fits"]["state"] == "running" and jobs["fits"]["waiting"] is None
+        assert jobs["later"]["state"] == "queued" and jobs["later"]["waiting"].startswith("no_capacity")
+        huge = service.job("huge")
+        assert huge["state"] == "queued" and huge["waiting"].startswith("unresolvable: ")
+        assert "1000000" in huge["waiting"]
+    finally:
+        runner.stop_all(now=clock.now())

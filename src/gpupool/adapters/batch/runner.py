@@ -12,6 +12,9 @@ One `step(now)`:
    not executable) is FAILED with the reason and its lease released; any other start failure
    releases the lease, requeues the job and is raised;
 5. running jobs' leases are renewed.
+Why a queued job does not start is kept in memory (`waiting`: the last refusal's code and reason,
+e.g. ``unresolvable: no healthy slice ... could ever hold 1000000 MiB``), not stored: the listing
+shows it, so a job the pool cannot hold does not wait in silence; it is recomputed every step.
 The caller owns the clock (``now``) and the lease port (an `Allocator`, or the gateway's
 `LeaseController` through `ControllerLeases`, so job leases pass the same admission, the same
 durable store and the same events as every other lease); the runner never reads a clock itself.
@@ -103,6 +106,8 @@ class BatchRunner:
     lease_ttl_s: float = 60.0
     running: dict[str, _Running] = field(default_factory=dict)
     paused: dict[str, _Running] = field(default_factory=dict)
+    waiting: dict[str, str] = field(default_factory=dict)
+    """Queued job id -> why its last lease request was refused (``code: reason``); see the docstring."""
     log: list[tuple[float, str, str]] = field(default_factory=list)
     max_running: Callable[[], int | None] = _no_limit
     on_path: Callable[[str, float], None] | None = None
@@ -113,6 +118,7 @@ class BatchRunner:
         self._shrink(now)
         self._on_lost_leases(now)
         self._resume_paused(now)
+        self.waiting.clear()
         self._start_queued(now)
         for r in self.running.values():
             self.allocator.renew(r.lease_id)
@@ -239,6 +245,7 @@ class BatchRunner:
                 self._event(now, spec.id, "failed")
                 continue
             if not out.granted or out.lease is None:
+                self.waiting[spec.id] = f"{out.code.value}: {out.reason}" if out.reason else out.code.value
                 continue
             try:
                 claimed = self.queue.claim(spec.id, worker=self.worker, now=now, lease_id=out.lease.id)

@@ -15,7 +15,9 @@ from gpupool.adapters.batch.runner import BatchRunner
 from gpupool.core.tidal.jobs import BatchJobSpec, JobRecord, JobState
 
 
-def job_json(rec: JobRecord) -> dict[str, Any]:
+def job_json(rec: JobRecord, waiting: str | None = None) -> dict[str, Any]:
+    """The job as the API shows it; ``waiting``: why a queued job has not started (the runner's last
+    refusal, e.g. ``unresolvable: ...``), None when unknown or not queued."""
     s = rec.spec
     return {
         "id": s.id,
@@ -31,6 +33,7 @@ def job_json(rec: JobRecord) -> dict[str, Any]:
         "lease_id": rec.lease_id or None,
         "reason": rec.reason,
         "returncode": rec.returncode,
+        "waiting": waiting if rec.state is JobState.QUEUED else None,
     }
 
 
@@ -44,10 +47,10 @@ class BatchService:
         return job_json(self.queue.submit(spec, now=self.now()))
 
     def jobs(self, state: JobState | None = None) -> list[dict[str, Any]]:
-        return [job_json(r) for r in self.queue.jobs(state)]
+        return [job_json(r, self.runner.waiting.get(r.spec.id)) for r in self.queue.jobs(state)]
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return job_json(self.queue.get(job_id))
+        return job_json(self.queue.get(job_id), self.runner.waiting.get(job_id))
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return job_json(self.runner.cancel(job_id, now=self.now(), reason="cancelled by operator"))
