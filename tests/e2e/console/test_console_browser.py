@@ -356,3 +356,34 @@ def test_console_watermarks_form_refuses_an_empty_field(gateway: tuple[str, Any]
         page.wait_for_timeout(500)
     assert puts == []
     assert adm.get("/v1/admin/watermarks").json() == before
+
+
+def test_console_says_its_figures_are_stale_while_refreshes_fail(
+    gateway: tuple[str, Any], browser: Any
+) -> None:
+    """While ``/v1/pool`` answers errors and the event stream stays up, the page kept showing the old
+    figures with the pill saying "live"; it now says since when the figures are stale, retries, and
+    drops the notice once a refresh lands."""
+    url, _ = gateway
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{url}/?token={ADMIN}")
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    page.wait_for_selector("#live.on", timeout=10_000)
+    assert page.locator("#stale").is_hidden()
+    down = [True]
+
+    def failing(route: Any) -> None:
+        if down[0]:
+            route.fulfill(status=500, body='{"error": "boom"}', content_type="application/json")
+        else:
+            route.continue_()
+
+    page.route("**/v1/pool", failing)
+    with _client(url, BOB) as bob:
+        assert bob.post("/v1/leases", json={"priority": "P1", "vram_mib": 1024}).status_code == 201
+    wait_js(page, "() => !document.getElementById('stale').hidden", timeout_ms=10_000)
+    assert (
+        "stale since" in page.locator("#stale").inner_text() and "boom" in page.locator("#stale").inner_text()
+    )
+    down[0] = False
+    wait_js(page, "() => document.getElementById('stale').hidden", timeout_ms=10_000)

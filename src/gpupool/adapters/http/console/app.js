@@ -27,6 +27,7 @@
     stream: null,
     refreshing: false,
     again: false,
+    staleSince: null, // when the figures on screen stopped being refreshed (a refresh failed)
     timer: 0,
     pollTimer: 0,
     signInTimer: 0,
@@ -98,6 +99,7 @@
     state.stream = null;
     clearInterval(state.pollTimer);
     setLive(false, "offline");
+    setStale(null);
     showSignIn(message);
   }
 
@@ -152,9 +154,27 @@
   }
 
   // ------------------------------------------------------------------ refresh
+  const STALE_RETRY_MS = 2000;
+
   function schedule(delayMs) {
     clearTimeout(state.timer);
     state.timer = setTimeout(() => refresh(false).catch(() => {}), delayMs);
+  }
+
+  // A refresh that fails leaves the last figures on screen: say so (and since when), and try again,
+  // rather than show old numbers as current while the event stream alone still looks live.
+  function setStale(err) {
+    const el = $("stale");
+    if (!err) {
+      el.hidden = true;
+      el.textContent = "";
+      state.staleSince = null;
+      return;
+    }
+    if (!state.staleSince) state.staleSince = new Date();
+    el.hidden = false;
+    el.textContent = `stale since ${state.staleSince.toLocaleTimeString()}: ${err.message || err}`;
+    schedule(STALE_RETRY_MS);
   }
 
   async function refresh(first) {
@@ -164,10 +184,18 @@
     }
     state.refreshing = true;
     try {
-      const [pool, leases] = await Promise.all([api("GET", "/v1/pool"), api("GET", "/v1/leases")]);
+      let pool;
+      let leases;
+      try {
+        [pool, leases] = await Promise.all([api("GET", "/v1/pool"), api("GET", "/v1/leases")]);
+      } catch (e) {
+        if (!first && state.pool && state.token) setStale(e); // (the first one: sign-in handles it)
+        throw e;
+      }
       state.pool = pool;
       state.leases = leases.leases || [];
       state.shown = new Set(state.leases.map((l) => l.id));
+      setStale(null);
       render();
     } finally {
       state.refreshing = false;
