@@ -168,6 +168,9 @@ class SimulatedCluster:
                     self._resident[p.slice] = min(p.need_mib, s.vram_mib)
         self._activity: dict[str, int] = dict.fromkeys(self._resident, DEFAULT_ACTIVITY_PCT)
         self._leases: dict[str, tuple[str, int, int]] = {}
+        self._leased: dict[str, tuple[int, int]] = {}
+        """Per slice: the (VRAM MiB, compute milli) of its mirrored leases, kept with ``_leases`` so a
+        reading costs O(slices), not O(slices x leases)."""
         for st in self._gpus.values():
             st.temperature = float(self._target_temp(st, self._util(st)))
 
@@ -287,10 +290,20 @@ class SimulatedCluster:
     def grant(self, lease_id: str, slice_id: str, *, vram_mib: int, compute_milli: int = 0) -> None:
         """A lease now uses ``vram_mib`` / ``compute_milli`` of ``slice_id`` (idempotent per lease id)."""
         self._slice(slice_id)
+        self.release(lease_id)
         self._leases[lease_id] = (slice_id, int(vram_mib), int(compute_milli))
+        v, c = self._leased.get(slice_id, (0, 0))
+        self._leased[slice_id] = (v + int(vram_mib), c + int(compute_milli))
 
     def release(self, lease_id: str) -> None:
-        self._leases.pop(lease_id, None)
+        old = self._leases.pop(lease_id, None)
+        if old is not None:
+            sid, vram, compute = old
+            v, c = self._leased[sid]
+            if (v, c) == (vram, compute):
+                del self._leased[sid]
+            else:
+                self._leased[sid] = (v - vram, c - compute)
 
     def set_activity(self, slice_id: str, pct: int) -> None:
         self._slice(slice_id)
@@ -344,12 +357,12 @@ class SimulatedCluster:
 
     # --- model -----------------------------------------------------------------------------------
     def _slice_used(self, s: PlannedSlice) -> int:
-        leased = sum(v for sid, v, _ in self._leases.values() if sid == s.id)
+        leased = self._leased.get(s.id, (0, 0))[0]
         by_procs = sum(mib for _pid, mib in self._held.get(s.id, ()))
         return min(s.vram_mib, max(self._resident.get(s.id, 0), leased) + by_procs)
 
     def _slice_util(self, s: PlannedSlice) -> int:
-        leased = sum(c for sid, _, c in self._leases.values() if sid == s.id) // 10
+        leased = self._leased.get(s.id, (0, 0))[1] // 10
         return min(100, self._activity.get(s.id, 0) + leased)
 
     def _util(self, st: _GpuState) -> int:
