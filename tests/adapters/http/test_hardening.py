@@ -80,6 +80,28 @@ def test_lone_surrogate_label_is_400_naming_the_field_and_nothing_is_stored(
     assert c.leases() == []
 
 
+def test_a_key_named_twice_in_one_object_is_400_naming_it_and_nothing_is_stored(
+    gw: tuple[str, LeaseController],
+) -> None:
+    """Read as its last value before: ``{"priority": "P2", "priority": "P0"}`` was a P0 lease, while a
+    proxy or firewall in front that keeps the first value would have let a P2 request through."""
+    url, c = gw
+    with httpx.Client(base_url=url, timeout=10) as cl:
+        for body in (
+            b'{"vram_mib": 100, "priority": "P2", "priority": "P0"}',
+            b'{"vram_mib": 100, "labels": {"team": "a", "team": "b"}}',
+        ):
+            r = cl.post("/v1/leases", headers={**h(A), **JSON_CT}, content=body)
+            assert r.status_code == 400, r.text
+            assert r.json()["field"] in ("priority", "team") and "twice" in r.json()["error"], r.text
+        assert c.leases() == [] and c.store.leases() == []
+        ok = cl.post(
+            "/v1/leases", headers={**h(A), **JSON_CT}, content=b'{"vram_mib": 100, "labels": {"a": "x"}}'
+        )
+        assert ok.status_code == 201, ok.text
+    assert jsonbody.loads(b'{"a": 1, "a": 2}') == {"a": 2}  # the proxy's bodies: passed on as sent
+
+
 ROUTES = [
     ("POST", "/v1/leases"),
     ("POST", "/v1/noop"),

@@ -200,7 +200,7 @@ class _JsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             try:
-                self._json = jsonbody.loads(await self.body())
+                self._json = jsonbody.loads(await self.body(), unique_keys=True)
             except jsonbody.JsonBodyError as exc:
                 raise BadJson(exc) from None
         return self._json

@@ -81,7 +81,7 @@ def add_batch_routes(app: FastAPI, port: BatchPort) -> None:
     @app.post("/v1/batch/jobs", status_code=201)
     async def submit(request: Request, who: AdminWho) -> JSONResponse:
         try:  # the bounded decoder: too deep, a lone surrogate or bad JSON is a 400 naming it
-            body = jsonbody.loads(await request.body())
+            body = jsonbody.loads(await request.body(), unique_keys=True)
         except jsonbody.JsonBodyError as exc:
             raise BadJson(exc) from None
         try:

@@ -7,7 +7,11 @@ Invariants of a value `loads` returns:
 - every string (keys too) encodes to UTF-8: a lone surrogate escape such as ``"\\ud800"`` is
   refused, naming the field, so it can never be stored and then break every later response;
 - no ``NaN`` / ``Infinity`` / ``-Infinity`` literals (not JSON) and no integer literal longer than
-  Python's int-parsing digit limit (refused with a message instead of a ``ValueError``).
+  Python's int-parsing digit limit (refused with a message instead of a ``ValueError``);
+- with ``unique_keys`` (the gateway's own API: leases, admin, nodes, batch), no object names a key
+  twice: ``{"priority": "P2", "priority": "P0"}`` is refused, not read as its last value (a proxy or
+  firewall in front that keeps the first would see another request than the gateway). The OpenAI
+  proxy's bodies are decoded without it: they go to the backend as sent, and its parser decides.
 
 `JsonBodyError.field` is a dotted path into the body (``labels.k``, ``messages.0.content``) or
 ``body`` for the document as a whole; ``str(err)`` is one line with the problem and, for syntax
@@ -41,7 +45,21 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constants)
 """What ``json.loads(text, parse_constant=...)`` builds on every call (one decoder and scanner)."""
 
 
-def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise JsonBodyError(k, "key appears twice in one object (JSON names must be unique)")
+            seen.add(k)
+    return out
+
+
+_UNIQUE_DECODER = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_unique)
+
+
+def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH, unique_keys: bool = False) -> Any:
     """Decode ``data`` (UTF-8 bytes or text) as one JSON document under the invariants above."""
     if isinstance(data, bytes | bytearray):
         try:
@@ -53,7 +71,7 @@ def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     if not text or text.isspace():
         raise JsonBodyError("body", "empty body: expected a JSON document")
     try:
-        value = _DECODER.decode(text)
+        value = (_UNIQUE_DECODER if unique_keys else _DECODER).decode(text)
     except JsonBodyError:
         raise
     except json.JSONDecodeError as exc:
