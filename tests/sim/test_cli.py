@@ -47,6 +47,21 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path) -> None:
         ),
         (["sim", "fgd", "--pods", str(GOLDEN / "pods.csv"), "--nodes", str(no_gpu)], "no node has a GPU"),
     ]
+    huge = "9" * 25  # past a 64-bit integer: a clear error, not numpy's OverflowError
+    huge_pod = tmp_path / "huge_pod.csv"
+    huge_pod.write_text(f"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,{huge},1,1,500\n")
+    huge_node = tmp_path / "huge_node.csv"
+    huge_node.write_text(f"sn,cpu_milli,memory_mib,gpu,model\nn0,64000,{huge},2,T4\n")
+    cases += [
+        (
+            ["sim", "fgd", "--pods", str(huge_pod), "--nodes", str(GOLDEN / "nodes.csv")],
+            f"column cpu_milli={huge} out of range",
+        ),
+        (
+            ["sim", "fgd", "--pods", str(GOLDEN / "pods.csv"), "--nodes", str(huge_node)],
+            f"column memory_mib={huge} out of range",
+        ),
+    ]
     for args, msg in cases:
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 2, (args, result.output)

@@ -168,8 +168,10 @@ def build(
 
         with contextlib.suppress(InvalidInput, TypeError, ValueError):
             controller.set_watermarks(WatermarkConfig(**json.loads(saved)))
+    from gpupool.adapters.http.node_slices import recover_pool  # agents' slices first, then leases
+
     try:
-        report = controller.recover()
+        report = recover_pool(controller)
     except (OSError, sqlite3.Error) as exc:
         raise UserError(f"cannot recover the leases of {url}: {exc}") from None
     say(f"gpupool: recovered {report.restored} leases ({report.expired} expired, {report.revoked} revoked)")
@@ -198,15 +200,10 @@ def build(
         from gpupool.adapters.simulated import SimulatedCluster
 
         sim = SimulatedCluster(cspec, p, seed=0, clock=time.monotonic)
-        gw.hub.extra.append(_mirror_into(sim))
+        mirror = _mirror_into(sim)  # (skips a slice the simulated cluster lacks: an agent's)
+        gw.hub.extra.append(mirror)
         for lease in controller.leases():
-            for g in lease.grants:
-                sim.grant(
-                    lease.id,
-                    g.slice_id,
-                    vram_mib=g.resources.vram_mib,
-                    compute_milli=g.resources.compute_milli,
-                )
+            mirror(GatewayEvent(kind="granted", at=lease.granted_at, lease=lease))
     return Bundle(controller, app, tokens, new_admin, sim, p, wset)
 
 

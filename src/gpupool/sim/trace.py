@@ -5,7 +5,8 @@ Role: turn the node list (``sn,cpu_milli,memory_mib,gpu,model``) and a pod list
 the FGD experiment uses are read; time columns, ``qos`` and ``pod_phase`` are ignored.
 
 Invariants (a row that breaks one raises `TraceFormatError` naming file, line, column and value):
-- integers are non-negative; a node has 0..`MAX_GPUS_PER_NODE` GPUs and a GPU node names its model;
+- integers are non-negative (CPU and memory at most `MAX_QUANTITY`); a node has
+  0..`MAX_GPUS_PER_NODE` GPUs and a GPU node names its model;
 - a pod with ``num_gpu == 0`` asks for ``gpu_milli == 0``; with ``num_gpu == 1`` for 1..1000;
   with ``num_gpu > 1`` for exactly 1000 (multi-GPU tasks take whole cards);
 - ``gpu_spec`` is a ``|``-separated set of allowed models; empty means any model. Repeated names
@@ -22,6 +23,9 @@ from pathlib import Path
 
 MILLI_PER_GPU = 1000
 MAX_GPUS_PER_NODE = 8
+MAX_QUANTITY = 2**40
+"""Largest CPU (milli) or memory (MiB) of a node or pod: far beyond any machine, and small enough
+that the simulator's int64 arrays hold every sum and difference of them."""
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -120,8 +124,8 @@ def load_nodes(path: str | Path) -> tuple[NodeSpec, ...]:
     out = []
     for lineno, row in _rows(p, NODE_COLUMNS):
         name = _name(p, lineno, row, "sn", seen)
-        cpu = _int(p, lineno, row, "cpu_milli")
-        mem = _int(p, lineno, row, "memory_mib")
+        cpu = _int(p, lineno, row, "cpu_milli", hi=MAX_QUANTITY)
+        mem = _int(p, lineno, row, "memory_mib", hi=MAX_QUANTITY)
         gpus = _int(p, lineno, row, "gpu", hi=MAX_GPUS_PER_NODE)
         model = (row.get("model") or "").strip()
         if gpus > 0 and not model:
@@ -139,8 +143,8 @@ def load_pods(path: str | Path) -> tuple[PodSpec, ...]:
     out = []
     for lineno, row in _rows(p, POD_COLUMNS):
         name = _name(p, lineno, row, "name", seen)
-        cpu = _int(p, lineno, row, "cpu_milli")
-        mem = _int(p, lineno, row, "memory_mib")
+        cpu = _int(p, lineno, row, "cpu_milli", hi=MAX_QUANTITY)
+        mem = _int(p, lineno, row, "memory_mib", hi=MAX_QUANTITY)
         num = _int(p, lineno, row, "num_gpu", hi=MAX_GPUS_PER_NODE)
         milli = _int(p, lineno, row, "gpu_milli", hi=MILLI_PER_GPU)
         if num == 0 and milli != 0:

@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
+import pytest
 
 from gpupool.adapters.backends.tokenizer import EmulatedTokenizer
 from gpupool.cli.emulate import build_backend_app
@@ -68,3 +70,25 @@ def test_streamed_n_choices_each_have_role_and_finish_reason() -> None:
     assert roles == {0, 1} and finals == {0: "length", 1: "length"}
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 6
     assert all(e["usage"] is None for e in events[:-1])
+
+
+def _running_requests(cl: httpx.Client) -> float:
+    line = next(x for x in cl.get("/metrics").text.splitlines() if x.startswith("vllm:num_requests_running"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_a_client_that_hangs_up_before_a_whole_answer_is_aborted_like_vllm() -> None:
+    # (vLLM cancels a non-streamed request whose client disconnected; it must not keep generating,
+    # holding KV blocks and a running slot, for nobody)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 30000}
+    app = build_backend_app(MODEL, kv_budget_mib=1024, speed=0.05)
+    with running(app, plain=True) as url, httpx.Client(base_url=url, timeout=20) as cl:
+        for _ in range(3):
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(url + "/v1/chat/completions", json=body, timeout=0.5)
+        deadline = time.monotonic() + 15  # the answers themselves would take minutes
+        while _running_requests(cl) > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _running_requests(cl) == 0
+        done = cl.post("/v1/chat/completions", json={**body, "max_tokens": 2})  # and it still serves
+        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 2

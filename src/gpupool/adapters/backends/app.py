@@ -19,6 +19,8 @@ before the stop string, ``finish_reason: stop``), ``finish_reason: length`` at `
 16), streaming with ``delta.role`` on the first chunk, ``finish_reason`` on each choice's last content
 chunk and, with ``stream_options.include_usage``, a final ``choices: []`` usage chunk; embeddings as
 floats or ``encoding_format: base64`` (little-endian float32), ``dimensions`` <= the model's width.
+A request whose client hangs up is aborted, streamed or not (vLLM cancels it too): its sequences
+leave the engine and free their KV blocks.
 Prefix caching: a prompt's token ids are hashed per 512-token chunk (`kvcache.chunk_keys`), so text
 whose chunks agree hits the same cached blocks; an explicit ``kv_hash_ids`` list of integers (one per
 512-token chunk, a Mooncake trace's ``hash_ids``) replaces the hashing. Metrics add vLLM's
@@ -215,7 +217,7 @@ def create_backend_app(
             )
         return chunk_keys_of_ids(ids, tokens // engine.prefix_block_tokens)
 
-    async def generate(body: dict[str, Any], *, chat: bool) -> Response:
+    async def generate(body: dict[str, Any], request: Request, *, chat: bool) -> Response:
         if chat:
             msgs = body.get("messages")
             if msgs is None:
@@ -327,13 +329,23 @@ def create_backend_app(
                         engine.abort(s)
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        try:
+
+        async def collect() -> None:
             for i, s in enumerate(seqs):
                 while reasons[i] is None:
                     step(i, await s.out.get())
+
+        work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_disconnected(request))
+        try:  # like vLLM, a client that hangs up cancels its request (no tokens for nobody)
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            work.cancel()
+            gone.cancel()
             for s in seqs:
                 engine.abort(s)
+        if not work.done() or work.cancelled():
+            return Response(status_code=499)  # (nobody reads it: the client is gone)
+        work.result()  # (raises what the generation raised)
         choices = [
             (
                 {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": reasons[i]}
@@ -375,11 +387,11 @@ def create_backend_app(
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await generate(await parse(request, "generate"), chat=False)
+        return await generate(await parse(request, "generate"), request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await generate(await parse(request, "generate"), chat=True)
+        return await generate(await parse(request, "generate"), request, chat=True)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:
@@ -501,6 +513,12 @@ def create_backend_app(
         return JSONResponse({"is_paused": engine.paused})
 
     return app
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client of ``request`` (whose body was read) has hung up."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _choice(chat: bool, i: int, piece: str, reason: str | None) -> dict[str, Any]:

@@ -60,6 +60,7 @@ from gpupool.adapters.http.docs import install_docs
 from gpupool.adapters.http.errors import BadJson, err
 from gpupool.adapters.http.errors import HttpError as _HttpError
 from gpupool.adapters.http.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, BodyLimit
+from gpupool.adapters.http.node_slices import remember, to_slices
 from gpupool.adapters.http.runtime import EventHub, GroupCommitter, StoreUnavailable
 from gpupool.adapters.http.views import (
     STATUS,
@@ -78,7 +79,7 @@ from gpupool.core.outcome import OutcomeCode
 from gpupool.core.poolview import pool_view
 from gpupool.core.priority import parse_priority
 from gpupool.core.watermarks import Reading, WatermarkConfig
-from gpupool.hardware.slices import Slice, SliceKind
+from gpupool.hardware.slices import SliceKind
 from gpupool.hardware.units import Resources
 
 
@@ -487,28 +488,11 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
 
     @app.put("/v1/nodes/{node}/slices", responses=_resp(*ADMIN_BODY, _200=s.NodeSlicesOut))
     async def node_slices(node: str, body: s.NodeSlicesIn, who: AdminWho) -> JSONResponse:
-        try:
-            slices = [
-                Slice(
-                    id=x.id,
-                    node=node,
-                    gpu_id=x.gpu_id,
-                    kind=SliceKind(x.kind),
-                    capacity=Resources(x.vram_mib, x.compute_milli),
-                    healthy=x.healthy,
-                    gpu_index=x.index,
-                    gpu_model=x.model,
-                    profile=x.profile,
-                    uuid=x.uuid,
-                )
-                for x in body.slices
-            ]
-        except ValueError as exc:
-            raise InvalidInput("slices", node, str(exc)) from None
-        report = c.sync_node(node, slices)
+        report = c.sync_node(node, to_slices(node, body.slices))
+        remember(gw, node, body.slices)  # kept in the store: a restart recovers leases on them
         gw.committer.kick()
         await gw.committer.durable()
-        return FastJSONResponse({"node": node, "slices": len(slices), **report})
+        return FastJSONResponse({"node": node, "slices": len(body.slices), **report})
 
     @app.post("/v1/admin/gpus/{gpu_id:path}/drain", responses=_resp(*ADMIN_BODY, 404, _200=s.DrainOut))
     async def drain(gpu_id: str, body: s.DrainIn, who: AdminWho) -> JSONResponse:

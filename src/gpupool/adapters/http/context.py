@@ -95,6 +95,9 @@ class Gateway:
     replicas and a new leader read the same."""
     device_states_saved: bool = True
     """False when the last write of `device_states` to the store failed (the next report retries)."""
+    node_slices: dict[str, list[Any]] | None = None
+    """node -> its published slice list as last written to the store (`gpupool.adapters.http.node_slices`);
+    None until read, or after a failed write."""
     agent_listeners: list[Callable[[str, list[Any]], None]] = field(default_factory=list)
     """Called with (node, events) for every ``POST /v1/nodes/{node}/events`` (the events as parsed:
     ``kind``, ``lease_id``, ``reason``, ``latency_ms`` ...): the tidal plane's engine reports."""
