@@ -102,6 +102,29 @@ def test_a_key_named_twice_in_one_object_is_400_naming_it_and_nothing_is_stored(
     assert jsonbody.loads(b'{"a": 1, "a": 2}') == {"a": 2}  # the proxy's bodies: passed on as sent
 
 
+@pytest.mark.parametrize(
+    "label",
+    ["gpupool.io/pgid", "gpupool.io/pids", "gpupool.io/pauser", "gpupool.io/endpoint", "gpupool.io/pod",
+     "gpupool.io/cgroup", "gpupool.io/anything-else"],
+)  # fmt: skip
+def test_labels_that_direct_node_agents_are_for_admins_only(
+    gw: tuple[str, LeaseController], label: str
+) -> None:
+    """``gpupool.io/`` labels tell the node agents which processes to stop or kill, which endpoint to
+    call and which pod to evict when the lease ends: a tenant could name another tenant's (or any)
+    process group there, and the agent, running as root, signalled it. A tenant now gets 403 naming
+    the label, nothing stored; an admin (the platform's job launcher) may set them."""
+    url, c = gw
+    body = {"vram_mib": 100, "priority": "P2", "labels": {label: "1", "team": "a"}}
+    with httpx.Client(base_url=url, timeout=10) as cl:
+        r = cl.post("/v1/leases", headers=h(A), json=body)
+        assert r.status_code == 403, r.text
+        assert r.json()["field"] == f"labels.{label}" and "admin" in r.json()["error"], r.text
+        assert c.leases() == [] and c.store.leases() == []
+        assert cl.post("/v1/leases", headers=h(A), json={**body, "labels": {"team": "a"}}).status_code == 201
+        assert cl.post("/v1/leases", headers=h(ADMIN), json=body).status_code == 201
+
+
 ROUTES = [
     ("POST", "/v1/leases"),
     ("POST", "/v1/noop"),

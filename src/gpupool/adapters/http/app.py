@@ -222,7 +222,24 @@ class _Route(APIRoute):
 
 
 # ---------------------------------------------------------------------- building a core request
+AGENT_LABEL_PREFIX = "gpupool.io/"
+"""Labels that direct the node agents when a lease ends or its GPU runs hot (``gpupool.io/pgid``,
+``pids``, ``cgroup``: whom to stop or kill; ``endpoint``: what to call; ``pod``: what to evict; see
+`gpupool.agent.workloads`). The agent runs as root and trusts them, so only role ``admin`` (the
+platform's job launcher) may set them: a tenant could otherwise name any process on a node."""
+
+
 def build_request(gw: Gateway, body: s.LeaseIn, who: Principal) -> CoreRequest:
+    if not who.is_admin:
+        reserved = sorted(k for k in body.labels if k.startswith(AGENT_LABEL_PREFIX))
+        if reserved:
+            raise _HttpError(
+                403,
+                f"label {reserved[0]!r} needs role admin: {AGENT_LABEL_PREFIX} labels tell node agents which"
+                " processes to signal, which endpoint to call and which pod to evict",
+                "forbidden",
+                field=f"labels.{reserved[0]}",
+            )
     prio = parse_priority(body.priority)
     vram = body.vram_mib
     model = body.model or ""
