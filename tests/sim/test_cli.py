@@ -74,3 +74,21 @@ def test_text_output() -> None:
     result = CliRunner().invoke(app, [*args, "--policy", "bestfit"])
     assert result.exit_code == 0
     assert "unallocated GPU at 100% arrived" in result.stdout
+
+
+HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
+    "scheduled_time\n"
+)
+
+
+def test_a_value_no_arrival_lands_near_is_said_not_printed_as_none(tmp_path: Path) -> None:
+    """10 GPUs, 8-GPU pods: no arrival lands within 1 point of 100 % (the top-up stops at 80 %); the
+    text said ``None%``, it now says why there is no value (``--json`` keeps null)."""
+    nodes = tmp_path / "n.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\nn1,96000,262144,8,V100M16\n")
+    pods = tmp_path / "p.csv"
+    pods.write_text(HEADER + "p0,1000,1024,8,1000,,LS,Running,0,10,0\n")
+    result = CliRunner().invoke(app, ["sim", "fgd", "--pods", str(pods), "--nodes", str(nodes)])
+    assert result.exit_code == 0 and "None" not in result.stdout, result.stdout
+    assert "n/a (no arrival lands within 1 point" in result.stdout

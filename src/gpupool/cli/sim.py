@@ -157,8 +157,12 @@ def fgd(
         typer.echo(json.dumps(out, sort_keys=False))
         return
     typer.echo(f"{out['workload']} / {out['policy']} / seeds {out['seeds']}")
-    typer.echo(f"  unallocated GPU at 100% arrived (median): {out['unallocated_gpu_pct_at_100']}%")
-    typer.echo(f"  fragmentation rate at 90% arrived (median): {out['frag_rate_pct_at_90']}%")
+    never = "n/a (no arrival lands within 1 point of it: the pods are large against this cluster)"
+    for label, key in (
+        ("unallocated GPU at 100% arrived (median)", "unallocated_gpu_pct_at_100"),
+        ("fragmentation rate at 90% arrived (median)", "frag_rate_pct_at_90"),
+    ):
+        typer.echo(f"  {label}: {never if out[key] is None else f'{out[key]}%'}")
     if timings:
         typer.echo(f"  run time per seed (s): {out['run_s']}")
 
