@@ -151,7 +151,9 @@ def test_cli_writes_reproducible_files_and_rejects_bad_names(tmp_path: Path) -> 
     )
     for args, msg in (
         (["--variants", "share60,bogus"], "invalid variant='bogus'"),
-        (["--variants", "share60,share60"], "listed twice"),
+        (["--variants", "share60,share60"], "'share60' is the same variant as 'share60'"),
+        (["--variants", "cpu050,cpu50"], "'cpu50' is the same variant as 'cpu050'"),
+        (["--variants", "cpu0-share20,share20-cpu0"], "is the same variant as"),
         (["--seed", "-1"], "invalid --seed=-1: must be in [0, 4294967295]"),
     ):
         r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "c"), *args])

@@ -111,10 +111,13 @@ def _variant_names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise UserError(f"invalid --variants={text!r}: no variant given")
+    seen: dict[tuple[int | None, ...], str] = {}
     for n in names:
-        parse_variant(n)  # InvalidInput names the variant and the bad token
-    if len(set(names)) != len(names):
-        raise UserError(f"invalid --variants={text!r}: a variant is listed twice")
+        v = parse_variant(n)  # InvalidInput names the variant and the bad token
+        knobs = (v.cpu_pct, v.share_pct, v.multi_pct, v.spec_pct)  # cpu050 is cpu50; order is free
+        if knobs in seen:
+            raise UserError(f"invalid --variants={text!r}: {n!r} is the same variant as {seen[knobs]!r}")
+        seen[knobs] = n
     return names
 
 
