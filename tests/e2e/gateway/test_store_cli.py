@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.adapters.store.damage import a_store, bad_json_row, overwrite, truncate
+from tests.e2e.gateway.test_store_faults import tiny_tmpfs
 
 
 def gpupool(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -174,3 +175,19 @@ def test_a_sqlite_file_of_another_schema_is_a_file_problem_that_repair_sets_asid
     assert r.returncode == 0 and "moved to" in r.stdout
     r = gpupool("store", "check", "--data-dir", str(tmp_path))
     assert r.returncode == 0 and r.stdout.strip() == f"{path}: ok"
+
+
+def test_check_reads_a_store_on_a_read_only_filesystem(tmp_path: Path) -> None:
+    """A clean store on read-only media (no ``-shm`` can be made there) is clean, not "unreadable";
+    a bad row on it is found."""
+    with tiny_tmpfs(tmp_path / "fs") as fs:
+        path = fs / "leases.db"
+        a_store(path)
+        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+        r = gpupool("store", "check", "--data-dir", str(fs))
+        assert r.returncode == 0 and r.stdout.strip() == f"{path}: ok", r.stdout + r.stderr
+        subprocess.run(["mount", "-o", "remount,rw", str(fs)], check=True)
+        bad_json_row(path, "lease-007")
+        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+        r = gpupool("store", "check", "--data-dir", str(fs))
+        assert r.returncode == 1 and "row id='lease-007'" in r.stdout and "file:" not in r.stdout, r.stdout

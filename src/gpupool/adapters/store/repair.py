@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import sqlite3
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,9 +80,28 @@ def _connect(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(str(path), isolation_level=None)
 
 
-def check(path: Path) -> list[Problem]:
-    """Every problem found in the store file at ``path`` (empty: clean). Reads only."""
+def _reader(path: Path) -> sqlite3.Connection:
+    """A connection for reading ``path``. On read-only media SQLite cannot create the ``-shm`` file a
+    WAL database needs and cannot open it at all; with no ``-wal`` left (a store closed cleanly has
+    none) the file alone is the whole database, read then as immutable."""
     db = _connect(path)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as exc:
+        wal = path.with_name(path.name + "-wal")
+        gone = not wal.exists() or wal.stat().st_size == 0
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_CANTOPEN" and gone:
+            db.close()
+            return sqlite3.connect(f"file:{urllib.parse.quote(str(path.resolve()))}?immutable=1", uri=True)
+    except sqlite3.DatabaseError:
+        pass  # (damage: `check` names it)
+    return db
+
+
+def check(path: Path) -> list[Problem]:
+    """Every problem found in the store file at ``path`` (empty: clean). Reads only; a store on
+    read-only media is read too."""
+    db = _reader(path)
     try:
         try:
             found = [r[0] for r in db.execute("PRAGMA integrity_check").fetchall()]
