@@ -59,16 +59,28 @@ def check(data_dir: Path = _DATA_DIR, db: Path | None = _DB) -> None:
 @user_errors
 def repair(data_dir: Path = _DATA_DIR, db: Path | None = _DB) -> None:
     """Quarantine bad rows (or set a damaged file aside, salvaging what can be read); say what moved."""
+    import sqlite3
+
     from gpupool.adapters.store import owner
+    from gpupool.adapters.store.repair import check as check_store
     from gpupool.adapters.store.repair import repair as repair_store
 
     path = _path(data_dir, db)
+    if not check_store(path):  # (reads only: a clean store on read-only media is not an error)
+        typer.echo(f"{path}: nothing to repair")
+        return
     try:  # a gateway running on the store would keep writing to the file repair sets aside
         owner.claim(path)
-    except (OSError, owner.StoreInUse) as exc:
+    except owner.StoreInUse as exc:
         raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"cannot repair {path}: {exc.strerror or exc}; nothing was changed") from None
     try:
-        for line in repair_store(path).lines(path):
-            typer.echo(line)
+        report = repair_store(path)
+    except (OSError, sqlite3.Error) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UserError(f"cannot repair {path}: {why}; nothing was changed") from None
     finally:
         owner.release(path)
+    for line in report.lines(path):
+        typer.echo(line)

@@ -6,7 +6,9 @@ line while a gateway runs there, and leave its store and its leases as they were
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sqlite3
 from pathlib import Path
 
 import httpx
@@ -27,6 +29,10 @@ def test_a_second_process_on_a_served_store_is_refused_and_changes_nothing(tmp_p
             kept = cl.post("/v1/leases", json={**LEASE, "ttl_s": 600})
             assert kept.status_code == 201, kept.text
             store = data / "leases.db"
+            ended = cl.post("/v1/leases", json=LEASE).json()["id"]
+            assert cl.delete(f"/v1/leases/{ended}").status_code == 200
+            with contextlib.closing(sqlite3.connect(store)) as db, db:  # damage repair would quarantine
+                db.execute("UPDATE leases SET body='{not json' WHERE id=?", (ended,))
             for args in (
                 ("serve", "--port", str(free_port()), "--auth-file", str(auth)),
                 ("run", "--port", str(free_port()), "--no-traffic", "--no-agents", "--no-kubernetes"),
@@ -46,7 +52,9 @@ def test_a_second_process_on_a_served_store_is_refused_and_changes_nothing(tmp_p
     finally:
         first.kill()
         first.wait(10)
-    assert gpupool("store", "check", "--data-dir", str(data)).returncode == 0
+    assert gpupool("store", "check", "--data-dir", str(data)).returncode == 1
+    r = gpupool("store", "repair", "--data-dir", str(data))  # the gateway is gone: now it may
+    assert r.returncode == 0 and f"quarantined table leases, row id={ended!r}" in r.stdout, r.stderr
 
 
 def test_store_check_reads_a_served_store(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
@@ -64,8 +65,9 @@ def claim(store: Path) -> None:
             holder = _holder(fd)
             os.close(fd)
             raise StoreInUse(Path(store), holder) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with contextlib.suppress(OSError):  # (the pid is for messages: a full disk still locks)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         _held[path] = (fd, 1)
 
 

@@ -13,8 +13,9 @@ start: damage is quarantined, never silently dropped.
   file damage renames the file (with its ``-wal``/``-shm``) to ``NAME.damaged-STAMP`` (``-2``,
   ``-3``, ... after it when a copy of the same second exists: no damaged copy is overwritten), creates a
   fresh store in its place and copies into it every lease row and meta entry that can still be
-  read (bad ones into ``quarantine``). Either way the report says what moved where; a second
-  `check` is clean.
+  read (bad ones into ``quarantine``); if that fails (a full disk) the damaged file is put back and
+  the error raised. Either way the report says what moved where; a second `check` is clean. A clean
+  store is not written at all.
 """
 
 from __future__ import annotations
@@ -187,6 +188,8 @@ def _row_problems(db: sqlite3.Connection) -> Iterator[Problem]:
 def repair(path: Path) -> RepairReport:
     """Quarantine what `check` finds (see the module docstring); return what moved where."""
     problems = check(path)
+    if not problems:
+        return RepairReport()  # (no write at all: read-only media holding a clean store is fine)
     if any(p.where == "file" for p in problems):
         return _salvage(path)
     rows = [p for p in problems if p.rowid is not None]
@@ -237,13 +240,41 @@ def _free_name(path: Path, stem: str) -> Path:
         n += 1
 
 
+_SIDES = ("", "-wal", "-shm")
+
+
+def _move(src: Path, dst: Path, suffixes: tuple[str, ...] = _SIDES) -> tuple[str, ...]:
+    """Rename the store ``src`` with its ``-wal``/``-shm`` (those of ``suffixes`` that exist) to
+    ``dst``; the suffixes moved."""
+    moved = []
+    for suffix in suffixes:
+        side = src.with_name(src.name + suffix)
+        if side.exists() or side.is_symlink():
+            side.rename(dst.with_name(dst.name + suffix))
+            moved.append(suffix)
+    return tuple(moved)
+
+
 def _salvage(path: Path) -> RepairReport:
+    """Set the damaged file aside and build a new store from what it still holds. If that fails
+    (a full disk, read-only media) the partial new store is removed and the damaged file put back:
+    the error propagates with the files as they were, never a data dir without its store."""
     copy = _free_name(path, f"{path.name}.damaged-{_stamp()}")
-    path.rename(copy)
-    for suffix in ("-wal", "-shm"):
-        side = path.with_name(path.name + suffix)
-        if side.exists():
-            side.rename(copy.with_name(copy.name + suffix))
+    moved = _move(path, copy)
+    try:
+        return _rebuild(path, copy)
+    except BaseException:
+        for suffix in _SIDES:  # the partial new store, and what reading the copy left beside it
+            with contextlib.suppress(FileNotFoundError):
+                path.with_name(path.name + suffix).unlink()
+            if suffix not in moved:
+                with contextlib.suppress(FileNotFoundError):
+                    copy.with_name(copy.name + suffix).unlink()
+        _move(copy, path, moved)
+        raise
+
+
+def _rebuild(path: Path, copy: Path) -> RepairReport:
     leases, meta = _readable(copy)
     report = RepairReport(damaged_copy=copy)
     store = SqliteLeaseStore(path)
