@@ -33,7 +33,7 @@ from typing import Any
 import typer
 
 from gpupool.cli.console import say
-from gpupool.cli.errors import check_listen, check_port, check_range, ensure_dir, user_errors
+from gpupool.cli.errors import UserError, check_listen, check_port, check_range, ensure_dir, user_errors
 from gpupool.cli.serve import (
     DEFAULT_CLUSTER,
     DEFAULT_WORKLOADS,
@@ -286,6 +286,12 @@ def run(  # noqa: PLR0917 (typer options)
 
         kube_opts = serve_k8s.KubeOptions(host=host, port=extender_port, no_kube=True)
         kube = serve_k8s.check(kube_opts)
+    from gpupool.adapters.store import owner
+
+    try:  # held for the process's life: a gateway still running on this data dir keeps its store
+        owner.claim(data_dir / "leases.db")
+    except (OSError, owner.StoreInUse) as exc:
+        raise UserError(f"invalid --data-dir={str(data_dir)!r}: {exc}") from None
     if not keep_state:  # only once every option is known good: bad input leaves the last run's state
         removed = reset_state(data_dir)
         if removed:

@@ -3,7 +3,8 @@
 ``check`` prints one line per problem (file damage, a row whose body does not decode or disagrees
 with its columns, a bad schema version) and exits 1 if there is any, 0 if the store is clean.
 ``repair`` quarantines what ``check`` finds (see `gpupool.adapters.store.repair`) and prints what it
-moved where. Run either with the gateway stopped. Bad arguments (no store there) exit 2.
+moved where. Run ``repair`` with the gateway stopped: while a process holds the store
+(`gpupool.adapters.store.owner`) it is refused, exit 2. Bad arguments (no store there) exit 2.
 """
 
 from __future__ import annotations
@@ -58,8 +59,28 @@ def check(data_dir: Path = _DATA_DIR, db: Path | None = _DB) -> None:
 @user_errors
 def repair(data_dir: Path = _DATA_DIR, db: Path | None = _DB) -> None:
     """Quarantine bad rows (or set a damaged file aside, salvaging what can be read); say what moved."""
+    import sqlite3
+
+    from gpupool.adapters.store import owner
+    from gpupool.adapters.store.repair import check as check_store
     from gpupool.adapters.store.repair import repair as repair_store
 
     path = _path(data_dir, db)
-    for line in repair_store(path).lines(path):
+    if not check_store(path):  # (reads only: a clean store on read-only media is not an error)
+        typer.echo(f"{path}: nothing to repair")
+        return
+    try:  # a gateway running on the store would keep writing to the file repair sets aside
+        owner.claim(path)
+    except owner.StoreInUse as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"cannot repair {path}: {exc.strerror or exc}; nothing was changed") from None
+    try:
+        report = repair_store(path)
+    except (OSError, sqlite3.Error) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UserError(f"cannot repair {path}: {why}; nothing was changed") from None
+    finally:
+        owner.release(path)
+    for line in report.lines(path):
         typer.echo(line)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpupool.adapters.batch.queue import BatchJobQueue
@@ -95,3 +97,9 @@ def test_a_full_disk_refuses_writes_as_store_refused_and_changes_nothing(tmp_pat
         q.transition("a", JobState.CANCELLED, now=3.0, reason=big)
     assert [(r.spec.id, r.state) for r in q.jobs()] == [("a", JobState.QUEUED)]
     assert q.claim("a", worker="w", now=4.0, lease_id="L1") is not None  # a write that fits still goes
+
+
+def test_a_queue_that_cannot_be_opened_is_store_refused_naming_the_file(tmp_path):
+    (tmp_path / "batch.db").mkdir()
+    with pytest.raises(StoreRefused, match=re.escape(f"batch queue: open {tmp_path / 'batch.db'}: ")):
+        BatchJobQueue(tmp_path / "batch.db")

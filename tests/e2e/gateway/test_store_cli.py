@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.adapters.store.damage import a_store, bad_json_row, overwrite, truncate
+from tests.e2e.gateway.test_store_faults import fill, tiny_tmpfs
 
 
 def gpupool(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -174,3 +175,62 @@ def test_a_sqlite_file_of_another_schema_is_a_file_problem_that_repair_sets_asid
     assert r.returncode == 0 and "moved to" in r.stdout
     r = gpupool("store", "check", "--data-dir", str(tmp_path))
     assert r.returncode == 0 and r.stdout.strip() == f"{path}: ok"
+
+
+def test_check_reads_a_store_on_a_read_only_filesystem(tmp_path: Path) -> None:
+    """A clean store on read-only media (no ``-shm`` can be made there) is clean, not "unreadable";
+    a bad row on it is found."""
+    with tiny_tmpfs(tmp_path / "fs") as fs:
+        path = fs / "leases.db"
+        a_store(path)
+        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+        r = gpupool("store", "check", "--data-dir", str(fs))
+        assert r.returncode == 0 and r.stdout.strip() == f"{path}: ok", r.stdout + r.stderr
+        subprocess.run(["mount", "-o", "remount,rw", str(fs)], check=True)
+        bad_json_row(path, "lease-007")
+        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+        r = gpupool("store", "check", "--data-dir", str(fs))
+        assert r.returncode == 1 and "row id='lease-007'" in r.stdout and "file:" not in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("damage", ["clean", "bad row", "truncated"])
+def test_repair_on_read_only_media_is_one_line_and_changes_nothing(tmp_path: Path, damage: str) -> None:
+    """A store on read-only media: a clean one has nothing to repair (no write is tried), a damaged
+    one cannot be repaired there, said in one line naming the file, not a traceback."""
+    with tiny_tmpfs(tmp_path / "fs") as fs:
+        path = fs / "leases.db"
+        a_store(path)
+        if damage == "bad row":
+            bad_json_row(path, "lease-003")
+        elif damage == "truncated":
+            truncate(path)
+        before = sorted(p.name for p in fs.iterdir())
+        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+        r = gpupool("store", "repair", "--data-dir", str(fs))
+        if damage == "clean":
+            assert r.returncode == 0 and r.stdout.strip() == f"{path}: nothing to repair", r.stdout + r.stderr
+        else:
+            line = one_line(r)
+            assert r.returncode == 2 and f"cannot repair {path}: " in line, line
+            assert "read-only" in line.lower() and "nothing was changed" in line, line
+        assert sorted(p.name for p in fs.iterdir()) == before
+
+
+def test_repair_of_a_damaged_file_on_a_full_disk_puts_it_back(tmp_path: Path) -> None:
+    """The damaged file is set aside, the new store cannot be written: the damaged file is back in
+    its place (a data dir without its store would start a gateway on an empty one), one line."""
+    with tiny_tmpfs(tmp_path / "fs", size="2m") as fs:
+        path = fs / "leases.db"
+        a_store(path, n=300)
+        truncate(path)
+        before = path.read_bytes()
+        filler = fill(fs)
+        r = gpupool("store", "repair", "--data-dir", str(fs))
+        line = one_line(r)
+        assert r.returncode == 2 and f"cannot repair {path}: " in line and "full" in line, line
+        filler.unlink()
+        assert path.read_bytes() == before  # (beside it at most SQLite's own -wal/-shm and the lock)
+        sides = {"leases.db", "leases.db-wal", "leases.db-shm", "leases.db.lock"}
+        assert {p.name for p in fs.iterdir()} <= sides
+        r = gpupool("store", "repair", "--data-dir", str(fs))
+        assert r.returncode == 0 and "moved to" in r.stdout, r.stdout + r.stderr

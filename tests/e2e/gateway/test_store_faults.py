@@ -183,3 +183,43 @@ def test_real_serve_on_a_full_tmpfs(tmp_path: Path) -> None:
         finally:
             p.kill()
             p.wait(10)
+
+
+@pytest.mark.slow
+def test_real_serve_restarted_on_a_full_tmpfs_says_so_in_one_line(tmp_path: Path) -> None:
+    """A gateway stopped and started again on a filesystem that filled up meanwhile: one line naming
+    the file it could not open (exit 2), never a traceback; with space back it starts with its lease."""
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(f"tokens:\n  - {{token: {A}, tenant: a, role: tenant}}\n")
+    with tiny_tmpfs(tmp_path / "fs") as fs:
+        data = fs / "data"
+        port = free_port()
+        p = _serve(data, auth, port)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=h(A), timeout=10) as cl:
+                kept = cl.post("/v1/leases", json={**LEASE, "ttl_s": 600})
+                assert kept.status_code == 201, kept.text
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.wait(30)
+        filler = fill(fs)
+        cmd = [sys.executable, "-m", "gpupool.cli.main", "serve", "--port", str(port)]
+        r = subprocess.run(
+            [*cmd, "--data-dir", str(data), "--auth-file", str(auth), "--no-simulate-readings"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        line = r.stderr.strip().splitlines()[-1]
+        assert len(r.stderr.strip().splitlines()) == 1 and str(data) in line, r.stderr
+        assert "full" in line or "I/O error" in line, line
+        filler.unlink()
+        p = _serve(data, auth, port)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=h(A), timeout=10) as cl:
+                assert [x["id"] for x in cl.get("/v1/leases").json()["leases"]] == [kept.json()["id"]]
+        finally:
+            p.kill()
+            p.wait(10)

@@ -68,9 +68,16 @@ def _spec_from(text: str) -> BatchJobSpec:
 
 class BatchJobQueue:
     def __init__(self, path: str | Path) -> None:
-        self._db = sqlite3.connect(str(path), isolation_level=None, timeout=10.0)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(_SCHEMA)
+        """`StoreRefused` naming ``path`` when SQLite cannot open it (a full disk, read-only media)."""
+        with _refused(f"open {path}"):
+            self._db = sqlite3.connect(str(path), isolation_level=None, timeout=10.0)
+        try:
+            with _refused(f"open {path}"):
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.executescript(_SCHEMA)
+        except BaseException:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         self._db.close()

@@ -16,7 +16,8 @@ from gpupool.core.ports import LeaseStore
 def open_store(url: str, **etcd_options: Any) -> LeaseStore:
     """``memory:``, ``sqlite:PATH`` / ``sqlite:///ABS/PATH`` (a bare path also means SQLite) or
     ``etcd://host:port[,host:port...][/prefix/]`` (``etcds://`` for TLS; ``etcd_options`` are the
-    keyword arguments of `gpupool.adapters.store.etcd.open_etcd_store`)."""
+    keyword arguments of `gpupool.adapters.store.etcd.open_etcd_store`). A SQLite store is opened
+    exclusive: `gpupool.adapters.store.owner.StoreInUse` while another process has it open."""
     if url in ("memory", "memory:"):
         return MemoryLeaseStore()
     if url.startswith(("etcd://", "etcds://")):
@@ -29,7 +30,7 @@ def open_store(url: str, **etcd_options: Any) -> LeaseStore:
         url = url[len("sqlite:") :]
     if not url:
         raise InvalidInput("store", url, "expected memory:, sqlite:PATH or etcd://host:port")
-    return SqliteLeaseStore(Path(url))
+    return SqliteLeaseStore(Path(url), exclusive=True)  # (one writing process: `owner`)
 
 
 __all__ = ["MemoryLeaseStore", "SqliteLeaseStore", "open_store"]

@@ -13,8 +13,9 @@ start: damage is quarantined, never silently dropped.
   file damage renames the file (with its ``-wal``/``-shm``) to ``NAME.damaged-STAMP`` (``-2``,
   ``-3``, ... after it when a copy of the same second exists: no damaged copy is overwritten), creates a
   fresh store in its place and copies into it every lease row and meta entry that can still be
-  read (bad ones into ``quarantine``). Either way the report says what moved where; a second
-  `check` is clean.
+  read (bad ones into ``quarantine``); if that fails (a full disk) the damaged file is put back and
+  the error raised. Either way the report says what moved where; a second `check` is clean. A clean
+  store is not written at all.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import sqlite3
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,9 +81,28 @@ def _connect(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(str(path), isolation_level=None)
 
 
-def check(path: Path) -> list[Problem]:
-    """Every problem found in the store file at ``path`` (empty: clean). Reads only."""
+def _reader(path: Path) -> sqlite3.Connection:
+    """A connection for reading ``path``. On read-only media SQLite cannot create the ``-shm`` file a
+    WAL database needs and cannot open it at all; with no ``-wal`` left (a store closed cleanly has
+    none) the file alone is the whole database, read then as immutable."""
     db = _connect(path)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as exc:
+        wal = path.with_name(path.name + "-wal")
+        gone = not wal.exists() or wal.stat().st_size == 0
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_CANTOPEN" and gone:
+            db.close()
+            return sqlite3.connect(f"file:{urllib.parse.quote(str(path.resolve()))}?immutable=1", uri=True)
+    except sqlite3.DatabaseError:
+        pass  # (damage: `check` names it)
+    return db
+
+
+def check(path: Path) -> list[Problem]:
+    """Every problem found in the store file at ``path`` (empty: clean). Reads only; a store on
+    read-only media is read too."""
+    db = _reader(path)
     try:
         try:
             found = [r[0] for r in db.execute("PRAGMA integrity_check").fetchall()]
@@ -167,6 +188,8 @@ def _row_problems(db: sqlite3.Connection) -> Iterator[Problem]:
 def repair(path: Path) -> RepairReport:
     """Quarantine what `check` finds (see the module docstring); return what moved where."""
     problems = check(path)
+    if not problems:
+        return RepairReport()  # (no write at all: read-only media holding a clean store is fine)
     if any(p.where == "file" for p in problems):
         return _salvage(path)
     rows = [p for p in problems if p.rowid is not None]
@@ -217,13 +240,41 @@ def _free_name(path: Path, stem: str) -> Path:
         n += 1
 
 
+_SIDES = ("", "-wal", "-shm")
+
+
+def _move(src: Path, dst: Path, suffixes: tuple[str, ...] = _SIDES) -> tuple[str, ...]:
+    """Rename the store ``src`` with its ``-wal``/``-shm`` (those of ``suffixes`` that exist) to
+    ``dst``; the suffixes moved."""
+    moved = []
+    for suffix in suffixes:
+        side = src.with_name(src.name + suffix)
+        if side.exists() or side.is_symlink():
+            side.rename(dst.with_name(dst.name + suffix))
+            moved.append(suffix)
+    return tuple(moved)
+
+
 def _salvage(path: Path) -> RepairReport:
+    """Set the damaged file aside and build a new store from what it still holds. If that fails
+    (a full disk, read-only media) the partial new store is removed and the damaged file put back:
+    the error propagates with the files as they were, never a data dir without its store."""
     copy = _free_name(path, f"{path.name}.damaged-{_stamp()}")
-    path.rename(copy)
-    for suffix in ("-wal", "-shm"):
-        side = path.with_name(path.name + suffix)
-        if side.exists():
-            side.rename(copy.with_name(copy.name + suffix))
+    moved = _move(path, copy)
+    try:
+        return _rebuild(path, copy)
+    except BaseException:
+        for suffix in _SIDES:  # the partial new store, and what reading the copy left beside it
+            with contextlib.suppress(FileNotFoundError):
+                path.with_name(path.name + suffix).unlink()
+            if suffix not in moved:
+                with contextlib.suppress(FileNotFoundError):
+                    copy.with_name(copy.name + suffix).unlink()
+        _move(copy, path, moved)
+        raise
+
+
+def _rebuild(path: Path, copy: Path) -> RepairReport:
     leases, meta = _readable(copy)
     report = RepairReport(damaged_copy=copy)
     store = SqliteLeaseStore(path)

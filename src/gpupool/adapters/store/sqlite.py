@@ -15,6 +15,8 @@ Invariants:
   measured too and doubled the median commit time, so it is not used.)
 - a failed ``apply`` leaves no transaction open and raises the error SQLite reported (e.g.
   ``database or disk is full``): when SQLite has already rolled back on its own, nothing hides it;
+- with ``exclusive`` (what `open_store` and so `gpupool serve` use) one process at a time writes
+  the file: a second gateway on the same store is refused at open (`gpupool.adapters.store.owner`);
 - damage is named, never a raw traceback: a file that is not a database, a malformed page (every
   page is verified with ``PRAGMA quick_check`` at open: measured 0.3 s for 100,000 leases / 48 MiB,
   1 ms without) or a row whose body does not decode raises
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpupool.adapters.fastjson import lease_record, ticket_record
+from gpupool.adapters.store import owner
 from gpupool.core.errors import InvalidInput, StoreDamaged
 from gpupool.core.model import Lease
 from gpupool.core.ports import (
@@ -125,15 +128,25 @@ class SqliteLeaseStore:
         busy_timeout_ms: int = 10_000,
         wal_autocheckpoint_pages: int = 10_000,
         verify: bool = True,
+        exclusive: bool = False,
     ) -> None:
         """``verify``: run SQLite's ``quick_check`` over every page at open (a damaged page is found at
-        start-up, not by whichever request first reads it)."""
+        start-up, not by whichever request first reads it). ``exclusive``: take the store's
+        one-writer-process lock first (`gpupool.adapters.store.owner`; `StoreInUse` when another
+        process holds it), released by `close`."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
-        )
+        self._exclusive = exclusive
+        if exclusive:
+            owner.claim(self.path)
+        try:
+            self._db = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+            )
+        except BaseException:
+            self._release()
+            raise
         try:
             with self._named_damage("file header/schema"):
                 self._db.execute("PRAGMA journal_mode=WAL")
@@ -150,8 +163,14 @@ class SqliteLeaseStore:
                         raise StoreCorrupt(self.path, "pages", " ".join(found[0].split()))
         except BaseException:
             self._db.close()
+            self._release()
             raise
         self.commits = 0
+
+    def _release(self) -> None:
+        if self._exclusive:
+            self._exclusive = False
+            owner.release(self.path)
 
     @contextlib.contextmanager
     def _named_damage(self, where: str) -> Iterator[None]:
@@ -313,6 +332,7 @@ class SqliteLeaseStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            self._release()
 
 
 def _put_ticket(db: sqlite3.Connection, t: TicketRecord) -> None:
