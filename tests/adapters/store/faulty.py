@@ -16,10 +16,14 @@ class FaultyStore:
     def __init__(self, inner: LeaseStore) -> None:
         self.inner = inner
         self.fail: BaseException | None = None
+        self.meta_ok = False
+        """True: settings (`set_meta`) still go through while lease batches fail (the small write
+        that fits, then the batch that does not)."""
         self.refused = 0
 
-    def disk_full(self) -> None:
+    def disk_full(self, *, meta_ok: bool = False) -> None:
         self.fail = sqlite3.OperationalError(DISK_FULL)
+        self.meta_ok = meta_ok
 
     def heal(self) -> None:
         self.fail = None
@@ -60,7 +64,8 @@ class FaultyStore:
         return self.inner.get_meta(key)
 
     def set_meta(self, key: str, value: str) -> None:
-        self._check()
+        if not self.meta_ok:
+            self._check()
         self.inner.set_meta(key, value)
 
     def close(self) -> None:

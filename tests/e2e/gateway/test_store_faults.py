@@ -223,3 +223,32 @@ def test_real_serve_restarted_on_a_full_tmpfs_says_so_in_one_line(tmp_path: Path
         finally:
             p.kill()
             p.wait(10)
+
+
+def test_a_refused_health_mark_or_drain_changes_nothing(
+    gw: tuple[str, LeaseController, FaultyStore, Path],
+) -> None:
+    """Marking a slice unhealthy (or draining its GPU) with ``revoke`` while the store refuses the
+    revocations answered 503 and put the leases back, but left the slice unhealthy (the GPU drained,
+    and stored as drained) in memory: a rejected request changed the pool."""
+    from gpupool.adapters.http.context import stored_drained
+
+    url, c, store, _ = gw
+    with httpx.Client(base_url=url, headers=h(ADMIN)) as cl:
+        lease = cl.post("/v1/leases", json=LEASE, headers=h(A))
+        assert lease.status_code == 201, lease.text
+        sid, gpu = lease.json()["grants"][0]["slice_id"], lease.json()["gpu_id"]
+        store.disk_full()
+        r = cl.post(f"/v1/admin/slices/{sid}/health", json={"healthy": False, "revoke": True})
+        assert r.status_code == 503, r.text
+        assert c.allocator.ledger.is_healthy(sid) and c.get(lease.json()["id"]).state.value == "active"
+        store.disk_full(meta_ok=True)  # the drained list fits, the revocations do not
+        r = cl.post(f"/v1/admin/gpus/{gpu}/drain", json={"revoke": True})
+        assert r.status_code == 503, r.text
+        assert gpu not in c.drained and c.allocator.ledger.is_healthy(sid)
+        assert gpu not in stored_drained(c)
+        assert c.get(lease.json()["id"]).state.value == "active"
+        c.check_invariants()
+        store.heal()
+        assert cl.post(f"/v1/admin/gpus/{gpu}/drain", json={"revoke": True}).status_code == 200
+        assert gpu in c.drained and gpu in stored_drained(c)

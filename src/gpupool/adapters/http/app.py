@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Annotated, Any
 
@@ -59,6 +58,7 @@ from gpupool.adapters.http.context import (
 from gpupool.adapters.http.docs import install_docs
 from gpupool.adapters.http.errors import BadJson, err
 from gpupool.adapters.http.errors import HttpError as _HttpError
+from gpupool.adapters.http.leasereq import build_request
 from gpupool.adapters.http.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, BodyLimit
 from gpupool.adapters.http.node_slices import remember, to_slices
 from gpupool.adapters.http.runtime import EventHub, GroupCommitter, StoreUnavailable
@@ -74,13 +74,9 @@ from gpupool.adapters.http.views import (
 from gpupool.core.controller import LeaseController
 from gpupool.core.errors import InvalidInput, StoreDamaged, StoreRefused, StoreUnreachable, UnknownId
 from gpupool.core.model import Lease
-from gpupool.core.model import Request as CoreRequest
 from gpupool.core.outcome import OutcomeCode
 from gpupool.core.poolview import pool_view
-from gpupool.core.priority import parse_priority
 from gpupool.core.watermarks import Reading, WatermarkConfig
-from gpupool.hardware.slices import SliceKind
-from gpupool.hardware.units import Resources
 
 
 def create_app(
@@ -219,62 +215,6 @@ class _Route(APIRoute):
             return await inner(_JsonRequest(request.scope, request.receive))
 
         return handler
-
-
-# ---------------------------------------------------------------------- building a core request
-AGENT_LABEL_PREFIX = "gpupool.io/"
-"""Labels that direct the node agents when a lease ends or its GPU runs hot (``gpupool.io/pgid``,
-``pids``, ``cgroup``: whom to stop or kill; ``endpoint``: what to call; ``pod``: what to evict; see
-`gpupool.agent.workloads`). The agent runs as root and trusts them, so only role ``admin`` (the
-platform's job launcher) may set them: a tenant could otherwise name any process on a node."""
-
-
-def build_request(gw: Gateway, body: s.LeaseIn, who: Principal) -> CoreRequest:
-    if not who.is_admin:
-        reserved = sorted(k for k in body.labels if k.startswith(AGENT_LABEL_PREFIX))
-        if reserved:
-            raise _HttpError(
-                403,
-                f"label {reserved[0]!r} needs role admin: {AGENT_LABEL_PREFIX} labels tell node agents which"
-                " processes to signal, which endpoint to call and which pod to evict",
-                "forbidden",
-                field=f"labels.{reserved[0]}",
-            )
-    prio = parse_priority(body.priority)
-    vram = body.vram_mib
-    model = body.model or ""
-    if vram is None:
-        if not model:
-            raise InvalidInput("vram_mib", None, "give vram_mib, or model with prompt_tokens/max_tokens")
-        if gw.sizer is None:
-            raise InvalidInput("model", model, "this gateway has no KV-cache estimator")
-        tokens = (body.prompt_tokens or 0) + (body.max_tokens or gw.default_max_tokens)
-        try:
-            if model in gw.controller.models():
-                vram = gw.sizer.request_mib(model, tokens)
-            else:
-                vram = gw.sizer.instance_mib(model, tokens)
-        except ValueError as exc:
-            raise InvalidInput("model", model, str(exc)) from None
-    if body.compute_milli is not None and body.compute_pct is not None:
-        raise InvalidInput("compute_pct", body.compute_pct, "give compute_pct or compute_milli, not both")
-    compute = body.compute_milli if body.compute_milli is not None else (body.compute_pct or 0) * 10
-    if body.nodes and set(gw.controller.allocator.ledger.nodes()).isdisjoint(body.nodes):
-        # like an unknown gpu_id: a typo is bad input, not a pool that could never serve it (503)
-        raise InvalidInput("nodes", sorted(set(body.nodes)), "no such node in the pool")
-    return CoreRequest(
-        id=str(uuid.uuid4()),
-        tenant=who.tenant,
-        priority=prio,
-        demand=Resources(vram, compute),
-        ttl_s=float(body.ttl_s),
-        kinds=frozenset(SliceKind(k) for k in body.kinds),
-        preemptible=body.preemptible,
-        gpu_count=body.gpu_count,
-        nodes=frozenset(body.nodes),
-        model=model,
-        labels=tuple(sorted(body.labels.items())),
-    )
 
 
 # ---------------------------------------------------------------------- routes
@@ -515,8 +455,8 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
     async def drain(gpu_id: str, body: s.DrainIn, who: AdminWho) -> JSONResponse:
         if not c.allocator.ledger.on_gpu(gpu_id):
             raise UnknownId("gpu", gpu_id)
-        drained = stored_drained(c)
-        drained = drained - {gpu_id} if body.undo else drained | {gpu_id}
+        old, was = stored_drained(c), gpu_id in c.drained
+        drained = old - {gpu_id} if body.undo else old | {gpu_id}
         try:  # stored first, like the watermarks: a store that refuses leaves the GPU as it was
             c.store.set_meta(DRAINED_META, json.dumps(sorted(drained)))
         except Exception as exc:
@@ -526,15 +466,29 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
             ended: tuple[Lease, ...] = ()
         else:
             ended = c.drain_gpu(gpu_id, revoke=body.revoke, reason=body.reason)
-        await gw.committer.durable()
+        try:
+            await gw.committer.durable()
+        except StoreUnavailable:  # the revocations were undone: the drain (and its record) is too
+            with contextlib.suppress(Exception):
+                c.store.set_meta(DRAINED_META, json.dumps(sorted(old)))
+            if was:
+                c.drain_gpu(gpu_id)
+            else:
+                c.undrain_gpu(gpu_id)
+            raise
         return FastJSONResponse({"gpu_id": gpu_id, "drained": not body.undo, "leases": [x.id for x in ended]})
 
     @app.post(
         "/v1/admin/slices/{slice_id:path}/health", responses=_resp(*ADMIN_BODY, 404, _200=s.SliceHealthOut)
     )
     async def slice_health(slice_id: str, body: s.SliceHealthIn, who: AdminWho) -> JSONResponse:
+        was = c.allocator.slice_state(slice_id).healthy  # (UnknownId: 404)
         ended = c.mark_slice(slice_id, healthy=body.healthy, revoke=body.revoke, reason=body.reason)
-        await gw.committer.durable()
+        try:
+            await gw.committer.durable()
+        except StoreUnavailable:  # the revocations were undone: the mark is too (nothing changed)
+            c.mark_slice(slice_id, healthy=was)
+            raise
         return FastJSONResponse(
             {"slice_id": slice_id, "healthy": body.healthy, "leases": [x.id for x in ended]}
         )
