@@ -85,8 +85,12 @@ class GpuAdmin:
     def mark_slice(
         self, slice_id: str, *, healthy: bool, revoke: bool = False, reason: str = ""
     ) -> tuple[Lease, ...]:
-        self.allocator.slice_state(slice_id)  # raises UnknownId
+        """Open or close one slice. A slice of a drained GPU stays closed (opening it would grant
+        on the drained GPU, and a restart would close it again): `undrain_gpu` opens them all."""
+        st = self.allocator.slice_state(slice_id)  # raises UnknownId
         out: tuple[Lease, ...] = ()
+        if healthy and st.slice.gpu_id in self.drained:
+            return out
         if healthy:
             self.allocator.mark_healthy(slice_id)
             self._freed = True
