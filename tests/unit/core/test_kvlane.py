@@ -249,3 +249,17 @@ def test_released_leases_do_not_pile_up_in_the_expiry_heap_and_renewed_ones_stil
     clock.advance(600.0)
     c.acquire(_req(10))  # expiries run before the next KV placement
     assert c.get(kept.id).state is LeaseState.EXPIRED
+
+
+def test_a_backend_taken_out_of_routing_keeps_the_room_of_its_running_requests() -> None:
+    c, _ = _controller(1000)
+    held = c.acquire(_req(100)).lease
+    assert held is not None
+    c.set_backend_routable("be0", False)  # its engine goes to sleep while a request runs on it
+    assert c.acquire(_req(100)).code is OutcomeCode.UNRESOLVABLE  # (the only backend of the model)
+    c.check_invariants()  # the running request's 100 MiB are still booked in the ledger
+    assert _kv_used(c) >= 100
+    assert c.release(held.id).code is OutcomeCode.RELEASED
+    c.set_backend_routable("be0", True)
+    assert c.acquire(_req(100)).granted
+    c.check_invariants()
