@@ -1,6 +1,8 @@
 """`GpuAdmin`: the per-GPU half of `LeaseController`: readings into the watermarks, GPU health from
 node agents (XIDs), drain / undrain, slice health, watermark thresholds, and a node's slice list as its
 agent discovered it (`sync_node`: new slices added, vanished or reshaped ones revoked then removed).
+Drain and GPU health apply to the KV budgets of the backends on the GPU too (`_sync_kv`), so the
+proxy's request leases never land on a drained or unhealthy GPU.
 
 Role: a mixin of `LeaseController` only (it owns none of the state it touches; the controller's
 ``__init__`` creates every attribute declared below). Split out to keep the controller's admission,
@@ -23,6 +25,7 @@ from gpupool.hardware.slices import Slice
 class GpuAdmin:
     allocator: Allocator
     kv: Allocator
+    _unroutable: set[str]
     bank: WatermarkBank
     readings: dict[str, Reading]
     gpu_health: dict[str, str]
@@ -70,6 +73,7 @@ class GpuAdmin:
         for sid in sids:
             why = reason or f"GPU {gpu_id} drained"
             out.extend(self.allocator.mark_unhealthy(sid, revoke=revoke, reason=why))
+        self._sync_kv(gpu_id, revoke=revoke, reason=reason or f"GPU {gpu_id} drained")
         self._finish(None)
         return tuple(out)
 
@@ -79,14 +83,19 @@ class GpuAdmin:
         if self.gpu_health.get(gpu_id, "ok") == "ok":
             for sid in sids:
                 self.allocator.mark_healthy(sid)
+        self._sync_kv(gpu_id)
         self._freed = True
         self._finish(None)
 
     def mark_slice(
         self, slice_id: str, *, healthy: bool, revoke: bool = False, reason: str = ""
     ) -> tuple[Lease, ...]:
-        self.allocator.slice_state(slice_id)  # raises UnknownId
+        """Open or close one slice. A slice of a drained GPU stays closed (opening it would grant
+        on the drained GPU, and a restart would close it again): `undrain_gpu` opens them all."""
+        st = self.allocator.slice_state(slice_id)  # raises UnknownId
         out: tuple[Lease, ...] = ()
+        if healthy and st.slice.gpu_id in self.drained:
+            return out
         if healthy:
             self.allocator.mark_healthy(slice_id)
             self._freed = True
@@ -181,10 +190,24 @@ class GpuAdmin:
                 for sid in sids:
                     self.allocator.mark_healthy(sid)
                 self._freed = True
+            self._sync_kv(gpu)
             return
         why = f"GPU {gpu} {health}" + (f" (XID {', '.join(map(str, xids))})" if xids else "")
         for sid in sids:
             self.allocator.mark_unhealthy(sid, revoke=health == "failed", reason=why)
+        self._sync_kv(gpu, revoke=health == "failed", reason=why)
+
+    def _sync_kv(self, gpu_id: str, *, revoke: bool = False, reason: str = "") -> None:
+        """The KV budgets of the backends on ``gpu_id`` follow their GPU: open while it is neither
+        drained nor unhealthy (and the backend is routable), closed otherwise; ``revoke`` also ends
+        the leases on them (request leases, and the lane's shares, whose requests end with them)."""
+        usable = gpu_id not in self.drained and self.gpu_health.get(gpu_id, "ok") == "ok"
+        for sid in self.kv.ledger.on_gpu(gpu_id):
+            if usable and sid not in self._unroutable:
+                self.kv.mark_healthy(sid)
+                self._freed = True
+            else:
+                self.kv.mark_unhealthy(sid, revoke=revoke, reason=reason)
 
 
 def _same_shape(a: Slice, b: Slice) -> bool:

@@ -62,6 +62,9 @@ class KvBackends:
     _kv_models: dict[str, str]
     _freed: bool
     _ends: int
+    _unroutable: set[str]
+    drained: set[str]
+    gpu_health: dict[str, str]
 
     def _finish(self, out: Outcome | None) -> Outcome:  # the controller's
         raise NotImplementedError
@@ -89,6 +92,8 @@ class KvBackends:
         self.backends[b.id] = b
         self._kv_models[KV_PREFIX + b.id] = b.model
         self.lane.add_slice(KV_PREFIX + b.id, model=b.model, budget_mib=cap)
+        if b.gpu_id in self.drained or self.gpu_health.get(b.gpu_id, "ok") != "ok":
+            self.kv.mark_unhealthy(KV_PREFIX + b.id)  # its GPU is closed (`GpuAdmin._sync_kv`)
         self._freed = True
         self._models = {}
         for x in sorted(self.backends.values(), key=lambda x: x.id):
@@ -96,14 +101,19 @@ class KvBackends:
 
     def set_backend_routable(self, backend_id: str, routable: bool) -> None:
         """Take a backend out of routing (no new request lease on it; those it holds run on) or put it
-        back (queued requests are pumped): the tidal standby sleeper's switch for a sleeping engine."""
+        back (queued requests are pumped): the tidal standby sleeper's switch for a sleeping engine.
+        Put back on a drained or unhealthy GPU, it takes requests once the GPU is back (`GpuAdmin`)."""
         if backend_id not in self.backends:
             raise UnknownId("backend", backend_id)
         sid = KV_PREFIX + backend_id
+        gpu = self.backends[backend_id].gpu_id
         if routable:
-            self.kv.mark_healthy(sid)
-            self._freed = True
+            self._unroutable.discard(sid)
+            if gpu not in self.drained and self.gpu_health.get(gpu, "ok") == "ok":
+                self.kv.mark_healthy(sid)
+                self._freed = True
         else:
+            self._unroutable.add(sid)
             self.kv.mark_unhealthy(sid)
         self._finish(None)
 

@@ -16,7 +16,8 @@ Share sizing: a share grows (its lease is replaced by a larger one, never beyond
 room) to ``used + demand + headroom`` with headroom an eighth of the slice's budget, and shrinks
 back when more than a quarter of the budget sits unused in it. `yield_all` shrinks every share to
 exactly what its requests use; the controller calls it before anything queues on or pumps the KV
-allocator, so queued requests always see the true free room.
+allocator, so queued requests always see the true free room. A share on an unhealthy slice is not
+resized (the allocator places nothing there; nobody else may use its room) until its requests end.
 
 Invariants (checked by `check`):
 - per slice: ``used_mib`` = the sum of its lane leases' VRAM <= ``share_mib``, and the share lease is
@@ -236,9 +237,13 @@ class KvLane:
         return len(self._shares)
 
     def _resize(self, book: _Book, share_mib: int) -> bool:
-        """Replace the book's share lease by one of ``share_mib`` (0: none). False if it cannot grow."""
+        """Replace the book's share lease by one of ``share_mib`` (0: none). False if it cannot grow.
+        On an unhealthy slice (GPU drained or failed, engine out of routing) the allocator places no
+        lease, so a share there is kept as it is (nobody else may use that room) until it ends."""
         if share_mib == book.share_mib:
             return True
+        if share_mib and not self.kv.ledger.is_healthy(book.slice_id):
+            return share_mib < book.share_mib
         self._resizing = True
         try:
             if book.share_id:

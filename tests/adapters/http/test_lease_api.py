@@ -182,3 +182,20 @@ def test_agent_events_revoke_and_lease_labels(gw: tuple[str, LeaseController]) -
         assert cl.get(f"/v1/leases/{lease['id']}", headers=h(A)).json()["state"] == "revoked"
         bad = {**body, "events": [{"seq": -1, "kind": "revoke"}]}
         assert cl.post(f"/v1/nodes/{lease['node']}/events", headers=h(ADMIN), json=bad).status_code == 422
+
+
+def test_marking_a_slice_of_a_drained_gpu_healthy_is_409_and_the_gpu_stays_closed(
+    gw: tuple[str, LeaseController],
+) -> None:
+    url, c = gw
+    with httpx.Client(base_url=url, headers=h(ADMIN)) as cl:
+        assert cl.post("/v1/admin/gpus/gpu-c/0/drain", json={}).status_code == 200
+        r = cl.post("/v1/admin/slices/gpu-c/0/health", json={"healthy": True})
+        assert r.status_code == 409 and r.json()["code"] == "gpu_drained", r.text
+        assert "gpu-c/0" in r.json()["error"] and "undo" in r.json()["error"]
+        assert not c.allocator.ledger.is_healthy("gpu-c/0")  # nothing changed
+        aimed = {"vram_mib": 1024, "gpu_id": "gpu-c/0"}
+        r = cl.post("/v1/leases", json=aimed)
+        assert r.status_code == 503 and r.json()["code"] == "unresolvable", r.text
+        assert cl.post("/v1/admin/gpus/gpu-c/0/drain", json={"undo": True}).status_code == 200
+        assert cl.post("/v1/leases", json=aimed).status_code == 201

@@ -151,6 +151,16 @@ def test_drain_keeps_leases_by_default_closes_the_gpu_and_undrain_lets_the_queue
     assert st.state == "granted" and st.lease is not None and st.lease.slice_ids == ("g1",)
 
 
+def test_marking_a_slice_of_a_drained_gpu_healthy_keeps_it_closed_until_undrain() -> None:
+    c, _, _, _, lid, ticket = two_full_gpus()
+    c.drain_gpu("g1")
+    c.release(lid)
+    assert c.mark_slice("g1", healthy=True) == ()
+    assert not healthy(c, "g1") and c.ticket(ticket).state == "queued"  # no grant on the drained GPU
+    c.undrain_gpu("g1")
+    assert healthy(c, "g1") and c.ticket(ticket).state == "granted"
+
+
 def test_drain_with_revoke_ends_the_leases_durably_with_the_given_or_default_reason() -> None:
     c, _, store, events, lid, ticket = two_full_gpus()
     out = c.drain_gpu("g1", revoke=True)

@@ -24,6 +24,7 @@ from gpupool.core.kvlane import COMPACT_SLACK, SHARE_TENANT
 from gpupool.core.model import LeaseState, Request
 from gpupool.core.outcome import OutcomeCode
 from gpupool.core.ports import Backend
+from gpupool.core.watermarks import Reading
 from gpupool.hardware.units import Resources
 
 MODEL = "qwen2.5-0.5b"
@@ -249,3 +250,49 @@ def test_released_leases_do_not_pile_up_in_the_expiry_heap_and_renewed_ones_stil
     clock.advance(600.0)
     c.acquire(_req(10))  # expiries run before the next KV placement
     assert c.get(kept.id).state is LeaseState.EXPIRED
+
+
+def test_a_backend_taken_out_of_routing_keeps_the_room_of_its_running_requests() -> None:
+    c, _ = _controller(1000)
+    held = c.acquire(_req(100)).lease
+    assert held is not None
+    c.set_backend_routable("be0", False)  # its engine goes to sleep while a request runs on it
+    assert c.acquire(_req(100)).code is OutcomeCode.UNRESOLVABLE  # (the only backend of the model)
+    c.check_invariants()  # the running request's 100 MiB are still booked in the ledger
+    assert _kv_used(c) >= 100
+    assert c.release(held.id).code is OutcomeCode.RELEASED
+    c.set_backend_routable("be0", True)
+
+
+def test_a_drained_or_failed_gpu_takes_no_request_leases_and_revoking_ends_them() -> None:
+    c, clock = _controller(1000)
+    held = c.acquire(_req(100)).lease
+    assert held is not None
+    c.drain_gpu("gpu-b/0")  # kept, but no new request lease on the drained GPU
+    assert c.get(held.id).state is LeaseState.ACTIVE
+    assert c.acquire(_req(100)).code is OutcomeCode.UNRESOLVABLE
+    c.undrain_gpu("gpu-b/0")
+    assert c.acquire(_req(100)).granted
+    c.drain_gpu("gpu-b/0", revoke=True, reason="maintenance")
+    assert (c.get(held.id).state, c.get(held.id).reason) == (LeaseState.REVOKED, "maintenance")
+    assert c.request_lease_count() == 0
+    c.undrain_gpu("gpu-b/0")
+    gib = 1024
+    c.feed_reading(Reading("gpu-b/0", gib, 48 * gib, at_s=clock.now()), health="degraded")
+    assert c.acquire(_req(100)).code is OutcomeCode.UNRESOLVABLE
+    c.feed_reading(Reading("gpu-b/0", gib, 48 * gib, at_s=clock.now()), health="ok")
+    again = c.acquire(_req(100)).lease
+    assert again is not None
+    c.feed_reading(Reading("gpu-b/0", gib, 48 * gib, at_s=clock.now()), health="failed", xids=(79,))
+    assert c.get(again.id).state is LeaseState.REVOKED and "failed" in c.get(again.id).reason
+    c.set_backend_routable("be0", False)  # a sleeping engine stays out of routing ...
+    c.feed_reading(Reading("gpu-b/0", gib, 48 * gib, at_s=clock.now()), health="ok")
+    assert c.acquire(_req(100)).code is OutcomeCode.UNRESOLVABLE
+    c.set_backend_routable("be0", True)  # ... until it is woken
+    assert c.acquire(_req(100)).granted
+    c.drain_gpu("gpu-b/0")  # a restart drains again before it registers the backends
+    c.register_backend(Backend("late", MODEL, "http://127.0.0.1:9", "gpu-b", "gpu-b/0", 1000))
+    assert not c.kv.ledger.is_healthy(KV_PREFIX + "late")
+    c.undrain_gpu("gpu-b/0")
+    assert c.kv.ledger.is_healthy(KV_PREFIX + "late")
+    c.check_invariants()

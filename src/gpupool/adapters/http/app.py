@@ -44,7 +44,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
-from gpupool.adapters.http import errors, jsonbody
+from gpupool.adapters.http import context, errors, jsonbody
 from gpupool.adapters.http import schemas as s
 from gpupool.adapters.http.auth import Principal, TokenTable
 from gpupool.adapters.http.context import (
@@ -479,10 +479,13 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         return FastJSONResponse({"gpu_id": gpu_id, "drained": not body.undo, "leases": [x.id for x in ended]})
 
     @app.post(
-        "/v1/admin/slices/{slice_id:path}/health", responses=_resp(*ADMIN_BODY, 404, _200=s.SliceHealthOut)
+        "/v1/admin/slices/{slice_id:path}/health",
+        responses=_resp(*ADMIN_BODY, 404, 409, _200=s.SliceHealthOut),
     )
     async def slice_health(slice_id: str, body: s.SliceHealthIn, who: AdminWho) -> JSONResponse:
         was = c.allocator.slice_state(slice_id).healthy  # (UnknownId: 404)
+        if body.healthy and (why := context.reopen_refused(c, slice_id)):
+            return err(409, why, "gpu_drained")
         ended = c.mark_slice(slice_id, healthy=body.healthy, revoke=body.revoke, reason=body.reason)
         try:
             await gw.committer.durable()

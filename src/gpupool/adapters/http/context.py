@@ -69,6 +69,16 @@ def stored_drained(controller: LeaseController) -> set[str]:
     return {g for g in doc if isinstance(g, str)} if isinstance(doc, list) else set()
 
 
+def reopen_refused(controller: LeaseController, slice_id: str) -> str | None:
+    """Why marking ``slice_id`` healthy is refused (HTTP 409): its GPU is drained, and a slice of a
+    drained GPU reopens only with its GPU (else it would take leases on the drained GPU until the
+    next restart drains it again). `UnknownId` for an unknown slice."""
+    gpu = controller.allocator.slice_state(slice_id).slice.gpu_id
+    if gpu not in controller.drained:
+        return None
+    return f'slice {slice_id} is on drained GPU {gpu}: undrain the GPU ({{"undo": true}}) to reopen it'
+
+
 def restore_drained(controller: LeaseController) -> list[str]:
     """Drain again (revoking nothing) every stored admin-drained GPU still in the pool; returns them."""
     again = sorted(stored_drained(controller) & set(controller.allocator.ledger.gpu_ids()))
