@@ -91,3 +91,26 @@ def test_tickets_survive_a_restart(tmp_path: Path) -> None:
         cl.delete(f"/v1/leases/{granted['lease']['id']}", headers=h(B))
         done = cl.get(f"/v1/tickets/{q2['ticket']}", params={"wait_s": 5}, headers=h(A)).json()
         assert done["state"] == "granted" and done["lease"]["state"] == "active"
+
+
+def test_a_client_that_hangs_up_while_its_acquire_waits_leaves_no_ticket_behind(tmp_path: Path) -> None:
+    """``POST /v1/leases`` with ``wait_s``: the client gives up during the wait, so it never learns the
+    ticket's id. The ticket stayed queued and was granted later, a lease nobody knew of holding the
+    capacity until its TTL; the ticket is now cancelled when the client goes."""
+    with gateway(tmp_path / "l.db") as (cl, c):
+        big = cl.post("/v1/leases", json=MIG40, headers=h(A)).json()
+        url = str(cl.base_url)
+        with contextlib.suppress(httpx.TimeoutException):
+            httpx.post(
+                f"{url}/v1/leases",
+                json={**MIG40, "wait_s": 5, "queue_timeout_s": 60},
+                headers=h(B),
+                timeout=0.3,
+            )
+        deadline = time.monotonic() + 5
+        while len(c.queue) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(c.queue) == 0  # cancelled when the client went, not left to be granted
+        cl.delete(f"/v1/leases/{big['id']}", headers=h(A))
+        time.sleep(0.3)
+        assert [x for x in c.leases() if x.request.tenant == "b"] == []

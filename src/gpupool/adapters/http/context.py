@@ -113,3 +113,14 @@ class Gateway:
     ``kind``, ``lease_id``, ``reason``, ``latency_ms`` ...): the tidal plane's engine reports."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+
+def forget_ticket(gw: Gateway, ticket: str) -> None:
+    """The client of a waiting ``POST /v1/leases`` hung up before it was told ``ticket``: cancel the
+    ticket, and release the lease if it was granted meanwhile (nobody would ever use or release it,
+    and it would hold its capacity until its TTL). Written like any change (the next group commit)."""
+    c = gw.controller
+    st = c.cancel(ticket)
+    if st.state == "granted" and st.lease is not None:
+        c.release(st.lease.id, reason="the client hung up before it was told of the lease")
+    gw.committer.kick()

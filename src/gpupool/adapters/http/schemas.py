@@ -64,7 +64,11 @@ class LeaseIn(_Strict):
     max_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS)
     queue_timeout_s: StrictFloat | None = Field(None, gt=0, le=3600)
     wait_s: StrictFloat = Field(
-        0.0, ge=0, le=60, description="long-poll: wait up to this long for a queued grant"
+        0.0,
+        ge=0,
+        le=60,
+        description="long-poll: wait up to this long for a queued grant; a client that hangs up "
+        "meanwhile never learns the ticket, so it is cancelled (a lease granted meanwhile released)",
     )
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict,
