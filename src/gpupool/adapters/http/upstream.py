@@ -224,6 +224,9 @@ class UpstreamResponse:
             data = parts[0] if len(parts) == 1 else b"".join(parts)
             chunks.clear()
             conn.buffered = 0
+            if conn.paused and conn.transport is not None:  # the last chunks crossed the mark: a
+                conn.paused = False  # pooled connection that stayed paused never read its next answer
+                conn.transport.resume_reading()
         finally:
             self._close()
         return data
