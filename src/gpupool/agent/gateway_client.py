@@ -78,7 +78,7 @@ def readings_json(snap: NodeSnapshot) -> dict[str, Any]:
                 "temperature_c": _clamp(s.temperature_c, -50, 200),
                 "util_pct": _clamp(s.util_pct, 0, 100),
                 "health": "ok" if g.healthy else "failed",
-                "xids": list(s.xids[:64]),
+                "xids": [x for x in s.xids if x >= 1][:64],  # (the gateway refuses XIDs below 1)
             }
         )
     return {"gpus": gpus}

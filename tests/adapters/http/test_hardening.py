@@ -125,6 +125,20 @@ def test_labels_that_direct_node_agents_are_for_admins_only(
         assert cl.post("/v1/leases", headers=h(ADMIN), json=body).status_code == 201
 
 
+def test_node_readings_refuse_a_gpu_twice_and_xids_below_1(gw: tuple[str, LeaseController]) -> None:
+    """One batch naming a GPU twice was read as its last entry, and a negative XID was taken as an
+    event; both are 422 naming the field now, and nothing is read."""
+    url, c = gw
+    ok = {"gpu_id": "gpu-a/0", "vram_used_mib": 100, "vram_total_mib": 81920}
+    with httpx.Client(base_url=url, timeout=10, headers=h(ADMIN)) as cl:
+        r = cl.post("/v1/nodes/gpu-a/readings", json={"gpus": [ok, {**ok, "vram_used_mib": 80000}]})
+        assert r.status_code == 422 and "gpus" in r.json()["field"] and "twice" in r.text, r.text
+        r = cl.post("/v1/nodes/gpu-a/readings", json={"gpus": [{**ok, "xids": [-3]}]})
+        assert r.status_code == 422 and "xids" in r.json()["field"], r.text
+        assert "gpu-a/0" not in c.readings
+        assert cl.post("/v1/nodes/gpu-a/readings", json={"gpus": [{**ok, "xids": [79]}]}).status_code == 200
+
+
 ROUTES = [
     ("POST", "/v1/leases"),
     ("POST", "/v1/noop"),

@@ -17,6 +17,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     StringConstraints,
+    field_validator,
 )
 
 from gpupool.core.model import MAX_GPU_COUNT, MAX_TTL_S, MAX_VRAM_MIB
@@ -216,13 +217,23 @@ class GpuReadingIn(_Strict):
     temperature_c: StrictInt | None = Field(None, ge=-50, le=200)
     util_pct: StrictInt | None = Field(None, ge=0, le=100)
     health: Literal["ok", "degraded", "failed"] = "ok"
-    xids: list[StrictInt] = Field(default_factory=list, max_length=64)
+    xids: list[Annotated[StrictInt, Field(ge=1, le=2**31 - 1)]] = Field(default_factory=list, max_length=64)
 
 
 class ReadingsIn(_Strict):
     """What a node agent pushes every tick: one entry per GPU of that node."""
 
     gpus: list[GpuReadingIn] = Field(..., min_length=1, max_length=64)
+
+    @field_validator("gpus")
+    @classmethod
+    def _one_entry_per_gpu(cls, gpus: list[GpuReadingIn]) -> list[GpuReadingIn]:
+        seen: set[str] = set()
+        for g in gpus:
+            if g.gpu_id in seen:  # (read as the last entry before: which one is true?)
+                raise ValueError(f"GPU {g.gpu_id!r} appears twice in one batch")
+            seen.add(g.gpu_id)
+        return gpus
 
 
 class NodeSliceIn(_Strict):
