@@ -7,18 +7,11 @@ client that sends a megabyte-long name gets a short error, at a bounded cost.
 
 from __future__ import annotations
 
-import reprlib
+from gpupool.hardware.abridge import abridger
 
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 200
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdict = 20
-_REPR.maxlevel = 4
-
-
-def show_value(value: object) -> str:
-    """``repr(value)`` when short; past 200 characters per string, 20 items per container or 4 levels
-    of nesting, abridged with ``...`` (`reprlib`)."""
-    return _REPR.repr(value)
+show_value = abridger(items=20, chars=200, levels=2)
+"""``repr(value)`` when short; past 200 characters per string, 20 items per container or 2 levels of
+nesting, abridged with ``...`` (so at most 400 elements are ever walked)."""
 
 
 class GpupoolError(Exception):

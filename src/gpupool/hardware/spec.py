@@ -26,12 +26,12 @@ Invariants:
 from __future__ import annotations
 
 import re
-import reprlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from gpupool.hardware.abridge import abridger
 from gpupool.hardware.capability import GpuMode
 from gpupool.hardware.catalogue import GpuModel, UnknownGpuModelError, gpu_model, known_gpu_models
 from gpupool.hardware.memory import KV_DTYPE_BYTES, QUANT_BYTES, estimate, resolve_model
@@ -43,15 +43,9 @@ PRIORITY_VALUES = {"P0": 100, "P1": 50, "P2": -1}
 MAX_REPLICAS = 1024
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
-_SHOWN = reprlib.Repr()
-_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxtuple = 2, 4, 4, 4
-_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 80, 80, 40
-
-
-def shown(value: object) -> str:
-    """``repr(value)``, abridged with ``...`` past a few items, levels or characters: its cost is
-    bounded whatever the value (aliases let a small YAML file hold a structure of 10**9 items)."""
-    return _SHOWN.repr(value)
+shown = abridger(items=4, chars=80, levels=2)
+"""``repr(value)``, abridged with ``...`` past a few items, levels or characters: its cost is bounded
+whatever the value (aliases let a small YAML file hold a structure of 10**9 items)."""
 
 
 class SpecError(ValueError):

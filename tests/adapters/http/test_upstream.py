@@ -72,6 +72,19 @@ def server() -> Iterator[tuple[int, list[int]]]:
         lsock.close()
 
 
+async def _refused_then_ok(port: int, path: str, match: str, *, timeout_s: float = 5) -> bytes:
+    """Ask ``path`` (an `UpstreamError` matching ``match`` is expected), then ``/ok`` on the same
+    pool; returns ``/ok``'s body."""
+    pool = UpstreamPool(timeout_s=timeout_s)
+    try:
+        with pytest.raises(UpstreamError, match=match):
+            await pool.request("POST", f"http://127.0.0.1:{port}{path}", content=b"", headers={})
+        r = await pool.request("POST", f"http://127.0.0.1:{port}/ok", content=b"", headers={})
+        return await r.read()
+    finally:
+        await pool.aclose()
+
+
 def test_content_length_body_and_keep_alive_reuse(server: tuple[int, list[int]]) -> None:
     port, accepted = server
 
@@ -115,18 +128,7 @@ def test_no_answer_within_the_timeout_is_an_upstream_error_and_not_pooled(
     server: tuple[int, list[int]],
 ) -> None:
     port, accepted = server
-
-    async def go() -> bytes:
-        pool = UpstreamPool(timeout_s=0.3)
-        try:
-            with pytest.raises(UpstreamError, match="timeout"):
-                await pool.request("POST", f"http://127.0.0.1:{port}/hang", content=b"", headers={})
-            r = await pool.request("POST", f"http://127.0.0.1:{port}/ok", content=b"", headers={})
-            return await r.read()
-        finally:
-            await pool.aclose()
-
-    assert asyncio.run(go()) == b"hello"
+    assert asyncio.run(_refused_then_ok(port, "/hang", "timeout", timeout_s=0.3)) == b"hello"
     assert len(accepted) == 2  # the silent connection was dropped
 
 
@@ -194,16 +196,5 @@ def test_a_status_outside_100_599_is_an_upstream_error_and_not_pooled(server: tu
     """A backend answering ``999`` is broken (the proxy answers 502), not a status to pass on: a client
     library has no meaning for it, and some refuse the response outright."""
     port, accepted = server
-
-    async def go() -> bytes:
-        pool = UpstreamPool(timeout_s=5)
-        try:
-            with pytest.raises(UpstreamError, match="status 999"):
-                await pool.request("POST", f"http://127.0.0.1:{port}/999", content=b"", headers={})
-            r = await pool.request("POST", f"http://127.0.0.1:{port}/ok", content=b"", headers={})
-            return await r.read()
-        finally:
-            await pool.aclose()
-
-    assert asyncio.run(go()) == b"hello"
+    assert asyncio.run(_refused_then_ok(port, "/999", "status 999")) == b"hello"
     assert len(accepted) == 2

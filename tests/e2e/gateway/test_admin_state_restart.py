@@ -4,34 +4,15 @@ the lease it held is kept), and an undrain outlives the next restart the same wa
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from gpupool.cli.serving import free_port
+from tests.e2e.gateway.serving import start_serve
 
 ADMIN = "e2e-admin-token-0001"
 GPU = "gpu-a/3"  # a whole A100 of the default cluster
-
-
-def _start(data: Path, auth: Path, port: int) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "gpupool.cli.main", "serve", "--port", str(port), "--data-dir", str(data)]
-    argv += ["--auth-file", str(auth), "--no-simulate-readings", "--no-tidal"]
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise RuntimeError(f"serve exited {p.returncode}: {p.stderr.read().decode() if p.stderr else ''}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=0.5).status_code == 200:
-                return p
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    p.kill()
-    raise RuntimeError("serve did not come up")
 
 
 def _drained(cl: httpx.Client) -> dict[str, bool]:
@@ -44,7 +25,7 @@ def test_a_drained_gpu_stays_drained_after_a_kill_and_restart(tmp_path: Path) ->
     data, port = tmp_path / "data", free_port("127.0.0.1")
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {ADMIN}"}
-    proc = _start(data, auth, port)
+    proc = start_serve(data, auth, port, "--no-tidal")
     try:
         with httpx.Client(base_url=url, headers=headers, timeout=10) as cl:
             held = cl.post("/v1/leases", json={"vram_mib": 1024, "gpu_id": GPU, "ttl_s": 600})
@@ -53,7 +34,7 @@ def test_a_drained_gpu_stays_drained_after_a_kill_and_restart(tmp_path: Path) ->
             assert r.status_code == 200 and r.json()["drained"] is True, r.text
         proc.kill()
         proc.wait(10)
-        proc = _start(data, auth, port)
+        proc = start_serve(data, auth, port, "--no-tidal")
         with httpx.Client(base_url=url, headers=headers, timeout=10) as cl:
             assert _drained(cl)[GPU] is True
             assert cl.get(f"/v1/leases/{held.json()['id']}").json()["state"] == "active"
@@ -63,7 +44,7 @@ def test_a_drained_gpu_stays_drained_after_a_kill_and_restart(tmp_path: Path) ->
             assert r.status_code == 200 and r.json()["drained"] is False, r.text
         proc.kill()
         proc.wait(10)
-        proc = _start(data, auth, port)
+        proc = start_serve(data, auth, port, "--no-tidal")
         with httpx.Client(base_url=url, headers=headers, timeout=10) as cl:
             assert not any(_drained(cl).values())
             assert cl.post("/v1/leases", json={"vram_mib": 1024, "gpu_id": GPU}).status_code == 201

@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.e2e.gateway.serving import start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -27,37 +27,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(data: Path, auth: Path, port: int) -> subprocess.Popen[bytes]:
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpupool.cli.main",
-            "serve",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(data),
-            "--auth-file",
-            str(auth),
-            "--no-simulate-readings",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise RuntimeError(f"serve exited {p.returncode}: {p.stderr.read().decode() if p.stderr else ''}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=0.5).status_code == 200:
-                return p
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    p.kill()
-    raise RuntimeError("serve did not come up")
-
-
 def test_kill9_under_load_loses_nothing_and_leaks_nothing(tmp_path: Path) -> None:
     auth = tmp_path / "auth.yaml"
     auth.write_text(
@@ -66,7 +35,7 @@ def test_kill9_under_load_loses_nothing_and_leaks_nothing(tmp_path: Path) -> Non
     )
     data = tmp_path / "data"
     port = _free_port()
-    proc = _start(data, auth, port)
+    proc = start_serve(data, auth, port)
     url = f"http://127.0.0.1:{port}"
     lock = threading.Lock()
     acked: dict[str, str] = {}  # lease id -> "active" | "released"
@@ -122,7 +91,7 @@ def test_kill9_under_load_loses_nothing_and_leaks_nothing(tmp_path: Path) -> Non
         snapshot = dict(acked)
     assert sum(1 for v in snapshot.values() if v == "active") > 5
 
-    proc2 = _start(data, auth, port)
+    proc2 = start_serve(data, auth, port)
     try:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10) as cl:
             active = cl.get("/v1/leases").json()["leases"]

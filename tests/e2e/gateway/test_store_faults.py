@@ -28,6 +28,7 @@ from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import LeaseController
 from tests.adapters.http.servers import running
 from tests.adapters.store.faulty import DISK_FULL, FaultyStore
+from tests.e2e.gateway.serving import serve_argv, start_serve
 
 ADMIN, A = "admin-token-0001", "tenant-a-token-1"
 LEASE = {"priority": "P1", "vram_mib": 1024, "compute_pct": 5, "kinds": ["mig"]}
@@ -132,25 +133,6 @@ def fill(fs: Path) -> Path:
     return filler
 
 
-def _serve(data: Path, auth: Path, port: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "gpupool.cli.main", "serve", "--port", str(port), "--data-dir", str(data)]
-    p = subprocess.Popen(
-        [*cmd, "--auth-file", str(auth), "--no-simulate-readings"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise RuntimeError(f"serve exited {p.returncode}: {p.stderr.read().decode() if p.stderr else ''}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=0.5).status_code == 200:
-                return p
-        time.sleep(0.1)
-    p.kill()
-    raise RuntimeError("serve did not come up")
-
-
 @pytest.mark.slow
 def test_real_serve_on_a_full_tmpfs(tmp_path: Path) -> None:
     auth = tmp_path / "auth.yaml"
@@ -158,7 +140,7 @@ def test_real_serve_on_a_full_tmpfs(tmp_path: Path) -> None:
     with tiny_tmpfs(tmp_path / "fs") as fs:
         data = fs / "data"
         port = free_port()
-        p = _serve(data, auth, port)
+        p = start_serve(data, auth, port)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=h(A), timeout=10) as cl:
                 kept = cl.post("/v1/leases", json=LEASE)
@@ -177,7 +159,7 @@ def test_real_serve_on_a_full_tmpfs(tmp_path: Path) -> None:
                 listed = {x["id"] for x in cl.get("/v1/leases").json()["leases"]}
             p.send_signal(signal.SIGKILL)
             p.wait(10)
-            p = _serve(data, auth, port)
+            p = start_serve(data, auth, port)
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=h(A), timeout=10) as cl:
                 assert {x["id"] for x in cl.get("/v1/leases").json()["leases"]} == listed
         finally:
@@ -194,7 +176,7 @@ def test_real_serve_restarted_on_a_full_tmpfs_says_so_in_one_line(tmp_path: Path
     with tiny_tmpfs(tmp_path / "fs") as fs:
         data = fs / "data"
         port = free_port()
-        p = _serve(data, auth, port)
+        p = start_serve(data, auth, port)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=h(A), timeout=10) as cl:
                 kept = cl.post("/v1/leases", json={**LEASE, "ttl_s": 600})
@@ -203,9 +185,8 @@ def test_real_serve_restarted_on_a_full_tmpfs_says_so_in_one_line(tmp_path: Path
             p.send_signal(signal.SIGTERM)
             p.wait(30)
         filler = fill(fs)
-        cmd = [sys.executable, "-m", "gpupool.cli.main", "serve", "--port", str(port)]
         r = subprocess.run(
-            [*cmd, "--data-dir", str(data), "--auth-file", str(auth), "--no-simulate-readings"],
+            serve_argv(data, auth, port),
             capture_output=True,
             text=True,
             timeout=60,
@@ -216,7 +197,7 @@ def test_real_serve_restarted_on_a_full_tmpfs_says_so_in_one_line(tmp_path: Path
         assert len(r.stderr.strip().splitlines()) == 1 and str(data) in line, r.stderr
         assert "full" in line or "I/O error" in line, line
         filler.unlink()
-        p = _serve(data, auth, port)
+        p = start_serve(data, auth, port)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=h(A), timeout=10) as cl:
                 assert [x["id"] for x in cl.get("/v1/leases").json()["leases"]] == [kept.json()["id"]]

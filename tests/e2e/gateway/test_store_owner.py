@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 
 from gpupool.cli.serving import free_port
+from tests.e2e.gateway.serving import start_serve
 from tests.e2e.gateway.test_store_cli import gpupool, one_line
-from tests.e2e.gateway.test_store_faults import LEASE, A, _serve, h
+from tests.e2e.gateway.test_store_faults import LEASE, A, h
 
 
 def test_a_second_process_on_a_served_store_is_refused_and_changes_nothing(tmp_path: Path) -> None:
@@ -23,7 +24,7 @@ def test_a_second_process_on_a_served_store_is_refused_and_changes_nothing(tmp_p
     auth.write_text(f"tokens:\n  - {{token: {A}, tenant: a, role: tenant}}\n")
     data = tmp_path / "data"
     port = free_port()
-    first = _serve(data, auth, port)
+    first = start_serve(data, auth, port)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=h(A), timeout=10) as cl:
             kept = cl.post("/v1/leases", json={**LEASE, "ttl_s": 600})
@@ -46,7 +47,7 @@ def test_a_second_process_on_a_served_store_is_refused_and_changes_nothing(tmp_p
                 assert [x["id"] for x in cl.get("/v1/leases").json()["leases"]] == [kept.json()["id"]]
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        first = _serve(data, auth, port)  # the kernel dropped the dead gateway's lock
+        first = start_serve(data, auth, port)  # the kernel dropped the dead gateway's lock
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=h(A), timeout=10) as cl:
             assert [x["id"] for x in cl.get("/v1/leases").json()["leases"]] == [kept.json()["id"]]
     finally:
@@ -62,7 +63,7 @@ def test_store_check_reads_a_served_store(tmp_path: Path) -> None:
     auth = tmp_path / "auth.yaml"
     auth.write_text(f"tokens:\n  - {{token: {A}, tenant: a, role: tenant}}\n")
     port = free_port()
-    p = _serve(tmp_path / "data", auth, port)
+    p = start_serve(tmp_path / "data", auth, port)
     try:
         r = gpupool("store", "check", "--data-dir", str(tmp_path / "data"))
         assert r.returncode == 0, r.stdout + r.stderr

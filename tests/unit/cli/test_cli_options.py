@@ -216,14 +216,7 @@ def test_device_plugin_endpoint_is_a_file_name_in_the_plugin_dir(
         "--plugin-dir",
         str(plugin_dir),
     ]
-    out = subprocess.run(
-        [sys.executable, "-m", "gpupool.cli.main", *args, "--endpoint", endpoint],
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=False,
-    )
-    assert_one_line_exit_2(out, want)
+    assert_one_line_exit_2(gpupool(*args, "--endpoint", endpoint), want)
     assert kubelet.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["plugins"]
 
 

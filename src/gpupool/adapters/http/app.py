@@ -56,6 +56,7 @@ from gpupool.adapters.http.context import (
     forget_ticket,
     stored_drained,
 )
+from gpupool.adapters.http.disconnect import done_or_gone
 from gpupool.adapters.http.docs import install_docs
 from gpupool.adapters.http.errors import BadJson, err
 from gpupool.adapters.http.errors import HttpError as _HttpError
@@ -218,29 +219,6 @@ class _Route(APIRoute):
         return handler
 
 
-async def _waited_or_gone(wait: Coroutine[Any, Any, None], request: Request) -> bool:
-    """Run ``wait``; True when the client hung up first (its connection closed: ``http.disconnect``),
-    then ``wait`` is cancelled. The body was read already, so ``receive`` only has the disconnect left."""
-
-    async def gone() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    waiter, watcher = asyncio.ensure_future(wait), asyncio.ensure_future(gone())
-    try:
-        await asyncio.wait((waiter, watcher), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        watcher.cancel()
-        waiter.cancel()
-        raise
-    watcher.cancel()
-    waiter.cancel()
-    if watcher.done() and not watcher.cancelled():
-        watcher.exception()  # (retrieved: a receive that failed means the connection is gone too)
-        return True
-    return False
-
-
 # ---------------------------------------------------------------------- routes
 def _resp(*codes: int, **models: Any) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses``: each code in ``codes`` with the lease API's error shape (422 with the
@@ -315,7 +293,7 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         await gw.committer.durable()
         queued = out.code is OutcomeCode.QUEUED and out.ticket
         waits = queued and body.wait_s > 0 and c.ticket(str(out.ticket)).state == "queued"
-        if waits and await _waited_or_gone(gw.hub.wait_ticket(str(out.ticket), body.wait_s), request):
+        if waits and await done_or_gone(gw.hub.wait_ticket(str(out.ticket), body.wait_s), request.receive):
             forget_ticket(gw, str(out.ticket))  # the client hung up: it never learned the ticket
             return Response(status_code=499)  # (nobody reads it)
         return outcome_response(gw, out, who)

@@ -49,6 +49,7 @@ from typing import Any, Protocol, cast
 
 from gpupool.adapters.http.auth import Principal, TokenTable
 from gpupool.adapters.http.context import DEVICE_STATES_META, Gateway, parse_device_states
+from gpupool.adapters.http.disconnect import disconnected
 from gpupool.adapters.http.upstream import UpstreamError, UpstreamPool
 from gpupool.adapters.http.views import lease_json
 from gpupool.core.model import Lease
@@ -221,7 +222,7 @@ class StandbyApp:
         started: list[bool] = []
         talk = self._exchange(scope["method"], url, bytes(body), fwd, send=send, started=started)
         exchange = asyncio.create_task(talk)
-        gone = asyncio.create_task(_disconnected(receive))
+        gone = asyncio.create_task(disconnected(receive))
         changed = asyncio.create_task(self._changed.wait())
         why = ""
         try:
@@ -289,12 +290,6 @@ class StandbyApp:
             started.append(True)
             await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Return once the client has gone (the request body was read before this is started)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class LeaderOnly:
