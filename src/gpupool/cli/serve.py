@@ -39,6 +39,7 @@ from gpupool.cli.errors import (
     ensure_dir,
     user_errors,
 )
+from gpupool.cli.instances import InstanceKeeper, placement_request
 from gpupool.cli.kvsizer import KvSizer
 
 __all__ = ["KvSizer", "build", "load_tokens", "serve"]
@@ -48,18 +49,14 @@ from gpupool.cli.store_options import store_settings
 from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import ControllerConfig, LeaseController
 from gpupool.core.errors import InvalidInput
-from gpupool.core.model import Request
 from gpupool.core.ports import Backend, GatewayEvent
 from gpupool.core.sessions import DEFAULT_RED_LINE_PCT
 from gpupool.core.watermarks import Reading
 from gpupool.hardware.slices import Slice
-from gpupool.hardware.units import Resources
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CLUSTER = REPO_ROOT / "examples" / "cluster-a100-l40s.yaml"
 DEFAULT_WORKLOADS = REPO_ROOT / "examples" / "workloads-agent-platform.yaml"
-SYSTEM_TENANT = "gpupool-system"
-INSTANCE_TTL_S = 7 * 24 * 3600.0
 ETCD_COMMIT_WINDOW = 2
 """Group commits in flight at once on an etcd store (`GroupCommitter.window`)."""
 
@@ -101,6 +98,8 @@ class Bundle:
     backends: list[Backend] = field(default_factory=list)
     tidal: Any = None
     """The `TidalRuntime` a replica attached after winning (`gpupool.cli.ha`); None otherwise."""
+    keeper: InstanceKeeper | None = None
+    """Keeps the registered backends' placement leases (`gpupool.cli.instances`)."""
 
 
 def plan_cluster(cluster: Path, workloads: Path) -> tuple[Any, Any, Any, list[Slice]]:
@@ -239,11 +238,13 @@ def register_backends(
     from gpupool.adapters.http.surface import configure_backend, configure_model
 
     c = bundle.controller
+    if bundle.keeper is None:
+        bundle.keeper = InstanceKeeper(c)
+        bundle.app.state.gateway.hub.extra.append(bundle.keeper.on_event)
     options = options or {}
     ctx = {w.model: w.max_context for w in bundle.workloads or () if w.model}
     sizer = KvSizer()
     by_id = {st.slice.id: st.slice for st in c.allocator.states()}
-    held = {dict(x.request.labels).get("instance"): x for x in c.leases(tenant=SYSTEM_TENANT)}
     out = []
     quant = {w.model: w.quant for w in bundle.workloads or () if w.model}
     prio = {w.model: w.priority_value for w in bundle.workloads or () if w.model}
@@ -275,22 +276,7 @@ def register_backends(
             raise UserError(f"backend {bid}: priority_scheduling {ps!r}: expected true or false")
         c.register_backend(b)
         configure_backend(bundle.app, bid, priority_scheduling=ps)
-        lease = held.get(bid)
-        if lease is not None and lease.slice_ids == (slice_id,):
-            c.renew(lease.id, ttl_s=INSTANCE_TTL_S)
-        else:
-            req = Request(
-                id=f"instance-{bid}",
-                tenant=SYSTEM_TENANT,
-                priority=prio.get(model, 50),
-                demand=Resources(s.capacity.vram_mib, s.capacity.compute_milli),
-                ttl_s=INSTANCE_TTL_S,
-                kinds=frozenset({s.kind}),
-                preemptible=False,
-                model=model,
-                labels=(("instance", bid),),
-            )
-            c.place(req, (slice_id,))
+        bundle.keeper.add(b, placement_request(b, s, prio.get(model, 50)))
         out.append(b)
     c.flush()
     bundle.backends.extend(out)

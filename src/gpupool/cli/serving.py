@@ -123,6 +123,9 @@ async def serve_forever(
         from gpupool.cli.serve import feed_simulated_readings
 
         tasks.append(asyncio.create_task(feed_simulated_readings(bundle)))
+    keeper = getattr(bundle, "keeper", None)
+    if keeper is not None:  # registered backends keep their placement leases (cli/instances.py)
+        tasks.append(asyncio.create_task(keeper.run(bundle.app.state.gateway.committer)))
     for x in extra:
         if not isinstance(x, uvicorn.Server):
             tasks.append(asyncio.create_task(x))

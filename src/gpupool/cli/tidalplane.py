@@ -69,7 +69,7 @@ class SimulatedStandby:
         self.c = controller
 
     def stop(self, gpu_id: str) -> object:
-        from gpupool.cli.serve import SYSTEM_TENANT
+        from gpupool.cli.instances import SYSTEM_TENANT
 
         held = [
             (lease.request, lease.slice_ids)
@@ -192,7 +192,7 @@ class TidalRuntime:
     def _hand_over(self, bid: str) -> None:
         """Lend a sleeping standby's slice to P2 (its placement lease given back), or take it back
         before the wake (P2 leases there revoked, the placement lease placed again)."""
-        from gpupool.cli.serve import SYSTEM_TENANT
+        from gpupool.cli.instances import SYSTEM_TENANT
 
         sl, c = self.standby, self.bundle.controller
         assert sl is not None

@@ -165,7 +165,7 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, QueuePump, TicketBoo
         self._gpus = set(self.allocator.ledger.gpu_ids())
         self._kv_models: dict[str, str] = {}
         """KV slice id -> model of its backend."""
-        self._unroutable: set[str] = set()  # KV slices taken out of routing (`set_backend_routable`)
+        self._unroutable: dict[str, set[str]] = {}  # KV slice -> why out of routing (`set_backend_routable`)
         self._ends = 0
         """Leases ended so far (a pump pass that ends some runs again)."""
         self._bound, self._cards = {}, None  # pod UID -> lease id, the card index: `PlacementBinds`

@@ -25,7 +25,7 @@ from gpupool.hardware.slices import Slice
 class GpuAdmin:
     allocator: Allocator
     kv: Allocator
-    _unroutable: set[str]
+    _unroutable: dict[str, set[str]]
     bank: WatermarkBank
     readings: dict[str, Reading]
     gpu_health: dict[str, str]

@@ -62,7 +62,7 @@ class KvBackends:
     _kv_models: dict[str, str]
     _freed: bool
     _ends: int
-    _unroutable: set[str]
+    _unroutable: dict[str, set[str]]
     drained: set[str]
     gpu_health: dict[str, str]
 
@@ -99,23 +99,33 @@ class KvBackends:
         for x in sorted(self.backends.values(), key=lambda x: x.id):
             self._models.setdefault(x.model, []).append(x)
 
-    def set_backend_routable(self, backend_id: str, routable: bool) -> None:
+    def set_backend_routable(self, backend_id: str, routable: bool, *, reason: str = "asleep") -> None:
         """Take a backend out of routing (no new request lease on it; those it holds run on) or put it
-        back (queued requests are pumped): the tidal standby sleeper's switch for a sleeping engine.
-        Put back on a drained or unhealthy GPU, it takes requests once the GPU is back (`GpuAdmin`)."""
+        back (queued requests are pumped) for one ``reason``: ``asleep`` (the tidal standby
+        sleeper's switch for a sleeping engine) or ``unplaced`` (its model instance holds no
+        placement lease: `gpupool.cli.instances`). It is routable only when no reason holds it out;
+        put back on a drained or unhealthy GPU, it takes requests once the GPU is back (`GpuAdmin`)."""
         if backend_id not in self.backends:
             raise UnknownId("backend", backend_id)
         sid = KV_PREFIX + backend_id
         gpu = self.backends[backend_id].gpu_id
         if routable:
-            self._unroutable.discard(sid)
-            if gpu not in self.drained and self.gpu_health.get(gpu, "ok") == "ok":
+            held = self._unroutable.get(sid, set()) - {reason}
+            if held:
+                self._unroutable[sid] = held
+            else:
+                self._unroutable.pop(sid, None)
+            if not held and gpu not in self.drained and self.gpu_health.get(gpu, "ok") == "ok":
                 self.kv.mark_healthy(sid)
                 self._freed = True
         else:
-            self._unroutable.add(sid)
+            self._unroutable.setdefault(sid, set()).add(reason)
             self.kv.mark_unhealthy(sid)
         self._finish(None)
+
+    def unroutable_reasons(self, backend_id: str) -> frozenset[str]:
+        """Why the backend is out of routing (`set_backend_routable`); empty: routable (its GPU open)."""
+        return frozenset(self._unroutable.get(KV_PREFIX + backend_id, ()))
 
     def models(self) -> dict[str, list[Backend]]:  # read-only view, rebuilt on registration
         return self._models
