@@ -300,6 +300,7 @@ def run(  # noqa: PLR0917 (typer options)
                 "(--keep-state keeps it)"
             )
     runtimes: list[Any] = []
+    bundle: Bundle | None = None
     try:
         demo = {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}
         bundle = build(
@@ -352,4 +353,6 @@ def run(  # noqa: PLR0917 (typer options)
         pass  # NOTE: Ctrl-C during start-up; once serving, serve_forever handles the signal itself
     finally:
         stop_agents(runtimes)
+        if bundle is not None:  # (SQLite folds its write-ahead log into leases.db and removes it)
+            bundle.controller.store.close()
     say("gpupool: stopped")

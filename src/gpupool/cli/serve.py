@@ -583,4 +583,7 @@ def serve(  # noqa: PLR0917 (typer options)
     with contextlib.suppress(KeyboardInterrupt):
         if kube is not None:
             extra.append(serve_k8s.run(bundle, kube, kube_opts))
-        run_loop(serve_forever(bundle, host=host, port=port, extra=extra, server_options=opts))
+        try:
+            run_loop(serve_forever(bundle, host=host, port=port, extra=extra, server_options=opts))
+        finally:  # (SQLite folds its write-ahead log into leases.db and removes it)
+            bundle.controller.store.close()
