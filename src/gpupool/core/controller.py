@@ -163,8 +163,8 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, QueuePump, TicketBoo
         self.preemptions = 0
         self._granting: Ticketed | None = None
         self._gpus = set(self.allocator.ledger.gpu_ids())
-        self._kv_models: dict[str, str] = {}
-        """KV slice id -> model of its backend."""
+        self._kv_models: dict[str, str] = {}  # KV slice id -> model of its backend
+        self.closed: set[str] = set()  # slices an admin closed (`GpuAdmin.mark_slice`, `closed`)
         self._unroutable: dict[str, set[str]] = {}  # KV slice -> why out of routing (`set_backend_routable`)
         self._ends = 0
         """Leases ended so far (a pump pass that ends some runs again)."""

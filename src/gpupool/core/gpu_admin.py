@@ -30,6 +30,9 @@ class GpuAdmin:
     readings: dict[str, Reading]
     gpu_health: dict[str, str]
     drained: set[str]
+    closed: set[str]
+    """Slices an admin marked unhealthy (`mark_slice`): an undrain, a GPU back to health or an agent's
+    healthy slice leaves them closed; only `mark_slice` reopens them."""
     _gpus: set[str]
     _events: list[GatewayEvent]
     _freed: bool
@@ -82,7 +85,8 @@ class GpuAdmin:
         self.drained.discard(gpu_id)
         if self.gpu_health.get(gpu_id, "ok") == "ok":
             for sid in sids:
-                self.allocator.mark_healthy(sid)
+                if sid not in self.closed:
+                    self.allocator.mark_healthy(sid)
         self._sync_kv(gpu_id)
         self._freed = True
         self._finish(None)
@@ -90,10 +94,15 @@ class GpuAdmin:
     def mark_slice(
         self, slice_id: str, *, healthy: bool, revoke: bool = False, reason: str = ""
     ) -> tuple[Lease, ...]:
-        """Open or close one slice. A slice of a drained GPU stays closed (opening it would grant
-        on the drained GPU, and a restart would close it again): `undrain_gpu` opens them all."""
+        """Open or close one slice (an admin's mark: it stays until the next mark, see ``closed``).
+        A slice of a drained GPU stays closed (opening it would grant on the drained GPU, and a
+        restart would close it again): `undrain_gpu` opens it with its GPU."""
         st = self.allocator.slice_state(slice_id)  # raises UnknownId
         out: tuple[Lease, ...] = ()
+        if healthy:
+            self.closed.discard(slice_id)
+        else:
+            self.closed.add(slice_id)
         if healthy and st.slice.gpu_id in self.drained:
             return out
         if healthy:
@@ -137,7 +146,7 @@ class GpuAdmin:
                         why = f"node agent on {node}: slice {sid} unhealthy"
                         ended = self.allocator.mark_unhealthy(sid, revoke=True, reason=why)
                         report["revoked"] += [x.id for x in ended]
-                    elif old.gpu_id not in self.drained and self.gpu_health.get(old.gpu_id, "ok") == "ok":
+                    elif self._may_open(sid, old.gpu_id):
                         self.allocator.mark_healthy(sid)
                         self._freed = True
                 continue
@@ -188,7 +197,8 @@ class GpuAdmin:
         if health == "ok":
             if gpu not in self.drained:
                 for sid in sids:
-                    self.allocator.mark_healthy(sid)
+                    if sid not in self.closed:
+                        self.allocator.mark_healthy(sid)
                 self._freed = True
             self._sync_kv(gpu)
             return
@@ -196,6 +206,11 @@ class GpuAdmin:
         for sid in sids:
             self.allocator.mark_unhealthy(sid, revoke=health == "failed", reason=why)
         self._sync_kv(gpu, revoke=health == "failed", reason=why)
+
+    def _may_open(self, slice_id: str, gpu_id: str) -> bool:
+        """Neither its GPU (drained, unhealthy) nor an admin (``closed``) keeps the slice closed."""
+        healthy_gpu = gpu_id not in self.drained and self.gpu_health.get(gpu_id, "ok") == "ok"
+        return healthy_gpu and slice_id not in self.closed
 
     def _sync_kv(self, gpu_id: str, *, revoke: bool = False, reason: str = "") -> None:
         """The KV budgets of the backends on ``gpu_id`` follow their GPU: open while it is neither

@@ -51,3 +51,53 @@ def test_a_drained_gpu_stays_drained_after_a_kill_and_restart(tmp_path: Path) ->
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def _healthy(cl: httpx.Client, sid: str) -> bool:
+    return next(
+        s["healthy"]
+        for n in cl.get("/v1/pool").json()["nodes"]
+        for g in n["gpus"]
+        for s in g["slices"]
+        if s["slice_id"] == sid
+    )
+
+
+def test_a_closed_slice_stays_closed_after_an_undrain_and_a_restart(tmp_path: Path) -> None:
+    """An admin's slice mark is the admin's: an undrain of its GPU does not reopen it, a kill -9 and
+    restart keep it closed, and only the admin's healthy mark reopens it (which outlives a restart)."""
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(f"tokens:\n  - {{token: {ADMIN}, tenant: ops, role: admin}}\n")
+    data, port = tmp_path / "data", free_port("127.0.0.1")
+    url = f"http://127.0.0.1:{port}"
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    proc = start_serve(data, auth, port, "--no-tidal")
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=10) as cl:
+            sid = next(
+                s["slice_id"]
+                for n in cl.get("/v1/pool").json()["nodes"]
+                for g in n["gpus"]
+                if g["gpu_id"] == GPU
+                for s in g["slices"]
+            )
+            r = cl.post(f"/v1/admin/slices/{sid}/health", json={"healthy": False, "reason": "bad fan"})
+            assert r.status_code == 200, r.text
+            assert cl.post(f"/v1/admin/gpus/{GPU}/drain", json={}).status_code == 200
+            assert cl.post(f"/v1/admin/gpus/{GPU}/drain", json={"undo": True}).status_code == 200
+            assert _healthy(cl, sid) is False  # the undrain reopened the GPU, not the admin's mark
+        proc.kill()
+        proc.wait(10)
+        proc = start_serve(data, auth, port, "--no-tidal")
+        with httpx.Client(base_url=url, headers=headers, timeout=10) as cl:
+            assert _healthy(cl, sid) is False
+            assert cl.post(f"/v1/admin/slices/{sid}/health", json={"healthy": True}).status_code == 200
+            assert _healthy(cl, sid) is True
+        proc.kill()
+        proc.wait(10)
+        proc = start_serve(data, auth, port, "--no-tidal")
+        with httpx.Client(base_url=url, headers=headers, timeout=10) as cl:
+            assert _healthy(cl, sid) is True
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -48,6 +48,7 @@ from gpupool.adapters.http import context, errors, jsonbody
 from gpupool.adapters.http import schemas as s
 from gpupool.adapters.http.auth import Principal, TokenTable
 from gpupool.adapters.http.context import (
+    CLOSED_META,
     DEVICE_STATES_META,
     DRAINED_META,
     Gateway,
@@ -490,11 +491,23 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         was = c.allocator.slice_state(slice_id).healthy  # (UnknownId: 404)
         if body.healthy and (why := context.reopen_refused(c, slice_id)):
             return err(409, why, "gpu_drained")
+        old, closed = stored_drained(c, CLOSED_META), slice_id in c.closed
+        marks = old - {slice_id} if body.healthy else old | {slice_id}
+        try:  # stored first, like a drain: it outlives a restart, and a refusal changes nothing
+            c.store.set_meta(CLOSED_META, json.dumps(sorted(marks)))
+        except Exception as exc:
+            raise StoreUnavailable(str(exc)) from exc
         ended = c.mark_slice(slice_id, healthy=body.healthy, revoke=body.revoke, reason=body.reason)
         try:
             await gw.committer.durable()
         except StoreUnavailable:  # the revocations were undone: the mark is too (nothing changed)
+            with contextlib.suppress(Exception):
+                c.store.set_meta(CLOSED_META, json.dumps(sorted(old)))
             c.mark_slice(slice_id, healthy=was)
+            if closed:
+                c.closed.add(slice_id)
+            else:
+                c.closed.discard(slice_id)
             raise
         return FastJSONResponse(
             {"slice_id": slice_id, "healthy": body.healthy, "leases": [x.id for x in ended]}

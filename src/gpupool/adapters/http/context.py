@@ -59,9 +59,15 @@ written before each such drain or undrain takes effect, so that it outlives a re
 (`restore_drained`). GPUs the pool drains on its own (tidal re-partitioning) are not in it."""
 
 
-def stored_drained(controller: LeaseController) -> set[str]:
-    """The GPUs of the controller's stored `DRAINED_META` list (none for a missing or damaged value)."""
-    text = controller.store.get_meta(DRAINED_META)
+CLOSED_META = "closed_slices"
+"""Store meta key: JSON list of the slices an admin marked unhealthy (``POST
+/v1/admin/slices/{slice_id}/health``), written like `DRAINED_META` (`restore_closed`)."""
+
+
+def stored_drained(controller: LeaseController, key: str = DRAINED_META) -> set[str]:
+    """The ids of the controller's stored ``key`` list (`DRAINED_META`: GPUs, `CLOSED_META`:
+    slices; none for a missing or damaged value)."""
+    text = controller.store.get_meta(key)
     try:
         doc = json.loads(text) if text else []
     except ValueError:
@@ -80,10 +86,13 @@ def reopen_refused(controller: LeaseController, slice_id: str) -> str | None:
 
 
 def restore_drained(controller: LeaseController) -> list[str]:
-    """Drain again (revoking nothing) every stored admin-drained GPU still in the pool; returns them."""
+    """Drain again (revoking nothing) every stored admin-drained GPU still in the pool, and close
+    again every stored admin-closed slice still in it; returns the GPUs."""
     again = sorted(stored_drained(controller) & set(controller.allocator.ledger.gpu_ids()))
     for gpu in again:
         controller.drain_gpu(gpu)
+    for sid in sorted(stored_drained(controller, CLOSED_META) & set(controller.allocator.ledger.slice_ids())):
+        controller.mark_slice(sid, healthy=False)
     return again
 
 
