@@ -344,7 +344,7 @@ def add_proxy_routes(
                 truncated = f"turns={cut[1]}; tokens={before - prompt}"
             if ctx is not None:
                 if mt >= ctx:
-                    raise too_long(ctx, mt, None, kind)
+                    raise too_long(ctx, mt, None, kind, shape.max_tokens_param)
                 if prompt + mt > NEAR_CONTEXT * ctx:
                     exact = await exact_prompt_tokens(backends[0].url, model, body, kind)
                     if exact is not None:
