@@ -4,6 +4,7 @@ PUT/PATCH watermarks; SSE ids and ``Last-Event-ID``; offline ``/docs``; ``/metri
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import threading
@@ -237,6 +238,37 @@ def test_a_body_with_a_content_type_that_is_not_json_is_named_by_its_content_typ
                 assert r.json()["error"] == want, r.text
         assert state(c) == before
         assert cl.post("/v1/leases", content=body, headers=JSON_CT).status_code == 201  # (as JSON: granted)
+
+
+def test_a_compressed_body_is_415_naming_its_content_encoding_in_both_families(
+    gw: tuple[str, LeaseController],
+) -> None:
+    """Before: a gzip body (``Content-Encoding: gzip``) was decoded as if plain and refused as
+    "body is not UTF-8 (invalid byte at offset 1)", a misleading 400 in both route families; the
+    gateway decodes no content coding, so it says that, naming the header's value."""
+    url, c = gw
+    before = state(c)
+    lease = {"vram_mib": 100}
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.Client(base_url=url, headers=h(A), timeout=10) as cl:
+        for path, doc in (("/v1/leases", lease), ("/v1/chat/completions", chat)):
+            for enc in ("gzip", "br, gzip"):
+                raw = gzip.compress(json.dumps(doc).encode())
+                r = cl.post(path, content=raw, headers={**JSON_CT, "content-encoding": enc})
+                assert r.status_code == 415, (path, r.text)
+                want = f'Content-Encoding "{enc}" is not supported: send the body uncompressed'
+                err = r.json()["error"]
+                if path == "/v1/leases":
+                    assert err == want and r.json()["code"] == "unsupported_content_encoding", r.text
+                    assert r.json()["field"] == "content-encoding"
+                else:
+                    assert err["message"] == want and err["code"] == "unsupported_content_encoding"
+                    assert err["param"] == "content-encoding" and err["type"] == "invalid_request_error"
+        assert state(c) == before
+        # "identity" is no coding at all (the chat model is not served here: 404 past the check)
+        ident = {**JSON_CT, "content-encoding": "identity"}
+        assert cl.post("/v1/leases", json=lease, headers=ident).status_code == 201
+        assert cl.post("/v1/chat/completions", json=chat, headers=ident).status_code == 404
 
 
 def test_error_texts_never_echo_more_than_a_line_of_what_was_sent(gw: tuple[str, LeaseController]) -> None:

@@ -267,3 +267,18 @@ def test_a_prompt_estimated_past_every_kv_budget_is_forwarded_not_a_503(stack: S
     words = "a few words " * 40_000
     stack.sdk().completions.create(model="echo-fcfs", prompt=words, max_tokens=20)
     assert stack.seen[-1]["prompt"] == words
+
+
+def test_max_completion_tokens_wins_over_max_tokens_in_chat_as_in_vllm(stack: Stack) -> None:
+    # Before: the gateway (and the emulated backend) read ``max_tokens`` first, while vLLM's chat
+    # route reads ``max_completion_tokens or max_tokens``: a chat request with a small max_tokens
+    # and a large max_completion_tokens was sized (KV lease, context check) for the small one and
+    # then generated the large one; the context error named max_tokens when the client had sent
+    # max_completion_tokens.
+    sdk = stack.sdk()
+    r = sdk.chat.completions.create(model=CHAT, messages=MSG, max_tokens=2, max_completion_tokens=4)
+    assert r.usage is not None and r.usage.completion_tokens == 4
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.chat.completions.create(model=SMALL, messages=MSG, max_tokens=2, max_completion_tokens=SMALL_CTX)
+    assert e.value.code == "context_length_exceeded"
+    assert e.value.param == "max_completion_tokens" and "max_completion_tokens 256" in e.value.message

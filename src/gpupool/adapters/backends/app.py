@@ -234,8 +234,11 @@ def create_backend_app(
         keys = [explicit_keys(body, c) or chunk_keys(ids, grain) for c, ids in zip(counts, idss, strict=True)]
         n = _int(body, "n", 1, 1, 128)
         mt = _int(body, "max_tokens", -1, 1, 1 << 24)
-        if mt < 0:
-            mt = _int(body, "max_completion_tokens", DEFAULT_MAX_TOKENS, 1, 1 << 24)
+        mct = _int(body, "max_completion_tokens", -1, 1, 1 << 24)
+        if mct > 0 and (mt < 0 or chat):  # vLLM's chat route: max_completion_tokens or max_tokens
+            mt = mct
+        elif mt < 0:
+            mt = DEFAULT_MAX_TOKENS
         stops = _stops(body)
         p = prio(body)
         stream = body.get("stream") is True

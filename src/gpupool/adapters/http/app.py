@@ -59,7 +59,7 @@ from gpupool.adapters.http.context import (
 )
 from gpupool.adapters.http.disconnect import done_or_gone
 from gpupool.adapters.http.docs import install_docs
-from gpupool.adapters.http.errors import BadJson, err
+from gpupool.adapters.http.errors import BadEncoding, BadJson, err, unsupported_encoding
 from gpupool.adapters.http.errors import HttpError as _HttpError
 from gpupool.adapters.http.leasereq import build_request
 from gpupool.adapters.http.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, BodyLimit
@@ -199,6 +199,9 @@ class _JsonRequest(Request):
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
+            enc = unsupported_encoding(self.headers.get("content-encoding"))
+            if enc is not None:
+                raise BadEncoding(enc)
             try:
                 self._json = jsonbody.loads(await self.body(), unique_keys=True)
             except jsonbody.JsonBodyError as exc:

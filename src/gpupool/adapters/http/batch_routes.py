@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from gpupool.adapters.http import jsonbody
 from gpupool.adapters.http.app import admin_principal
 from gpupool.adapters.http.auth import Principal
-from gpupool.adapters.http.errors import BadJson, HttpError
+from gpupool.adapters.http.errors import BadEncoding, BadJson, HttpError, unsupported_encoding
 from gpupool.core.errors import DuplicateId, InvalidInput
 from gpupool.core.tidal.jobs import BatchJobSpec, JobState, validate_job
 from gpupool.hardware.units import compute_milli_from_pct
@@ -80,6 +80,9 @@ def add_batch_routes(app: FastAPI, port: BatchPort) -> None:
 
     @app.post("/v1/batch/jobs", status_code=201)
     async def submit(request: Request, who: AdminWho) -> JSONResponse:
+        enc = unsupported_encoding(request.headers.get("content-encoding"))
+        if enc is not None:
+            raise BadEncoding(enc)
         try:  # the bounded decoder: too deep, a lone surrogate or bad JSON is a 400 naming it
             body = jsonbody.loads(await request.body(), unique_keys=True)
         except jsonbody.JsonBodyError as exc:

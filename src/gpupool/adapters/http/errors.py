@@ -9,7 +9,8 @@ Python reprs; every text is made UTF-8-safe before encoding (a lone surrogate in
 a value is shown escaped), so building an error response cannot itself fail. Malformed JSON and
 bodies the bounded decoder (`gpupool.adapters.http.jsonbody`) refuses are 400 naming the field or
 ``body``; schema violations are 422 naming the field and the value received; a body sent with a
-Content-Type that is not JSON (``text/plain``, a form) is 422 naming that Content-Type, not the bytes.
+Content-Type that is not JSON (``text/plain``, a form) is 422 naming that Content-Type, not the bytes;
+one sent with a ``Content-Encoding`` (the gateway decodes none) is 415 naming it (`unsupported_encoding`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ def show(value: object) -> str:
     except (TypeError, ValueError):
         text = str(value)
     return clip(safe(text))
+
+
+def unsupported_encoding(value: str | None) -> str | None:
+    """The 415 text for a body sent with the ``Content-Encoding`` ``value`` (gzip, br, ...: the
+    gateway decodes none), or None when there is none (absent, empty or ``identity``)."""
+    if value is None or value.strip().lower() in ("", "identity"):
+        return None
+    return f"Content-Encoding {show(value)} is not supported: send the body uncompressed"
 
 
 def clip(text: str) -> str:
@@ -94,6 +103,14 @@ class BadJson(StarletteHTTPException):
     def __init__(self, err: JsonBodyError) -> None:
         super().__init__(400, str(err))
         self.err = err
+
+
+class BadEncoding(StarletteHTTPException):
+    """A body sent with a content coding (`unsupported_encoding`'s text); an HTTPException like
+    `BadJson`, so FastAPI's body parsing re-raises it."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(415, text)
 
 
 def err(
@@ -147,6 +164,10 @@ def install(app: FastAPI) -> None:
         e = exc.err
         text = e.problem if e.field == "body" else f"invalid {e}"
         return family_err(request, 400, text, "invalid_json", field=e.field)
+
+    @app.exception_handler(BadEncoding)
+    async def bad_encoding(request: Request, exc: BadEncoding) -> JSONResponse:
+        return family_err(request, 415, exc.detail, "unsupported_content_encoding", field="content-encoding")
 
     @app.exception_handler(StarletteHTTPException)
     async def starlette_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

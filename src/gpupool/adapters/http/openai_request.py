@@ -4,7 +4,8 @@ returns the request's shape; `TokenCorrection` learns a per-model correction of 
 
 Checks (each failure an `OpenAIError`, rendered as ``{"error": {message, type, param, code}}``):
 ``messages`` (chat), ``prompt`` (completions), ``input`` (embeddings) present and well-formed;
-``n`` in [1, 128]; ``max_tokens`` / ``max_completion_tokens`` >= 1; ``stop`` a string or list of
+``n`` in [1, 128]; ``max_tokens`` / ``max_completion_tokens`` >= 1 (chat: ``max_completion_tokens``
+wins when both are given, as in vLLM; completions: ``max_tokens``); ``stop`` a string or list of
 strings; ``stream`` a boolean and ``stream_options`` only with it; ``encoding_format`` float|base64;
 ``dimensions`` >= 1. Values the backend honours (``n``, ``stop``, list prompts) are passed on as sent.
 
@@ -58,6 +59,8 @@ class Shape:
     max_tokens: int | None
     """Per sequence, as sent (None: not given)."""
     stream: bool
+    max_tokens_param: str = "max_tokens"
+    """The field ``max_tokens`` came from (``max_completion_tokens`` when a chat request gave it)."""
 
     @property
     def prompt_estimate(self) -> int:
@@ -157,8 +160,10 @@ def inspect(body: Mapping[str, Any], kind: str) -> Shape:
         chars, prompts = _prompt_chars(body.get("prompt"), "prompt")
     n = _count_int(body, "n", 1, MAX_N) or 1
     mt = _count_int(body, "max_tokens", 1, 1 << 30)
-    if mt is None:
-        mt = _count_int(body, "max_completion_tokens", 1, 1 << 30)
+    mct = _count_int(body, "max_completion_tokens", 1, 1 << 30)
+    param = "max_tokens"
+    if mct is not None and (mt is None or kind == CHAT):  # vLLM's chat: max_completion_tokens or max_tokens
+        mt, param = mct, "max_completion_tokens"
     stop = body.get("stop")
     if not (stop is None or isinstance(stop, str)) and (
         not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)
@@ -170,7 +175,7 @@ def inspect(body: Mapping[str, Any], kind: str) -> Shape:
     so = body.get("stream_options")
     if so is not None and (not stream or not isinstance(so, dict)):
         raise _bad("stream_options", so, "is only allowed (as an object) when stream is true")
-    return Shape(chars, prompts, n, mt, stream)
+    return Shape(chars, prompts, n, mt, stream, param)
 
 
 def priority_of(headers: Mapping[str, str], objectives: Mapping[str, int]) -> int:

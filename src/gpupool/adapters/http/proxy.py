@@ -52,7 +52,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpupool.adapters.http.errors import clip
+from gpupool.adapters.http.errors import clip, unsupported_encoding
 from gpupool.adapters.http.jsonbody import JsonBodyError, loads_bounded
 from gpupool.adapters.http.openai_request import (
     CHAT,
@@ -282,6 +282,9 @@ def add_proxy_routes(
         who = principal(request)
         if isinstance(who, Response):
             return who
+        enc = unsupported_encoding(request.headers.get("content-encoding"))
+        if enc is not None:
+            return _err(OpenAIError(415, enc, param="content-encoding", code="unsupported_content_encoding"))
         raw = await request.body()
         try:
             body = loads_bounded(raw)
@@ -344,7 +347,7 @@ def add_proxy_routes(
                 truncated = f"turns={cut[1]}; tokens={before - prompt}"
             if ctx is not None:
                 if mt >= ctx:
-                    raise too_long(ctx, mt, None, kind)
+                    raise too_long(ctx, mt, None, kind, shape.max_tokens_param)
                 if prompt + mt > NEAR_CONTEXT * ctx:
                     exact = await exact_prompt_tokens(backends[0].url, model, body, kind)
                     if exact is not None:

@@ -50,14 +50,17 @@ def queue_timeout(value: str | None, max_wait_s: float) -> float | None:
     return v
 
 
-def too_long(ctx: int, max_tokens: int, prompt: int | None, kind: str) -> OpenAIError:
+def too_long(
+    ctx: int, max_tokens: int, prompt: int | None, kind: str, name: str = "max_tokens"
+) -> OpenAIError:
+    """The context error; ``name``: the field ``max_tokens`` came from (`Shape.max_tokens_param`)."""
     what = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input"}[kind]
     if prompt is None:
         msg = (
-            f"max_tokens {max_tokens} leaves no room for the {what}: this model's maximum context "
+            f"{name} {max_tokens} leaves no room for the {what}: this model's maximum context "
             f"length is {ctx} tokens."
         )
-        param = "max_tokens"
+        param = name
     else:
         msg = (
             f"This model's maximum context length is {ctx} tokens. However, you requested "

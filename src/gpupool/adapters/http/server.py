@@ -14,7 +14,9 @@ nothing, or a header byte now and then, holds a socket and a file descriptor ind
   connection (and a request slot) for as long as it liked;
 - `KEEP_ALIVE_S` (5 s): an idle keep-alive connection between requests is closed after this;
 - `MAX_CONNECTIONS` (1000): uvicorn's ``limit_concurrency`` (open connections + running requests);
-  past it a new request is answered 503 at once instead of queueing without bound;
+  past it a new request is answered 503 at once instead of queueing without bound (`overloaded`:
+  the route family's error shape, code ``overloaded``, ``Retry-After: OVERLOAD_RETRY_AFTER_S``,
+  the connection closed after it; not uvicorn's bare text);
 - `MAX_HEADER_BYTES`: h11's limit on an incomplete request head (for the h11 parser; httptools
   has its own fixed limit of 80 KiB).
 
@@ -29,8 +31,10 @@ import asyncio
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gpupool.adapters.http.errors import err, is_openai_path, openai_err
 from gpupool.adapters.http.native import NativeCycle, NativeProxy
 
 HEADER_TIMEOUT_S = 10.0
@@ -38,6 +42,24 @@ MIN_BODY_BYTES_PER_S = 16 * 1024
 KEEP_ALIVE_S = 5
 MAX_CONNECTIONS = 1000
 MAX_HEADER_BYTES = 64 * 1024
+OVERLOAD_RETRY_AFTER_S = 1
+
+
+async def overloaded(scope: Any, receive: Any, send: Any) -> None:
+    """The answer past the connection limit: 503 in the route family's error shape with
+    ``Retry-After``, and ``connection: close`` (uvicorn then closes it, freeing a slot)."""
+    msg = (
+        "the gateway is at its connection limit (gpupool serve --max-connections); "
+        f"retry after {OVERLOAD_RETRY_AFTER_S} s"
+    )
+    path = scope.get("path", "")
+    if is_openai_path(path):
+        response = openai_err(503, msg, "overloaded")
+        response.headers["Retry-After"] = str(OVERLOAD_RETRY_AFTER_S)
+    else:
+        response = err(503, msg, "overloaded", retry=OVERLOAD_RETRY_AFTER_S)
+    response.headers["connection"] = "close"
+    await response(scope, receive, send)
 
 
 class HeadTimeoutProtocol(HttpToolsProtocol):
@@ -184,6 +206,10 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
             return False
         limit = self.limit_concurrency
         return limit is None or (len(self.connections) < limit and len(self.tasks) < limit)
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        """uvicorn's, with its bare-text 503 past the connection limit replaced by `overloaded`."""
+        super()._start_asgi_task(cycle, overloaded if app is service_unavailable else app)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_deadline = self._idle_deadline = None
