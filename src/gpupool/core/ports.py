@@ -113,8 +113,8 @@ class GatewayEvent:
     """One thing holders and operators may need to know, in the order it became durable.
 
     ``kind``: granted | renewed | released | expired | preempted | revoked | queued | shed | failed |
-    pause | resume. Lease events carry ``lease``; ticket events carry ``ticket``; pause/resume carry
-    ``gpu_id`` and the ids of the P2 leases on that GPU in ``lease_ids``.
+    cancelled | pause | resume. Lease events carry ``lease``; ticket events carry ``ticket``;
+    pause/resume carry ``gpu_id`` and the ids of the P2 leases on that GPU in ``lease_ids``.
     """
 
     kind: str

@@ -76,7 +76,7 @@ class TicketBook:
         if state != "granted":  # NOTE: a grant's event is the lease's own "granted" event (with the ticket)
             self._events.append(
                 GatewayEvent(
-                    kind="failed" if state == "failed" else "shed",
+                    kind=state if state in ("failed", "cancelled") else "shed",
                     at=now,
                     ticket=st.ticket,
                     tenant=st.request.tenant,

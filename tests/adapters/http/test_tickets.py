@@ -114,3 +114,25 @@ def test_a_client_that_hangs_up_while_its_acquire_waits_leaves_no_ticket_behind(
         cl.delete(f"/v1/leases/{big['id']}", headers=h(A))
         time.sleep(0.3)
         assert [x for x in c.leases() if x.request.tenant == "b"] == []
+
+
+def test_an_acquire_whose_ticket_is_cancelled_during_its_wait_is_409_cancelled(tmp_path: Path) -> None:
+    """It answered 202 with a ``poll`` URL, as if the ticket were still queued."""
+    import threading
+
+    with gateway(tmp_path / "l.db") as (cl, c):
+        assert cl.post("/v1/leases", json=MIG40, headers=h(A)).status_code == 201
+        got: list[httpx.Response] = []
+        url = str(cl.base_url)
+        body = {**MIG40, "wait_s": 20, "queue_timeout_s": 60}
+        t = threading.Thread(
+            target=lambda: got.append(httpx.post(f"{url}/v1/leases", json=body, headers=h(B), timeout=30))
+        )
+        t.start()
+        deadline = time.monotonic() + 10
+        while not len(c.queue) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (ticket,) = [x.ticket for x in c.queue]
+        assert cl.delete(f"/v1/tickets/{ticket}", headers=h(B)).json()["state"] == "cancelled"
+        t.join(30)
+        assert got[0].status_code == 409 and got[0].json()["code"] == "cancelled", got[0].text

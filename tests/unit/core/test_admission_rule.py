@@ -170,3 +170,18 @@ def test_a_load_mix_rarely_queues_while_most_vram_is_free(seed: int) -> None:
     assert r.acquires > 300 and r.granted_from_queue > 50
     assert r.roomy_queued <= max(3, 0.2 * r.roomy), (r.roomy_queued, r.roomy)
     assert r.mean_used > 0.78
+
+
+def test_a_cancelled_ticket_ends_with_a_cancelled_event_not_a_shed_one() -> None:
+    c, clock, _ = make([a_slice("c0", gpu="g0")])
+    seen: list[str] = []
+    c.sink = lambda e: seen.append(e.kind) if e.ticket else None
+    c.acquire(a_request("a", vram_gib=60, priority=P1))
+    q = c.acquire(a_request("b", vram_gib=60, priority=P1, tenant="b"))
+    late = c.acquire(a_request("c", vram_gib=60, priority=P1, tenant="c"), wait_s=1.0)
+    assert q.ticket and late.ticket
+    assert c.cancel(q.ticket, tenant="b").state == "cancelled"
+    clock.advance(2.0)
+    c.tick()
+    c.flush()
+    assert seen == ["queued", "queued", "cancelled", "shed"]  # (the deadline passed: shed)

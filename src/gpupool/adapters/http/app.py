@@ -285,9 +285,10 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
     @app.post(
         "/v1/leases",
         status_code=201,
-        responses=_resp(*BODY, 429, 503, _201=s.LeaseOut, _202=s.TicketOut),
+        responses=_resp(*BODY, 409, 429, 503, _201=s.LeaseOut, _202=s.TicketOut),
         description="Acquire a lease. 201 granted (``victims``: the caller's own preempted leases, "
         "``victims_other_tenants``: how many of other tenants'), 202 queued (poll the ticket), "
+        "409 its ticket was cancelled during ``wait_s``, "
         "429 backpressure / shed / no capacity now (Retry-After), 503 no healthy slice could ever "
         "hold it. " + s.PRIORITY_DOC,
     )

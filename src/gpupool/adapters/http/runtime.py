@@ -335,7 +335,7 @@ class EventHub:
                     sub.queue.put_nowait(item)
                 except asyncio.QueueFull:
                     sub.overflowed = True  # its stream ends; the client resumes with Last-Event-ID
-        if event.ticket and event.kind in ("granted", "shed", "failed"):
+        if event.ticket and event.kind in ("granted", "shed", "failed", "cancelled"):
             for fut in self._tickets.pop(event.ticket, ()):
                 if not fut.done():
                     fut.set_result(None)

@@ -122,6 +122,8 @@ def outcome_response(gw: Gateway, out: Outcome, who: Principal | None = None) ->
             return err(429, st.reason or "shed", "shed", retry=gw.controller.config.retry_after_s)
         if st.state == "failed":
             return err(503, st.reason or "failed", "failed")
+        if st.state == "cancelled":  # (by its holder, with DELETE /v1/tickets/{ticket}, during wait_s)
+            return err(409, f"ticket {out.ticket} was cancelled: no lease was granted", "cancelled")
         return FastJSONResponse(body, status_code=202, headers={"Location": body["poll"]})
     code = out.code.value
     return err(status, out.reason or code, code, retry=out.retry_after_s if status == 429 else None)
