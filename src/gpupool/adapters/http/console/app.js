@@ -521,7 +521,7 @@
     ol.prepend(li);
     while (ol.children.length > MAX_EVENTS) ol.lastChild.remove();
     $("event-count").textContent = `${state.events.length} since this page opened`;
-    if (LEASE_KINDS.has(e.kind) || ["queued", "shed", "pause", "resume", "tidal", "lagged"].includes(e.kind)) schedule(30);
+    if (LEASE_KINDS.has(e.kind) || ["queued", "shed", "cancelled", "failed", "pause", "resume", "tidal", "lagged"].includes(e.kind)) schedule(30);
   }
 
   function startEvents() {
