@@ -130,6 +130,10 @@ class KvBackends:
     def models(self) -> dict[str, list[Backend]]:  # read-only view, rebuilt on registration
         return self._models
 
+    def kv_capacity_mib(self, backend: Backend) -> int:
+        """The most KV cache one request may take on ``backend``: its budget x the red line."""
+        return self.kv.ledger.slice(KV_PREFIX + backend.id).capacity.vram_mib
+
     def backend_of(self, lease: Lease) -> Backend | None:
         sid = lease.grants[0].slice_id if lease.grants else ""
         return self.backends.get(sid[len(KV_PREFIX) :]) if sid.startswith(KV_PREFIX) else None

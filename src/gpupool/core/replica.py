@@ -139,6 +139,10 @@ class ProxyReplica:
     def models(self) -> dict[str, list[Backend]]:
         return self._models
 
+    def kv_capacity_mib(self, backend: Backend) -> int:
+        """The most KV cache one request may take on ``backend`` here: its whole budget (`acquire`)."""
+        return backend.kv_budget_mib
+
     def backend_of(self, lease: Lease) -> Backend | None:
         sid = lease.grants[0].slice_id if lease.grants else ""
         return self.lane.backends().get(sid[len(KV_PREFIX) :]) if sid.startswith(KV_PREFIX) else None

@@ -282,3 +282,14 @@ def test_max_completion_tokens_wins_over_max_tokens_in_chat_as_in_vllm(stack: St
         sdk.chat.completions.create(model=SMALL, messages=MSG, max_tokens=2, max_completion_tokens=SMALL_CTX)
     assert e.value.code == "context_length_exceeded"
     assert e.value.param == "max_completion_tokens" and "max_completion_tokens 256" in e.value.message
+
+
+def test_a_request_over_every_kv_budget_of_its_model_is_400_naming_the_field(stack: Stack) -> None:
+    # Before: n=128 x max_tokens=4000 (more KV cache than any instance of the model has) was a 503
+    # "unresolvable" naming MiB: a 5xx for the client's own parameters, which the SDK retried.
+    sdk = stack.sdk()
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.completions.create(model=CHAT, prompt="hi", n=128, max_tokens=4000)
+    assert e.value.code == "kv_budget_exceeded" and e.value.param == "n", e.value.message
+    r = sdk.completions.create(model=CHAT, prompt="hi", n=2, max_tokens=4)  # one that fits still does
+    assert len(r.choices) == 2

@@ -25,17 +25,16 @@ below their red line: prompt tokens already waiting there for a first token + a 
 the tokens the session's prefix there does not cover (`core.sessions.SessionTable.route`); if it must
 queue, a session's turn waits for room on the backend holding its prefix first, for as long as the
 recompute it saves would take at the prefill rate measured from streamed first tokens
-(`SessionTable.holder`); when a turn ends its backend keeps the prefix as a retained (preemptible)
-lease of that session.
+(`SessionTable.holder`); when a turn ends its backend keeps the prefix as a retained lease.
 Queueing: a request that finds no room waits in the admission queue for its band's default time,
 or ``x-gpupool-queue-timeout`` seconds (``0``: never queue, 429 at once); past it, 429.
 Truncation (opt-in, chat only): ``x-gpupool-truncate: oldest-turns`` drops the oldest turns of a
 request over the context instead of the 400 (`truncate`), saying so in ``x-gpupool-truncated``.
 
 Errors, all in OpenAI's shape ``{"error": {message, type, param, code}}`` so the SDK raises the right
-class: 401 missing/invalid token, 400 bad body / field / task / context, 404 unknown model, 429 +
-Retry-After when admission holds the request back (queue deadline, band full, watermarks), 503 when no
-backend can ever hold it, the backend's own status otherwise (502 if it cannot be reached).
+class: 401 missing/invalid token, 400 bad body / field / task / context or a KV cache over every
+instance's budget, 404 unknown model, 429 + Retry-After when admission holds it back (queue deadline,
+band full, watermarks), 503 when no healthy backend can hold it, else the backend's status (502: down).
 """
 
 from __future__ import annotations
@@ -67,6 +66,7 @@ from gpupool.adapters.http.proxylimits import (
     NEAR_CONTEXT,
     QUEUE_TIMEOUT_HEADER,
     TOKENIZE_TIMEOUT_S,
+    over_budget,
     queue_timeout,
     tokenize_body,
     too_long,
@@ -424,6 +424,8 @@ def add_proxy_routes(
             if lease is None:
                 return err(429, st.reason or "queue deadline passed", "shed", retry=c.config.retry_after_s)
         elif not out.granted:
+            if out.code is OutcomeCode.UNRESOLVABLE and (most := max(map(c.kv_capacity_mib, backends))) < mib:
+                return _err(over_budget(model, mib, most, shape, kind))  # the client's to change: 400
             status = 503 if out.code is OutcomeCode.UNRESOLVABLE else 429
             return err(status, out.reason, out.code.value, retry=out.retry_after_s if status == 429 else None)
         assert lease is not None

@@ -81,6 +81,8 @@ class ProxyCore(Protocol):
 
     def models(self) -> Mapping[str, list[Backend]]: ...
 
+    def kv_capacity_mib(self, backend: Backend) -> int: ...
+
     def acquire(
         self,
         request: Request,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpupool.adapters.http.openai_request import CHAT, COMPLETIONS, EMBEDDINGS, OpenAIError
+from gpupool.adapters.http.openai_request import CHAT, COMPLETIONS, EMBEDDINGS, OpenAIError, Shape
 
 NEAR_CONTEXT = 0.8
 """Ask ``/tokenize`` when the estimated prompt + max_tokens exceeds this share of the context."""
@@ -27,6 +27,22 @@ def tokenize_body(model: str, body: dict[str, Any], kind: str) -> bytes | None:
             return None  # list prompts are not worth a round trip each
         doc = {"model": model, "prompt": text}
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def over_budget(model: str, need_mib: int, most_mib: int, shape: Shape, kind: str) -> OpenAIError:
+    """A request whose KV cache (its prompts, and ``n`` x ``max_tokens`` per prompt) is larger than
+    the KV budget of every instance of its model: no wait and no other pool state can serve it, so
+    it is the client's to change (400 naming the field to lower), not a 503 an SDK would retry."""
+    param = "input" if kind == EMBEDDINGS else "n" if shape.n > 1 else shape.max_tokens_param
+    return OpenAIError(
+        400,
+        f"this request needs {need_mib} MiB of KV cache (prompt tokens + n={shape.n} x"
+        f" {shape.max_tokens_param}={shape.max_tokens} per prompt, {shape.prompts} prompt(s)); the largest"
+        f" KV budget of an instance of model {model!r} is {most_mib} MiB: lower n or"
+        f" {shape.max_tokens_param}, or shorten the prompt",
+        param=param,
+        code="kv_budget_exceeded",
+    )
 
 
 QUEUE_TIMEOUT_HEADER = "x-gpupool-queue-timeout"
