@@ -1,6 +1,8 @@
 """The extender's HTTP server closes connections that stall: one that never sends a request, and
 one whose request stops half-way (a body shorter than its Content-Length). Each such connection
-used to hold one of the server's threads for ever. The server still answers after them."""
+used to hold one of the server's threads for ever. The server still answers after them. At most
+``max_connections`` connections are served at once: the next one is answered 503 (kube-scheduler
+retries), where each connection used to start a thread of its own, without limit."""
 
 from __future__ import annotations
 
@@ -46,4 +48,32 @@ def test_stalled_connections_are_closed_and_the_server_still_answers() -> None:
             s.sendall(b"GET /nope HTTP/1.1\r\nHost: t\r\n\r\n")
             assert s.recv(4096).startswith(b"HTTP/1.1 ")
     finally:
+        server.stop()
+
+
+def test_connections_past_the_limit_are_answered_503_until_one_ends() -> None:
+    server = ExtenderServer(Extender(make_pool()), max_connections=3).start()
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+    try:
+        for s in idle:
+            s.sendall(b"GET /healthz HTTP/1.1\r\n")  # a head that never ends
+        with socket.create_connection(("127.0.0.1", server.port), timeout=CLOSE_BOUND_S) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            answer = _read_until_closed(s)
+            assert answer is not None and answer.startswith(b"HTTP/1.1 503 "), answer
+            assert b"Retry-After: 1" in answer and b"3 connections" in answer
+        for s in idle:
+            s.close()
+        deadline = time.monotonic() + CLOSE_BOUND_S  # their threads see the close and end
+        while True:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=CLOSE_BOUND_S) as s:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                answer = _read_until_closed(s)
+            if not (answer or b"").startswith(b"HTTP/1.1 503 ") or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert answer is not None and answer.startswith(b"HTTP/1.1 200 "), answer
+    finally:
+        for s in idle:
+            s.close()
         server.stop()

@@ -17,8 +17,11 @@ nothing, or a header byte now and then, holds a socket and a file descriptor ind
   past it a new request is answered 503 at once instead of queueing without bound (`overloaded`:
   the route family's error shape, code ``overloaded``, ``Retry-After: OVERLOAD_RETRY_AFTER_S``,
   the connection closed after it; not uvicorn's bare text);
-- `MAX_HEADER_BYTES`: h11's limit on an incomplete request head (for the h11 parser; httptools
-  has its own fixed limit of 80 KiB).
+- `MAX_HEADER_BYTES` (64 KiB): the most a request line plus headers may take; a head still
+  incomplete past it (counted from the first read after the one its request began in, so at most
+  one read more is taken) is answered 431 and the connection closed. httptools itself takes heads
+  of any size, and copies a header value each time more of it arrives: a 50 MB header took 10 s
+  of the event loop's CPU before the head timeout could end it. (h11 gets the same limit.)
 
 Invariant: every connection is either inside a request whose head and body are complete, or has a
 timer that will close it; no connection can stay open without sending a complete request at the
@@ -74,6 +77,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     header_timeout_s: float = HEADER_TIMEOUT_S
     min_body_bytes_per_s: int = MIN_BODY_BYTES_PER_S
+    max_header_bytes: int = MAX_HEADER_BYTES
     native: NativeProxy | None = None
     """Set when the app has an OpenAI proxy: its POST routes are answered by `native`."""
 
@@ -85,7 +89,33 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         self._timer_at = 0.0
         self._body_since: float | None = None  # the head's completion while its body is due
         self._body_bytes = 0
+        self._head_bytes = 0  # of the head in progress, counted by `data_received`
+        self._head_began = False  # a request began during the current `data_received`
         self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, then the head's size bound: bytes read while a head stays incomplete count
+        towards `MAX_HEADER_BYTES`, except those of the read its request began in (how much of that
+        read was the previous request's is not known, so the bound is the limit plus one read)."""
+        self._head_began = False
+        super().data_received(data)
+        if self._head_deadline is None or self._body_since is not None or self._head_began:
+            return
+        self._head_bytes += len(data)
+        if self._head_bytes > self.max_header_bytes and not self.transport.is_closing():
+            self._head_deadline = None
+            self.send_431_response()
+
+    def send_431_response(self) -> None:
+        """431 with a text naming the limit, then close (as uvicorn's own 400 for a bad head)."""
+        msg = f"request line and headers larger than {self.max_header_bytes} bytes".encode("ascii")
+        head = [b"HTTP/1.1 431 Request Header Fields Too Large\r\n"]
+        for name, value in self.server_state.default_headers:
+            head.extend([name, b": ", value, b"\r\n"])
+        head.append(b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n")
+        head.append(b"content-length: %d\r\n\r\n" % len(msg))
+        self.transport.write(b"".join(head) + msg)
+        self.transport.close()
 
     # -- the connection's one timer
     def _wake_by(self, at: float) -> None:
@@ -149,6 +179,8 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         self.expect_100_continue = False
         self.headers = []
         self.scope = None  # type: ignore[assignment]
+        self._head_bytes = 0
+        self._head_began = True
         self._arm_head_timer()
 
     def asgi_scope(self) -> Any:

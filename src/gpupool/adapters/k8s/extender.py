@@ -473,13 +473,55 @@ server's threads for ever. Longer than the idle timeout of kube-scheduler's HTTP
 this close."""
 
 
+MAX_CONNECTIONS = 256
+"""Connections served at once (one thread each); the next one is answered 503 with ``Retry-After``
+from the accepting thread and closed. Without it a client opening connections started a thread
+for each (2,000 idle ones: 2,000 threads, 100 MB). kube-scheduler keeps a few."""
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
     idle_timeout_s = IDLE_TIMEOUT_S
+    max_connections = MAX_CONNECTIONS
     extender: Extender | Forwarder
     prefix: str
     gate: Callable[[], bool] = staticmethod(_always)
+    _open = 0
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self._open_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            busy = self._open >= self.max_connections
+            self._open += 0 if busy else 1
+        if busy:  # answered without waiting on the client: the answer fits its send buffer or is lost
+            body = json.dumps({"Error": f"busy: {self.max_connections} connections open; retry"}).encode()
+            head = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            with contextlib.suppress(OSError):
+                request.setblocking(False)
+                request.send(
+                    f"{head}Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+                )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is free again
+            self._release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._open_lock:
+            self._open -= 1
 
 
 class ExtenderServer:
@@ -493,10 +535,12 @@ class ExtenderServer:
         port: int = 0,
         prefix: str = "",
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
         self._server = _Server((host, port), _Handler)
         self._server.idle_timeout_s = idle_timeout_s
+        self._server.max_connections = max_connections
         self._server.extender = extender
         self._server.prefix = prefix
         self._thread: threading.Thread | None = None

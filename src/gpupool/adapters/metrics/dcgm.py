@@ -291,16 +291,27 @@ class AgentMetrics:
 
         return generate_latest(self.registry)
 
-    def serve(self, *, host: str = "127.0.0.1", port: int = 9400) -> tuple[Any, int]:
+    def serve(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 9400,
+        max_connections: int | None = None,
+        idle_timeout_s: float | None = None,
+    ) -> tuple[Any, int]:
         """Start ``/metrics`` on a background thread; returns (server, bound port). Port 0 = any free.
 
         prometheus_client's own server (``start_http_server``) answers HEAD with 405; this one answers
-        it as GET without the body (``curl -I``, uptime monitors), everything else as prometheus_client."""
+        it as GET without the body (``curl -I``, uptime monitors), everything else as prometheus_client.
+        Connections are bounded (`gpupool.adapters.metrics.httpserver`: ``max_connections`` at once,
+        503 past it; a read waiting longer than ``idle_timeout_s`` closes the connection)."""
         import socket
         import threading
         from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-        from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
+        from prometheus_client.exposition import make_wsgi_app
+
+        from gpupool.adapters.metrics import httpserver
 
         inner = make_wsgi_app(self.registry)
 
@@ -313,11 +324,14 @@ class AgentMetrics:
             return []
 
         class Quiet(WSGIRequestHandler):
+            timeout = httpserver.IDLE_TIMEOUT_S if idle_timeout_s is None else idle_timeout_s
+
             def log_message(self, format: str, *args: Any) -> None:
                 """Log nothing (as prometheus_client's server)."""
 
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
+        limit = httpserver.MAX_CONNECTIONS if max_connections is None else max_connections
+        server_class = httpserver.bounded_server_class(family, max_connections=limit)
         server: Any = make_server(host, port, app, server_class, handler_class=Quiet)
         threading.Thread(target=server.serve_forever, name="gpupool-metrics", daemon=True).start()
         return server, int(server.server_port)
