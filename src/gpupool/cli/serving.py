@@ -17,6 +17,7 @@ from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from gpupool.cli.console import say
+from gpupool.cli.retention import purge_loop
 from gpupool.cli.stopping import stop_requested
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ async def serve_forever(
         from gpupool.cli.serve import feed_simulated_readings
 
         tasks.append(asyncio.create_task(feed_simulated_readings(bundle)))
+    tasks.append(asyncio.create_task(purge_loop(bundle.controller)))  # ended leases leave the store
     keeper = getattr(bundle, "keeper", None)
     if keeper is not None:  # registered backends keep their placement leases (cli/instances.py)
         tasks.append(asyncio.create_task(keeper.run(bundle.app.state.gateway.committer)))
