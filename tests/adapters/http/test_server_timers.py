@@ -6,6 +6,7 @@ after the timer has been re-armed by earlier requests."""
 
 from __future__ import annotations
 
+import asyncio
 import select
 import socket
 import time
@@ -195,3 +196,36 @@ def test_a_request_head_over_the_size_limit_is_answered_431_and_closed() -> None
                 b"GET /x HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * (MAX_HEADER_BYTES - 100) + b"\r\n\r\n"
             )
             assert _answer(s).startswith(b"HTTP/1.1 200")
+
+
+def test_a_client_that_reads_nothing_of_a_streamed_answer_is_disconnected() -> None:
+    """A ``/v1/events``-like stream to a client that never reads: the server's buffers fill, its
+    transport pauses writing, and the stream waited for ever (a connection slot held for good). With
+    the write-stall bound the connection is dropped and the stream ends (its clean-up runs)."""
+    import threading
+
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    ended = threading.Event()
+
+    async def chunks() -> Any:  # (awaits between chunks, as a stream of events or tokens does)
+        try:
+            while True:
+                yield b"x" * 65536
+                await asyncio.sleep(0)
+        finally:
+            ended.set()
+
+    async def stream(_: Any) -> StreamingResponse:
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    with running(Starlette(routes=[Route("/x", stream)]), write_stall_s=0.5) as url:
+        s = _connect(url)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(REQUEST)  # and never read a byte of the answer
+        try:
+            assert ended.wait(CLOSE_BOUND_S), "the server kept the stream to a client that reads nothing"
+        finally:
+            s.close()

@@ -22,6 +22,11 @@ nothing, or a header byte now and then, holds a socket and a file descriptor ind
   one read more is taken) is answered 431 and the connection closed. httptools itself takes heads
   of any size, and copies a header value each time more of it arrives: a 50 MB header took 10 s
   of the event loop's CPU before the head timeout could end it. (h11 gets the same limit.)
+- `WRITE_STALL_S` (60 s): a client that reads nothing of an answer for this long while the server
+  has more to send (the transport paused writing: its buffers are full) is disconnected. Without
+  it a ``/v1/events`` subscriber that never read held its connection for ever (its queue overflows
+  and its stream should end, but the server waited for ever to send to it), and so could a stalled
+  reader of a streamed completion.
 
 Invariant: every connection is either inside a request whose head and body are complete, or has a
 timer that will close it; no connection can stay open without sending a complete request at the
@@ -45,6 +50,7 @@ MIN_BODY_BYTES_PER_S = 16 * 1024
 KEEP_ALIVE_S = 5
 MAX_CONNECTIONS = 1000
 MAX_HEADER_BYTES = 64 * 1024
+WRITE_STALL_S = 60.0
 OVERLOAD_RETRY_AFTER_S = 1
 
 
@@ -78,6 +84,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     header_timeout_s: float = HEADER_TIMEOUT_S
     min_body_bytes_per_s: int = MIN_BODY_BYTES_PER_S
     max_header_bytes: int = MAX_HEADER_BYTES
+    write_stall_s: float = WRITE_STALL_S
     native: NativeProxy | None = None
     """Set when the app has an OpenAI proxy: its POST routes are answered by `native`."""
 
@@ -87,6 +94,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         self._idle_deadline: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._write_deadline: float | None = None  # while the transport has paused writing
         self._body_since: float | None = None  # the head's completion while its body is due
         self._body_bytes = 0
         self._head_bytes = 0  # of the head in progress, counted by `data_received`
@@ -127,9 +135,23 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
             self._timer_at = at
             self._timer = self.loop.call_at(at, self._on_timer)
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._write_deadline = self.loop.time() + self.write_stall_s
+        self._wake_by(self._write_deadline)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._write_deadline = None
+
     def _on_timer(self) -> None:
         self._timer = None
         now = self.loop.time() + _TIMER_SLACK_S  # (a timer may fire a hair before its due time)
+        stall = self._write_deadline
+        if stall is not None and stall <= now:  # the client reads nothing: what is unsent is dropped
+            self._write_deadline = self._head_deadline = self._idle_deadline = None
+            self.transport.abort()  # (close() would wait for ever to flush to it)
+            return
         head, idle = self._head_deadline, self._idle_deadline
         if head is not None and head <= now and self._body_since is not None:
             head = self._head_deadline = self._body_due(now)
@@ -138,8 +160,8 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
             if not self.transport.is_closing():
                 self.transport.close()
             return
-        if head is not None or idle is not None:
-            self._wake_by(min(x for x in (head, idle) if x is not None))
+        if head is not None or idle is not None or stall is not None:
+            self._wake_by(min(x for x in (head, idle, stall) if x is not None))
 
     def _body_due(self, now: float) -> float:
         """When the body in progress must be complete: grace plus its bytes at the least rate, or
@@ -244,7 +266,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         super()._start_asgi_task(cycle, overloaded if app is service_unavailable else app)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._head_deadline = self._idle_deadline = None
+        self._head_deadline = self._idle_deadline = self._write_deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -263,6 +285,7 @@ def server_config(
     keep_alive_s: int = KEEP_ALIVE_S,
     max_connections: int = MAX_CONNECTIONS,
     min_body_bytes_per_s: int = MIN_BODY_BYTES_PER_S,
+    write_stall_s: float = WRITE_STALL_S,
     **extra: Any,
 ) -> uvicorn.Config:
     """A uvicorn ``Config`` for ``app`` with the limits above (``extra``: more ``Config`` options)."""
@@ -279,6 +302,7 @@ def server_config(
         {
             "header_timeout_s": header_timeout_s,
             "min_body_bytes_per_s": min_body_bytes_per_s,
+            "write_stall_s": write_stall_s,
             "native": native if isinstance(native, NativeProxy) else None,
         },
     )
