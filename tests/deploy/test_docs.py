@@ -100,3 +100,22 @@ def test_admin_calls_the_ops_docs_show_are_accepted(tmp_path: Path) -> None:
             )
             r = cl.request(method, path, content=body, headers={"Content-Type": "application/json"})
             assert r.status_code < 300, f"{page_name}: {method} {path} {body}: {r.status_code} {r.text}"
+
+
+def test_upgrading_names_every_file_the_gateway_keeps_state_in(tmp_path: Path) -> None:
+    """docs/ops/upgrading.md says where the state is, what to back up and what to delete for a reset:
+    every file a gateway (`build` + the tidal plane, as `gpupool serve` starts by default) writes to
+    its data dir is named there, and the state table says that queued tickets and batch jobs are
+    kept (they survive a restart), not that they end with the process."""
+    from gpupool.cli.serve import build
+    from gpupool.cli.tidalplane import attach_tidal, load_plane_config
+
+    bundle = build(data_dir=tmp_path, simulate=True)
+    attach_tidal(bundle, config=load_plane_config(None), data_dir=tmp_path, clock=bundle.controller.clock)
+    text = (ROOT / "docs" / "ops" / "upgrading.md").read_text()
+    stems = {re.sub(r"(-wal|-shm|\.lock)$", "", p.name) for p in tmp_path.iterdir() if p.is_file()}
+    assert {"leases.db", "batch.db", "admin.token"} <= stems
+    for stem in sorted(stems):
+        assert f"DATA_DIR/{stem}" in text, f"upgrading.md does not name DATA_DIR/{stem}"
+    rows = [line for line in text.splitlines() if line.startswith("|") and "gateway's memory" in line]
+    assert rows and not any("ticket" in r or "batch" in r for r in rows), rows

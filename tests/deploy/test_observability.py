@@ -6,7 +6,8 @@
   agent's dcgm-exporter label names ``UUID``/``modelName``/``GPU_I_*`` are camelCase on purpose, for
   compatibility, and that one lint message is the only one allowed);
 - every metric the rules and the dashboard query is one the gateway or the agent exports (names read
-  from their live registries), or one of the few named kube-scheduler / Prometheus series;
+  from their live registries), or one of the few named kube-scheduler / Prometheus series, and every
+  label they match on is one that series carries with the gateway's defaults;
 - the chart's PrometheusRule and Grafana ConfigMap carry exactly these files.
 
 The promtool tests skip when promtool is absent (Debian package ``prometheus``; ``.ci/run`` installs it).
@@ -132,11 +133,17 @@ def metric_names(expr: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A real gateway on the example cluster with one simulated node agent per node; a lease, a queue
-    wait and a pause so that the optional series appear too."""
+    """A real gateway on the example cluster, with the tidal plane as `gpupool serve` attaches it by
+    default (its series), and one simulated node agent per node; a lease, a queue wait and a pause so
+    that the optional series appear too."""
     from gpupool.agent.runtime import start_simulated_agents
+    from gpupool.cli.tidalplane import attach_tidal, load_plane_config
 
-    bundle = build(data_dir=tmp_path_factory.mktemp("obs"), simulate=True)
+    data_dir = tmp_path_factory.mktemp("obs")
+    bundle = build(data_dir=data_dir, simulate=True)
+    attach_tidal(
+        bundle, config=load_plane_config(None), data_dir=data_dir, clock=bundle.controller.clock, batch=False
+    )
     token = bundle.new_admin_token
     assert token
     with running(bundle.app) as url:
@@ -235,6 +242,34 @@ def test_rules_and_dashboard_query_only_exported_metrics(live: dict[str, Any]) -
         for e in exprs:
             unknown = metric_names(e) - exported - EXTERNAL
             assert not unknown, f"{where}: {e!r} queries {sorted(unknown)}, which nothing exports"
+
+
+_SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}")
+_MATCHER = re.compile(r"([A-Za-z_]\w*)\s*(?:=~|!=|!~|=)")
+
+
+def _labels(registry: Any) -> dict[str, set[str]]:
+    """Sample name -> the label names its exported samples carry."""
+    out: dict[str, set[str]] = {}
+    for fam in registry.collect():
+        for s in fam.samples:
+            out.setdefault(s.name, set()).update(s.labels)
+    return out
+
+
+def test_rules_and_dashboard_match_only_labels_the_series_carry(live: dict[str, Any]) -> None:
+    """A matcher on a label a series does not carry (with `gpupool serve`'s defaults) selects nothing:
+    a panel that stays empty, an alert that never fires. ``tenant`` is such a label: the gateway
+    adds it to ``gpupool_leases`` only with ``--metrics-tenant-labels``."""
+    labels = _labels(live["gateway_registry"]) | _labels(live["agent_registry"])
+    assert "tenant" not in labels["gpupool_leases"]
+    for where, exprs in (("rules", _rule_exprs()), ("dashboard", _dashboard_exprs())):
+        for e in exprs:
+            for name, body in _SELECTOR.findall(_STRING.sub('""', e)):
+                if name not in labels:
+                    continue  # no sample yet (a counter never incremented), or an external series
+                missing = set(_MATCHER.findall(body)) - labels[name]
+                assert not missing, f"{where}: {e!r} matches {sorted(missing)}, which {name} does not carry"
 
 
 def test_metric_name_extraction() -> None:

@@ -61,15 +61,21 @@ def agent(
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address of the /metrics server."),
     metrics_port: int = typer.Option(9400, "--metrics-port", help="/metrics port (0 = any free, -1 = off)."),
     engine: list[str] = typer.Option(
-        [], "--engine", help="vLLM-style engine: gpu=<id>,url=<http url>[,reserved_mib=<int>] (repeatable)."
+        [],
+        "--engine",
+        help="vLLM-style engine: gpu=<node>/<index>,url=<http url>[,reserved_mib=<int>] (repeatable).",
     ),
     workload: list[str] = typer.Option(
-        [], "--workload", help="Local P2 workload: lease=..,gpu=..,pauser=signal,pgid=.. (repeatable)."
+        [],
+        "--workload",
+        help="Local P2 workload: lease=..,gpu=<node>/<index>,pauser=signal,pgid=.. (repeatable).",
     ),
     mps: list[str] = typer.Option(
         [],
         "--mps",
-        help="MPS-shared GPU: gpu=<id>,pipe=<dir>[,device=<ordinal|UUID>][,socket=..] (repeatable).",
+        help=(
+            "MPS-shared GPU: gpu=<node>/<index>,pipe=<dir>[,device=<ordinal|UUID>][,socket=..] (repeatable)."
+        ),
     ),
     evict_grace_ms: int = typer.Option(
         500,
@@ -147,6 +153,8 @@ def agent(
     if not mps_pipe_dir.startswith("/"):  # published to pods, which mount it: relative means nothing there
         raise UserError(f"invalid --mps-pipe-dir={mps_pipe_dir!r}: must be an absolute directory")
     mps_specs = [parse_mps_spec(m) for m in mps]
+    engine_specs = [parse_engine_spec(e) for e in engine]
+    workload_specs = [parse_workload_spec(w) for w in workload]
     planned = _planned(node, cluster, workloads)  # named files are read whatever the other options
     source = None
     if mps_daemons and not mps_specs:  # one daemon per GPU discovery serves by MPS
@@ -171,8 +179,8 @@ def agent(
         devices=devices,
         gpus=gpus,
         config=config,
-        engines=[parse_engine_spec(e) for e in engine],
-        workloads=[parse_workload_spec(w) for w in workload],
+        engines=engine_specs,
+        workloads=workload_specs,
         source=source,
         mps=mps_specs,
         mps_log_root=mps_log_dir if mps_daemons else None,
@@ -195,9 +203,12 @@ def agent(
             )
         )
     try:
-        runtime.source.read()  # probe once: a missing NVML must be a clear error, not a silent loop
+        samples = runtime.source.read()  # probe once: a missing NVML must be a clear error, not a silent loop
     except Exception as exc:
         raise UserError(f"invalid --devices={devices!r}: not usable here: {exc}") from exc
+    _check_gpus(
+        node, {s.gpu_id for s in samples}, engines=engine_specs, workloads=workload_specs, mps=mps_specs
+    )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
@@ -222,6 +233,17 @@ def agent(
         pass
     finally:
         runtime.stop()
+
+
+def _check_gpus(node: str, known: set[str], *, engines: Any, workloads: Any, mps: Any) -> None:
+    """`UserError` naming the option and the value when an ``--engine``, ``--workload`` or ``--mps``
+    names a GPU the device source does not read on this node: the loop matches them by id
+    (``<node>/<index>``), so such an entry would silently never apply."""
+    for option, items in (("--engine", engines), ("--workload", workloads), ("--mps", mps)):
+        for item in items:
+            if item.gpu_id not in known:
+                gpus = ", ".join(sorted(known))
+                raise UserError(f"invalid {option} gpu={item.gpu_id!r}: not a GPU of node {node!r} ({gpus})")
 
 
 def _planned(node: str, cluster: Path | None, workloads: Path | None) -> list[Any]:

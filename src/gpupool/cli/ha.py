@@ -50,13 +50,25 @@ from gpupool.adapters.store.etcd_client import EtcdError
 from gpupool.adapters.store.etcd_election import Election
 from gpupool.adapters.store.etcd_follower import Follower
 from gpupool.cli.console import say
-from gpupool.cli.errors import UserError
+from gpupool.cli.errors import UserError, check_url
 from gpupool.cli.stopping import stop_requested
 
 EXIT_LOST_LEADERSHIP = 3
 CAMPAIGN_POLL_S = 0.25
 RECHECK_S = 2.0
 BACKLOG = 2048
+
+
+def advertise_url_of(url: str | None, host: str, port: int) -> str:
+    """``--advertise-url`` (None or empty: not given, then `default_advertise_url`), or `UserError` naming it:
+    the standbys forward to it, so it must be an http(s) URL with a host, and without '#' (the leader
+    key's value is ``URL#replica-id#EXTENDER-URL``). Checked before anything connects."""
+    if not url:
+        return default_advertise_url(host, port)
+    check_url("--advertise-url", url)
+    if "#" in url:
+        raise UserError(f"invalid --advertise-url={url!r}: must not contain '#'")
+    return url
 
 
 def default_advertise_url(host: str, port: int) -> str:

@@ -512,10 +512,10 @@ def serve(  # noqa: PLR0917 (typer options)
 
     opts: dict[str, Any] = {"header_timeout_s": header_timeout_s, "max_connections": max_connections}
     if store is not None and store.startswith(("etcd://", "etcds://")):
-        from gpupool.cli.ha import default_advertise_url, default_extender_url, serve_replicated
+        from gpupool.cli.ha import advertise_url_of, default_extender_url, serve_replicated
 
         check_range("--election-ttl-s", election_ttl_s, lo=2, hi=60)
-        advertise = advertise_url or default_advertise_url(host, port)
+        advertise = advertise_url_of(advertise_url, host, port)
 
         def make_leader(open_store: Any) -> Bundle:
             """The leader's bundle, rebuilt from the store after winning; the batch queue is the

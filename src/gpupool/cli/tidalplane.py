@@ -25,7 +25,7 @@ from typing import Any
 from gpupool.cli.console import say
 from gpupool.cli.errors import UserError
 from gpupool.core.clock import Clock
-from gpupool.core.errors import InvalidInput
+from gpupool.core.errors import InvalidInput, show_value
 from gpupool.core.ports import GatewayEvent
 from gpupool.core.tidal.modes import Mode
 from gpupool.core.tidal.night import NightRepartitioner
@@ -43,7 +43,8 @@ ENGINE_REPORTS = {
 
 def load_plane_config(path: Path | None, **overrides: Any) -> PlaneConfig:
     """``tidal:`` mapping of a YAML file (or none) + overrides -> `PlaneConfig`; `UserError` naming
-    the file and the setting otherwise."""
+    the file and the setting otherwise, or the option (``--timezone`` for the override ``timezone``)
+    when the bad value is an override's."""
     doc: dict[str, Any] = {}
     if path is not None:
         from gpupool.cli.specfiles import load_yaml
@@ -56,6 +57,10 @@ def load_plane_config(path: Path | None, **overrides: Any) -> PlaneConfig:
     try:
         return plane_config(doc)
     except InvalidInput as exc:
+        given = {f"tidal.{k}": k for k, v in overrides.items() if v is not None}
+        if exc.field in given:
+            option = "--" + given[exc.field].replace("_", "-")
+            raise UserError(f"invalid {option}={show_value(exc.value)}: {exc.reason}") from None
         raise UserError(f"{path or 'tidal settings'}: {exc}") from None
 
 

@@ -69,3 +69,29 @@ def test_a_node_the_cluster_file_does_not_name_runs_and_says_so() -> None:
     out = gpupool(*AGENT, "--cluster", CLUSTER)
     assert out.returncode == 0, out.stderr
     assert "--node 'n' is not a node of --cluster" in out.stderr and "gpu-a, gpu-b" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (
+            ["--engine", "gpu=0,url=http://127.0.0.1:9"],
+            "invalid --engine gpu='0': not a GPU of node 'n' (n/0, n/1)",
+        ),
+        (
+            ["--workload", "lease=x,gpu=n/2,pauser=signal,pgid=99999"],
+            "invalid --workload gpu='n/2': not a GPU of node 'n' (n/0, n/1)",
+        ),
+        (["--mps", "gpu=gpu-a/0,pipe=/run/mps"], "invalid --mps gpu='gpu-a/0': not a GPU of node 'n'"),
+    ],
+)
+def test_a_gpu_the_node_does_not_have_is_exit_2_naming_it(args: list[str], want: str) -> None:
+    """GPU ids are ``<node>/<index>`` as the device source reads them: an engine, workload or MPS GPU
+    naming another id (``gpu=0``, another node's GPU) was accepted and then never matched, so its KV
+    correction, pausing or MPS limits silently never applied."""
+    assert_one_line_exit_2(gpupool(*AGENT, "--gpus", "2", *args), want)
+
+
+def test_gpus_of_the_node_are_accepted() -> None:
+    out = gpupool(*AGENT, "--gpus", "2", "--engine", "gpu=n/1,url=http://127.0.0.1:9")
+    assert out.returncode == 0, out.stderr

@@ -28,6 +28,35 @@ def test_a_bad_election_ttl_is_exit_2_before_etcd_is_contacted(tmp_path: Path, t
     assert "cannot open the lease store" not in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("url", "want"),
+    [
+        ("nope", "invalid --advertise-url='nope': expected http://HOST[:PORT] or https://HOST[:PORT]"),
+        ("10.0.0.5:8080", "invalid --advertise-url='10.0.0.5:8080': expected http://HOST[:PORT]"),
+        ("http://10.0.0.5:99999", "invalid --advertise-url='http://10.0.0.5:99999': Port out of range"),
+        (
+            "http://10.0.0.5:8080/#a",
+            "invalid --advertise-url='http://10.0.0.5:8080/#a': must not contain '#'",
+        ),
+    ],
+)
+def test_a_bad_advertise_url_is_exit_2_before_etcd_is_contacted(tmp_path: Path, url: str, want: str) -> None:
+    """The standbys forward every write to the leader's advertise URL: one they cannot reach was
+    accepted, and every forwarded request then failed; a '#' broke the leader key's value
+    (``URL#replica-id#EXTENDER-URL``)."""
+    argv = ["serve", "--data-dir", str(tmp_path / "d"), "--store", "etcd://127.0.0.1:1"]
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", *argv, "--advertise-url", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(f"gpupool: error: {want}"), out.stderr
+    assert "cannot open the lease store" not in out.stderr
+
+
 def test_advertise_url_defaults_and_the_leader_value() -> None:
     assert default_advertise_url("10.0.0.5", 8080) == "http://10.0.0.5:8080"
     assert default_advertise_url("0.0.0.0", 8080) == f"http://{socket.gethostname()}:8080"
