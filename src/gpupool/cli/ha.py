@@ -318,14 +318,16 @@ def serve_replicated(
             "gpupool: warning: no --auth-file: each replica has its own generated admin token; "
             "give every replica the same --auth-file"
         )
-    if new_admin:
-        say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {new_admin}")
     try:
         store = open_etcd_store(store_url, **store_options)
-    except InvalidInput:
+    except BaseException as exc:
+        if new_admin:  # never shown: the next start makes (and shows) a new one
+            (data_dir / "admin.token").unlink(missing_ok=True)
+        if isinstance(exc, (OSError, sqlite3.Error, GpupoolError)) and not isinstance(exc, InvalidInput):
+            raise UserError(f"cannot open the lease store {store_url}: {exc}") from None
         raise
-    except (OSError, sqlite3.Error, GpupoolError) as exc:
-        raise UserError(f"cannot open the lease store {store_url}: {exc}") from None
+    if new_admin:
+        say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {new_admin}")
     code: list[int] = [0]
 
     async def serve_leader(

@@ -149,10 +149,14 @@ def build(
     try:
         if store is None:
             store = open_store(url, **(store_options or {}))
-    except (InvalidInput, StoreCorrupt):  # (damage is StoreCorrupt: one line already)
-        raise
-    except (OSError, sqlite3.Error, GpupoolError) as exc:
-        raise UserError(f"cannot open the lease store {url}: {exc}") from None
+    except BaseException as exc:
+        if new_admin:  # never shown: the next start makes (and shows) a new one
+            (data_dir / "admin.token").unlink(missing_ok=True)
+        if isinstance(exc, (OSError, sqlite3.Error, GpupoolError)) and not isinstance(
+            exc, (InvalidInput, StoreCorrupt)
+        ):
+            raise UserError(f"cannot open the lease store {url}: {exc}") from None
+        raise  # (damage is StoreCorrupt: one line already)
     controller = LeaseController(
         slices,
         clock=FunctionClock(time.time),
@@ -467,6 +471,10 @@ def serve(  # noqa: PLR0917 (typer options)
         password=etcd_password,
         max_txn_ops=etcd_max_txn_ops,
     )
+    if not (store or "").startswith(("etcd://", "etcds://")):  # (like the --etcd-* options)
+        for flag, given in (("--election-ttl-s", election_ttl_s != 2), ("--advertise-url", advertise_url)):
+            if given:
+                raise UserError(f"{flag} needs --store etcd://... (it is for replicas on one etcd)")
     check_port("--extender-port", extender_port)  # (checked with or without --kubernetes)
     check_domain("--domain", domain)
     check_listen("--host/--port", host, port)

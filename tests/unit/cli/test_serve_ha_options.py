@@ -84,3 +84,49 @@ def test_a_port_in_use_is_exit_2_naming_it(tmp_path: Path) -> None:
         )
     assert out.returncode == 2, out.stderr
     assert f"--port: cannot listen on 127.0.0.1:{port}" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [(["--election-ttl-s", "5"], "--election-ttl-s"), (["--advertise-url", "http://h:1"], "--advertise-url")],
+)
+def test_ha_options_without_an_etcd_store_are_exit_2_not_ignored(
+    tmp_path: Path, args: list[str], flag: str
+) -> None:
+    """They were accepted and silently did nothing on the SQLite store (the --etcd-* options are refused)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", "serve", "--data-dir", str(tmp_path / "d"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2 and f"{flag} needs --store etcd://" in out.stderr, out.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_start_that_cannot_open_its_store_leaves_no_unseen_admin_token(tmp_path: Path) -> None:
+    """The generated admin token was written and printed as 'shown once' before the store was
+    opened; when that failed the next start found the file and never showed a token again."""
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))  # a port nothing listens on
+    url = f"etcd://127.0.0.1:{port.getsockname()[1]}"
+    port.close()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpupool.cli.main",
+            "serve",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--store",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2 and "cannot open the lease store" in out.stderr, out.stderr
+    assert "shown once" not in out.stderr and not (tmp_path / "d" / "admin.token").exists()
