@@ -104,3 +104,14 @@ def test_inspect_shapes_and_token_correction() -> None:
     assert corr.predict("other", 40) == 40
     assert usage_prompt_tokens(b'data: {"choices":[],"usage":{"prompt_tokens": 37,"total_tokens":40}}') == 37
     assert usage_prompt_tokens(b'{"usage": null}') is None
+
+
+def test_header_values_are_read_and_shown_as_the_client_wrote_them() -> None:
+    """ASGI servers hand header bytes over as Latin-1: a UTF-8 priority was echoed as mojibake
+    ('â\\x85«') and a non-ASCII objective name never matched its table entry."""
+    as_sent = lambda text: text.encode().decode("latin-1")  # noqa: E731 (what the server passes on)
+    with pytest.raises(OpenAIError) as e:
+        priority_of({"x-gpupool-priority": as_sent("Ⅻ")}, {})
+    assert "'Ⅻ'" in e.value.message and "â" not in e.value.message
+    assert priority_of({"x-gateway-inference-objective": as_sent("café")}, {"café": 7}) == 7
+    assert priority_of({"x-gpupool-priority": "P0"}, {}) == 100

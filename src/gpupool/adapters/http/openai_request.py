@@ -178,16 +178,26 @@ def inspect(body: Mapping[str, Any], kind: str) -> Shape:
     return Shape(chars, prompts, n, mt, stream, param)
 
 
+def header_text(value: str) -> str:
+    """A header value as the client wrote it: ASGI servers hand header bytes over as Latin-1, so
+    UTF-8 text (``Ⅻ``) arrives as mojibake (``â\x85«``); undecodable bytes are shown replaced."""
+    try:
+        return value.encode("latin-1").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # (not from a server: already text)
+        return value
+
+
 def priority_of(headers: Mapping[str, str], objectives: Mapping[str, int]) -> int:
     v = headers.get("x-gpupool-priority")
     if v is not None:
         try:
-            return parse_priority(v, field="x-gpupool-priority")
+            return parse_priority(header_text(v), field="x-gpupool-priority")
         except InvalidInput as exc:
             raise OpenAIError(400, str(exc), param="x-gpupool-priority", code="invalid_value") from None
     name = headers.get("x-gateway-inference-objective")
     if name is None:
         return P1
+    name = header_text(name)
     p = objectives.get(name.strip())
     if p is None:
         known = ", ".join(sorted(objectives)) or "none"
