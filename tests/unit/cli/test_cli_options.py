@@ -262,3 +262,24 @@ def test_no_arguments_still_prints_the_help() -> None:
     assert (
         out.returncode == 2 and "Usage:" in out.stdout + out.stderr and "variants" in out.stdout + out.stderr
     )
+
+
+TOKEN_OPTIONS = [
+    ["proxy", "--leader", "http://127.0.0.1:9", "--auth-file", "none.yaml", "--port", "0", "--leader-token"],
+    ["agent", "--node", "n", "--gateway", "http://127.0.0.1:9", "--metrics-port", "-1", "--token"],
+    ["batch", "list", "--url", "http://127.0.0.1:9", "--token"],
+    ["batch", "submit", "--vram-mib", "1024", "--url", "http://127.0.0.1:9", "--token"],
+]
+
+
+@pytest.mark.parametrize("command", TOKEN_OPTIONS, ids=lambda c: f"{c[0]} {c[-1]}")
+@pytest.mark.parametrize("token", ["t\u00f6ken-of-the-leader", "token with spaces", "token\nsecond-line"])
+def test_a_token_no_http_header_can_carry_is_exit_2_naming_the_option(command: list[str], token: str) -> None:
+    """A bearer token travels in an HTTP header: one with a character outside visible ASCII can never
+    be sent (it was a traceback, or a loop failing every call), so it is refused at start; the line
+    names the option but does not echo the secret."""
+    tail = ["--", "true"] if command[:2] == ["batch", "submit"] else []
+    out = gpupool(*command, token, *tail)
+    assert_one_line_exit_2(out, f"invalid {command[-1]}: ")
+    assert "leader" not in out.stderr.replace("--leader-token", "")
+    assert "spaces" in out.stderr or "ASCII" in out.stderr
