@@ -71,6 +71,8 @@ def test_gateway_commands_check_their_options_before_starting(
         (["agent", "--node", "n", "--metrics-port", "-1", "--duration-s", "-3"], "invalid --duration-s=-3.0"),
         (["bench", "gateway", "--clients", "0"], "invalid --clients=0: must be >= 1"),
         (["bench", "gateway", "--duration-s", "0"], "invalid --duration-s=0.0: must be > 0"),
+        (["bench", "proxy-peers", "--duration-s", "inf"], "invalid --duration-s=inf: must be > 0"),
+        (["bench", "proxy-peers", "--warmup-s", "inf"], "invalid --warmup-s=inf: must be >= 0"),
         (
             ["device-plugin", "--node", "n", "--no-kube", "--cluster", CLUSTER, "--verify-s", "0"],
             "invalid --verify-s=0.0: must be > 0",
