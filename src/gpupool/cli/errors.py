@@ -184,7 +184,10 @@ def usage_line(exc: typer.TyperException, argv: list[str]) -> str:
 
 
 def fail(message: str) -> None:
-    print(f"gpupool: error: {message}", file=sys.stderr)
+    """Print ``message`` as one line (a line break in a value it quotes as typed, such as a file
+    name, is escaped) and exit 2."""
+    one_line = message.replace("\r", "\\r").replace("\n", "\\n")
+    print(f"gpupool: error: {one_line}", file=sys.stderr)
     raise SystemExit(EXIT_BAD_INPUT)
 
 

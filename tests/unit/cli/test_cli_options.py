@@ -97,6 +97,18 @@ def test_an_empty_yaml_file_says_so_naming_it(tmp_path: Path) -> None:
     assert_one_line_exit_2(out, f"{empty}: empty file")
 
 
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["plan", "-w", WORKLOADS, "--cluster", "typo\nname.yaml"], "typo\\nname.yaml: no such file"),
+        (["emulate-backend", "--model", "m", "--host", "bad\nhost"], "cannot listen on bad\\nhost:"),
+    ],
+)
+def test_a_value_with_a_line_break_is_still_one_line(args: list[str], want: str) -> None:
+    """An error quoting a value as typed (a file name, a host) escapes its line breaks: one line."""
+    assert_one_line_exit_2(gpupool(*args), want)
+
+
 def test_every_port_option_is_checked() -> None:
     """Every ``--*port*`` option of every command refuses 70000 with a line naming it."""
     import typer.main
