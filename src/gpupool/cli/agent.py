@@ -21,7 +21,15 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import UserError, check_domain, check_range, check_url, options_named, user_errors
+from gpupool.cli.errors import (
+    UserError,
+    check_domain,
+    check_range,
+    check_token,
+    check_url,
+    options_named,
+    user_errors,
+)
 
 OPTIONS = {
     "devices": "--devices",
@@ -138,6 +146,8 @@ def agent(
         check_url("--gateway", gateway)
     if gateway and not token:
         raise UserError("invalid --token='': a token is required with --gateway (or set GPUPOOL_AGENT_TOKEN)")
+    if gateway:
+        check_token("--token", token)
     if not -1 <= metrics_port <= 65535:
         raise UserError(f"invalid --metrics-port={metrics_port}: must be in [-1, 65535]")
     check_range("--duration-s", duration_s, lo=0)

@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.errors import UserError, check_url, user_errors
+from gpupool.cli.errors import UserError, check_token, check_url, user_errors
 
 app = typer.Typer(help="The batch queue: P2 jobs run by the gateway with P2 leases.", no_args_is_help=True)
 
@@ -30,7 +30,7 @@ DATA_DIR = typer.Option(Path(".gpupool"), "--data-dir", help="Where serve keeps 
 
 def _token(token: str | None, data_dir: Path) -> str:
     if token:
-        return token
+        return check_token("--token", token)
     path = data_dir / "admin.token"
     if not path.is_file():
         raise UserError(f"--token: none given, $GPUPOOL_TOKEN unset and no {path}")

@@ -172,10 +172,8 @@ def proxy_peers(  # noqa: PLR0917 (typer options)
     for name, value in (("--clients", clients), ("--rounds", rounds)):
         if value < 1:
             raise InvalidInput(name, value, "must be >= 1")
-    if not duration_s > 0:
-        raise InvalidInput("--duration-s", duration_s, "must be > 0")
-    if not warmup_s >= 0:
-        raise InvalidInput("--warmup-s", warmup_s, "must be >= 0")
+    check_range("--duration-s", duration_s, lo=0, lo_open=True)  # (inf: a run that never ends)
+    check_range("--warmup-s", warmup_s, lo=0)
     result = proxy_peers_bench.run(
         clients=clients,
         duration_s=duration_s,

@@ -1,7 +1,7 @@
 """One place that turns expected user errors into a one-line message and exit code 2 (no traceback).
 
-Also the shared checks of numeric, URL and domain options (`check_port`, `check_range`, `check_url`,
-`check_domain`):
+Also the shared checks of numeric, URL, token and domain options (`check_port`, `check_range`,
+`check_url`, `check_token`, `check_domain`):
 commands call them first, before opening a store or binding a socket, so a bad value changes
 nothing. Messages name the option and the value: ``invalid --port=70000: must be in [0, 65535]``,
 ``invalid --gateway='http://gw:abc': Port could not be cast to integer value as 'abc'``.
@@ -108,6 +108,21 @@ def check_url(option: str, url: str, *, schemes: tuple[str, ...] = ("http", "htt
     return url
 
 
+_HEADER_TOKEN = re.compile(r"[!-~]+")
+
+
+def check_token(option: str, token: str) -> str:
+    """A bearer token option (``--token``, ``--leader-token``): visible ASCII characters only, since it
+    travels in an ``Authorization`` header, which cannot carry anything else (an HTTP client's
+    traceback on every call otherwise); else `UserError` naming ``option``, never echoing the secret."""
+    if not _HEADER_TOKEN.fullmatch(token):
+        raise UserError(
+            f"invalid {option}: must be visible ASCII characters (no spaces, control characters or"
+            " non-ASCII letters); the value is not shown"
+        )
+    return token
+
+
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 MAX_DOMAIN_CHARS = 253
 
@@ -169,7 +184,10 @@ def usage_line(exc: typer.TyperException, argv: list[str]) -> str:
 
 
 def fail(message: str) -> None:
-    print(f"gpupool: error: {message}", file=sys.stderr)
+    """Print ``message`` as one line (a line break in a value it quotes as typed, such as a file
+    name, is escaped) and exit 2."""
+    one_line = message.replace("\r", "\\r").replace("\n", "\\n")
+    print(f"gpupool: error: {one_line}", file=sys.stderr)
     raise SystemExit(EXIT_BAD_INPUT)
 
 

@@ -222,6 +222,7 @@ def extender(
     from gpupool.adapters.k8s.kubeapi import KubeApiError
     from gpupool.adapters.k8s.pool import ExtenderPool
     from gpupool.adapters.k8s.resources import ResourceNames
+    from gpupool.cli.store_options import store_settings
     from gpupool.core.policies import get_policy
     from gpupool.hardware.slices import Slice
 
@@ -229,6 +230,7 @@ def extender(
     check_domain("--domain", domain)
     check_range("--preempt-interval-s", preempt_interval_s, lo=0)
     check_range("--inventory-resync-s", inventory_resync_s, lo=0)
+    store_settings(store)  # the URL forms `serve --store` takes: a typo is not a SQLite file name
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise UserError(f"invalid --log-level={log_level!r}: expected debug, info, warning or error")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

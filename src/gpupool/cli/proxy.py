@@ -23,7 +23,15 @@ from pathlib import Path
 import typer
 
 from gpupool.cli.console import say
-from gpupool.cli.errors import UserError, check_listen, check_port, check_range, check_url, user_errors
+from gpupool.cli.errors import (
+    UserError,
+    check_listen,
+    check_port,
+    check_range,
+    check_token,
+    check_url,
+    user_errors,
+)
 from gpupool.core.clock import FunctionClock
 from gpupool.core.errors import InvalidInput
 from gpupool.core.ids import random_lease_id
@@ -81,6 +89,7 @@ def proxy(  # noqa: PLR0917 (typer options)
     check_url("--leader", leader, schemes=("http",))
     if not leader_token.strip():
         raise UserError("--leader-token: empty")
+    check_token("--leader-token", leader_token.strip())
     check_listen("--host/--port", host, port)
     from gpupool.cli.stopping import catch_early_stop, stop_requested
 

@@ -40,6 +40,7 @@ from gpupool.cli.serve import (
     Bundle,
     KvSizer,
     build,
+    plan_cluster,
     register_backends,
 )
 from gpupool.cli.serving import free_port, run_loop, uvicorn_server
@@ -286,6 +287,7 @@ def run(  # noqa: PLR0917 (typer options)
 
         kube_opts = serve_k8s.KubeOptions(host=host, port=extender_port, no_kube=True)
         kube = serve_k8s.check(kube_opts)
+    plan_cluster(cluster, workloads)  # a bad spec file is exit 2 before the data dir is touched
     from gpupool.adapters.store import owner
 
     try:  # held for the process's life: a gateway still running on this data dir keeps its store

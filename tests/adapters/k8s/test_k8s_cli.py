@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_node, make_pod
 
 from gpupool.adapters.k8s.annotations import encode_slices
@@ -140,6 +141,25 @@ def test_bad_cli_input_exits_2_with_one_line(tmp_path: Path) -> None:
         )
         assert proc.returncode == 2, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "gpupool: error:" in proc.stderr
+
+
+@pytest.mark.parametrize("store", ["memroy:", " ", "leases.db", "etcd://h:abc"])
+def test_a_store_that_is_not_a_store_url_is_exit_2_creating_nothing(tmp_path: Path, store: str) -> None:
+    """``--store`` takes what `gpupool serve --store` takes: a typo such as ``memroy:`` was opened
+    as a SQLite file of that name in the working directory, and the extender served on it."""
+    args = ["extender", "--cluster", str(EXAMPLES / "cluster-a100-l40s.yaml"), "--no-kube", "--port", "0"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", *args, "--store", store],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert f"invalid --store={store!r}" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_device_plugin_command_registers_with_kubelet(tmp_path: Path) -> None:

@@ -71,6 +71,8 @@ def test_gateway_commands_check_their_options_before_starting(
         (["agent", "--node", "n", "--metrics-port", "-1", "--duration-s", "-3"], "invalid --duration-s=-3.0"),
         (["bench", "gateway", "--clients", "0"], "invalid --clients=0: must be >= 1"),
         (["bench", "gateway", "--duration-s", "0"], "invalid --duration-s=0.0: must be > 0"),
+        (["bench", "proxy-peers", "--duration-s", "inf"], "invalid --duration-s=inf: must be > 0"),
+        (["bench", "proxy-peers", "--warmup-s", "inf"], "invalid --warmup-s=inf: must be >= 0"),
         (
             ["device-plugin", "--node", "n", "--no-kube", "--cluster", CLUSTER, "--verify-s", "0"],
             "invalid --verify-s=0.0: must be > 0",
@@ -93,6 +95,18 @@ def test_an_empty_yaml_file_says_so_naming_it(tmp_path: Path) -> None:
     empty.write_text("")
     out = gpupool("serve", "--cluster", str(empty), "--data-dir", str(tmp_path / "d"), "--port", "0")
     assert_one_line_exit_2(out, f"{empty}: empty file")
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["plan", "-w", WORKLOADS, "--cluster", "typo\nname.yaml"], "typo\\nname.yaml: no such file"),
+        (["emulate-backend", "--model", "m", "--host", "bad\nhost"], "cannot listen on bad\\nhost:"),
+    ],
+)
+def test_a_value_with_a_line_break_is_still_one_line(args: list[str], want: str) -> None:
+    """An error quoting a value as typed (a file name, a host) escapes its line breaks: one line."""
+    assert_one_line_exit_2(gpupool(*args), want)
 
 
 def test_every_port_option_is_checked() -> None:
@@ -262,3 +276,24 @@ def test_no_arguments_still_prints_the_help() -> None:
     assert (
         out.returncode == 2 and "Usage:" in out.stdout + out.stderr and "variants" in out.stdout + out.stderr
     )
+
+
+TOKEN_OPTIONS = [
+    ["proxy", "--leader", "http://127.0.0.1:9", "--auth-file", "none.yaml", "--port", "0", "--leader-token"],
+    ["agent", "--node", "n", "--gateway", "http://127.0.0.1:9", "--metrics-port", "-1", "--token"],
+    ["batch", "list", "--url", "http://127.0.0.1:9", "--token"],
+    ["batch", "submit", "--vram-mib", "1024", "--url", "http://127.0.0.1:9", "--token"],
+]
+
+
+@pytest.mark.parametrize("command", TOKEN_OPTIONS, ids=lambda c: f"{c[0]} {c[-1]}")
+@pytest.mark.parametrize("token", ["t\u00f6ken-of-the-leader", "token with spaces", "token\nsecond-line"])
+def test_a_token_no_http_header_can_carry_is_exit_2_naming_the_option(command: list[str], token: str) -> None:
+    """A bearer token travels in an HTTP header: one with a character outside visible ASCII can never
+    be sent (it was a traceback, or a loop failing every call), so it is refused at start; the line
+    names the option but does not echo the secret."""
+    tail = ["--", "true"] if command[:2] == ["batch", "submit"] else []
+    out = gpupool(*command, token, *tail)
+    assert_one_line_exit_2(out, f"invalid {command[-1]}: ")
+    assert "leader" not in out.stderr.replace("--leader-token", "")
+    assert "spaces" in out.stderr or "ASCII" in out.stderr

@@ -1,7 +1,7 @@
 """An address the servers cannot listen on is one line naming the option, exit 2, before anything
 starts (`check_listen`): `serve`, `run`, `proxy` and `emulate-backend` with a port in use or a host that does
-not resolve; `run` keeps the previous run's lease store when its options are bad; `emulate-backend`
-refuses a GPU model it has no peaks for. Real subprocesses and a real listening socket."""
+not resolve; `run` keeps the previous run's lease store when its options or spec files are bad;
+`emulate-backend` refuses a GPU model it has no peaks for. Real subprocesses and a real listening socket."""
 
 from __future__ import annotations
 
@@ -64,6 +64,19 @@ def test_run_with_bad_options_keeps_the_last_runs_store(tmp_path: Path, taken_po
     out = gpupool("run", "--no-traffic", "--data-dir", str(data), "--port", str(taken_port))
     assert out.returncode == 2, out.stderr
     assert (data / "leases.db").read_bytes() == b"the last run's ledger"
+
+
+@pytest.mark.parametrize("option", ["--cluster", "--workloads"])
+def test_run_with_a_bad_spec_file_keeps_the_last_runs_store(tmp_path: Path, option: str) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "leases.db").write_bytes(b"the last run's ledger")
+    missing = tmp_path / "typo.yaml"
+    out = gpupool("run", "--no-traffic", "--data-dir", str(data), "--port", "0", option, str(missing))
+    assert out.returncode == 2, out.stderr
+    assert f"{missing}: no such file" in out.stderr
+    assert (data / "leases.db").read_bytes() == b"the last run's ledger"
+    assert sorted(p.name for p in data.iterdir()) == ["leases.db"]  # not even a lock file
 
 
 def test_emulate_backend_refuses_an_unknown_gpu() -> None:
