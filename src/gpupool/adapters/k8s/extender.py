@@ -51,6 +51,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from gpupool.adapters.boundedserver import ConnectionBound
 from gpupool.adapters.k8s import boundedjson
 from gpupool.adapters.k8s.annotations import Placement, encode_placement
 from gpupool.adapters.k8s.forwarding import FORWARDED_BY, Forwarder, Unavailable
@@ -479,7 +480,7 @@ from the accepting thread and closed. Without it a client opening connections st
 for each (2,000 idle ones: 2,000 threads, 100 MB). kube-scheduler keeps a few."""
 
 
-class _Server(ThreadingHTTPServer):
+class _Server(ConnectionBound, ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
     idle_timeout_s = IDLE_TIMEOUT_S
@@ -487,41 +488,12 @@ class _Server(ThreadingHTTPServer):
     extender: Extender | Forwarder
     prefix: str
     gate: Callable[[], bool] = staticmethod(_always)
-    _open = 0
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        self._open_lock = threading.Lock()
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._open_lock:
-            busy = self._open >= self.max_connections
-            self._open += 0 if busy else 1
-        if busy:  # answered without waiting on the client: the answer fits its send buffer or is lost
-            body = json.dumps({"Error": f"busy: {self.max_connections} connections open; retry"}).encode()
-            head = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-            with contextlib.suppress(OSError):
-                request.setblocking(False)
-                request.send(
-                    f"{head}Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
-                )
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread started: its slot is free again
-            self._release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        with self._open_lock:
-            self._open -= 1
+    def busy_answer(self) -> bytes:
+        """503 with ``Retry-After`` and kube-scheduler's ``Error`` body (`ConnectionBound`)."""
+        body = json.dumps({"Error": f"busy: {self.max_connections} connections open; retry"}).encode()
+        head = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+        return f"{head}Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
 
 
 class ExtenderServer:

@@ -6,7 +6,8 @@ timeout, so each connection that sends nothing (or half a request) held a thread
 descriptor for ever, and a client opening connections grew both without limit. Here:
 
 - `MAX_CONNECTIONS` (64): at most this many connections are served at once; the next one is
-  answered 503 (``Retry-After: 1``) from the accepting thread, which never waits on it, and closed;
+  answered 503 (``Retry-After: 1``) from the accepting thread, which never waits on it, and closed
+  (`gpupool.adapters.boundedserver.ConnectionBound`);
 - `IDLE_TIMEOUT_S` (10 s): a read that waits longer than this closes the connection (a request
   stalled before its head is complete, or a connection that sends nothing).
 
@@ -16,11 +17,11 @@ A scrape is one short request per connection (HTTP/1.0), so Prometheus needs one
 
 from __future__ import annotations
 
-import socket
-import threading
 from typing import Any
 
 from prometheus_client.exposition import ThreadingWSGIServer
+
+from gpupool.adapters.boundedserver import ConnectionBound
 
 MAX_CONNECTIONS = 64
 IDLE_TIMEOUT_S = 10.0
@@ -32,51 +33,11 @@ def bounded_server_class(family: int, *, max_connections: int = MAX_CONNECTIONS)
     if type(max_connections) is not int or max_connections < 1:
         raise ValueError(f"max_connections={max_connections!r}: must be an integer >= 1")
 
-    class BoundedMetricsServer(ThreadingWSGIServer):
+    class BoundedMetricsServer(ConnectionBound, ThreadingWSGIServer):
         address_family = family
-        _open = 0
-        _lock = threading.Lock()
-
-        def process_request(self, request: Any, client_address: Any) -> None:
-            with self._lock:
-                busy = self._open >= max_connections
-                if not busy:
-                    self._open += 1
-            if busy:
-                _refuse(request, max_connections)
-                self.shutdown_request(request)
-                return
-            try:
-                super().process_request(request, client_address)
-            except BaseException:  # no thread started (e.g. none can be): the slot is free again
-                self._release()
-                raise
-
-        def process_request_thread(self, request: Any, client_address: Any) -> None:
-            try:
-                super().process_request_thread(request, client_address)
-            finally:
-                self._release()
-
-        def _release(self) -> None:
-            with self._lock:
-                self._open -= 1
 
         def handle_error(self, request: Any, client_address: Any) -> None:
             """A client that timed out or went away is not the server's error: nothing to print."""
 
+    BoundedMetricsServer.max_connections = max_connections
     return BoundedMetricsServer
-
-
-def _refuse(request: socket.socket, limit: int) -> None:
-    """Answer 503 without blocking (the answer fits the socket's send buffer, or is dropped)."""
-    body = f"busy: {limit} connections open (the /metrics server's limit); retry\n".encode()
-    head = (
-        "HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        f"Retry-After: 1\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    try:
-        request.setblocking(False)
-        request.send(head.encode() + body)
-    except OSError:
-        pass
