@@ -25,6 +25,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from gpupool.cli.console import say
 from gpupool.core.controller import LeaseController
 from gpupool.core.errors import GpupoolError
 from gpupool.core.model import Lease, Request
@@ -131,8 +132,14 @@ class InstanceKeeper:
                 placed = out is not None and out.code is OutcomeCode.GRANTED
             if placed != (UNPLACED not in why):  # (switched when it changes, not on every pass)
                 c.set_backend_routable(bid, placed, reason=UNPLACED)
-            if placed:
-                log.info("gpupool: backend %s placed on slice %s", bid, sid)
+                if why - {UNPLACED}:
+                    continue  # asleep: the tidal plane lends its slice and says so
+                say(
+                    f"gpupool: backend {bid} placed on slice {sid}: it takes requests"
+                    if placed
+                    else f"gpupool: backend {bid} holds no placement lease on slice {sid}: it takes no"
+                    " requests until the slice is open and free (every 2 s it is placed again)"
+                )
 
     async def run(self, committer: Any, period_s: float = RECHECK_S) -> None:
         """A pass now and every ``period_s``, each committed, until cancelled."""
