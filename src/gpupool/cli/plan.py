@@ -29,6 +29,9 @@ from gpupool.hardware.plantypes import Plan, plan_to_dict
 from gpupool.hardware.spec import WorkloadSet
 from gpupool.hardware.vllmargs import OFFLOAD_BACKENDS, host_tier_gib, vllm_args
 
+MAX_HOST_RAM_GIB = 1 << 20
+"""1 PiB of host RAM per node: far above any machine, so a typo of digits is an error, not a plan."""
+
 
 class PlanFormat(StrEnum):
     TABLE = "table"
@@ -151,8 +154,11 @@ def plan(  # noqa: PLR0917 (typer options)
     Example: gpupool plan --cluster examples/cluster-a100-l40s.yaml
     --workloads examples/workloads-agent-platform.yaml --format mig-parted
     """
-    if host_ram_gib < 0:
-        raise UserError(f"--host-ram-gib: {host_ram_gib} must be >= 0")
+    if not 0 <= host_ram_gib <= MAX_HOST_RAM_GIB:
+        raise UserError(f"--host-ram-gib: {host_ram_gib} must be in [0, {MAX_HOST_RAM_GIB}]")
+    for flag, given in (("--node", node), ("--kube-api", kube_api)):
+        if given and actuator is None:
+            raise UserError(f"{flag} needs --actuator (it chooses where the MIG changes are shown or made)")
     if not 0 <= host_tier_pct <= 100:
         raise UserError(f"--host-tier-pct: {host_tier_pct} must be in [0, 100]")
     if kv_offload not in OFFLOAD_BACKENDS:

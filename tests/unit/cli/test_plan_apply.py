@@ -35,3 +35,14 @@ def test_bad_input_exits_2() -> None:
     assert out.returncode == 2 and "--node" in out.stderr and "'nope'" in out.stderr
     out = gpupool("--actuator", "nvml")
     assert out.returncode == 2 and "--node" in out.stderr
+
+
+def test_options_that_need_an_actuator_and_absurd_host_ram_are_exit_2() -> None:
+    """``--node`` / ``--kube-api`` without ``--actuator`` were silently ignored (a user meaning to
+    act on one node got the whole plan printed), and ``--host-ram-gib 10**30`` printed a plan with a
+    29-digit ``--kv-offloading-size``."""
+    for args, flag in ((("--node", "gpu-a"), "--node"), (("--kube-api", "https://k:6443"), "--kube-api")):
+        out = gpupool(*args)
+        assert out.returncode == 2 and f"{flag} needs --actuator" in out.stderr, out.stderr
+    out = gpupool("-f", "vllm", "--host-ram-gib", str(10**30))
+    assert out.returncode == 2 and "--host-ram-gib" in out.stderr and not out.stdout
