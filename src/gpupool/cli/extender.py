@@ -35,6 +35,7 @@ import typer
 from gpupool.cli.errors import (
     UserError,
     check_domain,
+    check_listen,
     check_log_level,
     check_port,
     check_range,
@@ -246,6 +247,7 @@ def extender(
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if no_kube and (kube_api or kubeconfig):
         raise UserError("--no-kube excludes --kube-api and --kubeconfig")
+    check_listen("--host/--port", host, port)  # before the API is asked or --store is opened
     names = ResourceNames(domain)
     api: KubeApi | None = None
     if not no_kube:

@@ -320,3 +320,20 @@ def test_errors_name_the_option_not_the_field_behind_it(args: list[str], want: s
     """A value the core or `logging` refuses is named by the option the user typed (it was
     ``invalid main_model='x'``, ``invalid policy='x'``, ``Unknown level: ''``)."""
     assert_one_line_exit_2(gpupool(*args), want)
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["sim", "fgd", "--pods", "{dir}", "--nodes", "/dev/null"], "/dev/null: a character device, not a"),
+        (["sim", "fgd", "--nodes", "{dir}", "--pods", "{dir}"], "{dir}: a directory, not a regular file"),
+        (["sim", "variants", "--pods", "/dev/null", "--out", "{dir}"], "/dev/null: a character device"),
+    ],
+)
+def test_a_trace_path_that_exists_but_is_no_file_says_what_it_is(
+    tmp_path: Path, args: list[str], want: str
+) -> None:
+    """It said ``trace file not found: /dev/null``, of a path that exists."""
+    out = gpupool(*(a.format(dir=tmp_path) for a in args))
+    assert_one_line_exit_2(out, want.format(dir=tmp_path))
+    assert "not found" not in out.stderr

@@ -117,3 +117,15 @@ def test_serve_refuses_a_ray_address_nothing_answers_on(tmp_path: Path) -> None:
         out = gpupool("serve", "--port", "0", "--data-dir", str(data), "--ray-address", address)
         assert_one_line_exit_2(out, f"invalid --ray-address={address!r}: cannot reach 127.0.0.1:{free}:")
         assert not data.exists()
+
+
+def test_extender_with_its_port_in_use_opens_no_store(tmp_path: Path, taken_port: int) -> None:
+    """The extender opened (created) its ``--store`` first and bound its port only after it."""
+    from tests.unit.cli.test_cli_options import CLUSTER
+
+    db = tmp_path / "extender.db"
+    args = ("extender", "--no-kube", "--cluster", CLUSTER, "--store", f"sqlite:{db}")
+    out = gpupool(*args, "--port", str(taken_port))
+    assert_one_line_exit_2(out, f"--host/--port: cannot listen on 127.0.0.1:{taken_port}: ")
+    assert not db.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
