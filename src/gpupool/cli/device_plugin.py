@@ -20,7 +20,7 @@ from types import FrameType
 import typer
 
 from gpupool.adapters.mps import ContainerMps, MpsLimits, container_mps
-from gpupool.cli.errors import UserError, check_domain, check_range, user_errors
+from gpupool.cli.errors import UserError, check_domain, check_log_level, check_range, user_errors
 
 
 def mps_client_side(
@@ -77,7 +77,8 @@ def device_plugin(
     from gpupool.cli.extender import build_slices, kube_api_from_options
     from gpupool.hardware.slices import Slice
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    level = check_log_level("--log-level", log_level)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     node = node or os.environ.get("NODE_NAME", "")
     if not node:
         raise UserError("--node is required (or set NODE_NAME)")

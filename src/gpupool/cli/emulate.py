@@ -80,7 +80,9 @@ def build_backend_app(
 
 
 def _vram_holder(mib: int, on: str, sleep_mib: int) -> Any:
-    """``on_memory`` for the backend app: this process's record in the simulated VRAM registry."""
+    """``on_memory`` for the backend app: this process's record in the simulated VRAM registry.
+    Only checks the options: nothing is written until it is called (``on_memory(False)`` once the
+    app is built, so a start refused for another option leaves no record claiming memory)."""
     if mib == 0:
         return None
     import os
@@ -95,10 +97,14 @@ def _vram_holder(mib: int, on: str, sleep_mib: int) -> Any:
     if not on:
         raise UserError("--hold-vram-mib needs --hold-on: the GPU or slice id it runs on")
     path = Path(registry)
-    hold(path, on, mib)
 
     def on_memory(asleep: bool) -> None:
-        hold(path, on, sleep_mib if asleep else mib)
+        try:
+            hold(path, on, sleep_mib if asleep else mib)
+        except OSError as exc:
+            raise UserError(
+                f"${REGISTRY_ENV}={registry!r}: cannot write to it: {exc.strerror or exc}"
+            ) from None
 
     return on_memory
 
@@ -147,5 +153,7 @@ def emulate_backend(  # noqa: PLR0917 (typer options)
         max_model_len=max_model_len,
         on_memory=on_memory,
     )
+    if on_memory is not None:  # every option is good: hold the weights + KV now
+        on_memory(False)
     typer.echo(f"emulated backend {model} on http://{host}:{port} (gpu {gpu}, fraction {compute_fraction})")
     uvicorn.run(app, host=host, port=port, log_level="warning")  # type: ignore[arg-type]

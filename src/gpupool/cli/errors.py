@@ -1,7 +1,7 @@
 """One place that turns expected user errors into a one-line message and exit code 2 (no traceback).
 
-Also the shared checks of numeric, URL, token and domain options (`check_port`, `check_range`,
-`check_url`, `check_token`, `check_domain`):
+Also the shared checks of numeric, URL, token, domain and log-level options (`check_port`,
+`check_range`, `check_url`, `check_token`, `check_domain`, `check_log_level`):
 commands call them first, before opening a store or binding a socket, so a bad value changes
 nothing. Messages name the option and the value: ``invalid --port=70000: must be in [0, 65535]``,
 ``invalid --gateway='http://gw:abc': Port could not be cast to integer value as 'abc'``.
@@ -139,6 +139,17 @@ def check_domain(option: str, domain: str) -> str:
             f" '.', at most {MAX_DOMAIN_CHARS} characters), e.g. gpupool.io"
         )
     return domain
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def check_log_level(option: str, level: str) -> str:
+    """A ``--log-level`` option: one of `LOG_LEVELS` in any case, returned as `logging` spells it
+    (``INFO``); else `UserError` naming ``option`` (logging's own ``Unknown level: ''`` names neither)."""
+    if level.lower() not in LOG_LEVELS:
+        raise UserError(f"invalid {option}={level!r}: expected debug, info, warning or error")
+    return level.upper()
 
 
 @contextlib.contextmanager

@@ -32,7 +32,17 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gpupool.cli.errors import UserError, check_domain, check_port, check_range, check_url, user_errors
+from gpupool.cli.errors import (
+    UserError,
+    check_domain,
+    check_listen,
+    check_log_level,
+    check_port,
+    check_range,
+    check_url,
+    options_named,
+    user_errors,
+)
 
 if TYPE_CHECKING:
     from gpupool.adapters.k8s.extender import Extender
@@ -231,11 +241,13 @@ def extender(
     check_range("--preempt-interval-s", preempt_interval_s, lo=0)
     check_range("--inventory-resync-s", inventory_resync_s, lo=0)
     store_settings(store)  # the URL forms `serve --store` takes: a typo is not a SQLite file name
-    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise UserError(f"invalid --log-level={log_level!r}: expected debug, info, warning or error")
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    level = check_log_level("--log-level", log_level)
+    with options_named({"policy": "--policy"}):
+        get_policy(policy)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if no_kube and (kube_api or kubeconfig):
         raise UserError("--no-kube excludes --kube-api and --kubeconfig")
+    check_listen("--host/--port", host, port)  # before the API is asked or --store is opened
     names = ResourceNames(domain)
     api: KubeApi | None = None
     if not no_kube:
@@ -244,14 +256,13 @@ def extender(
         slices, source = build_slices(cluster, workloads, api=api, domain=domain)
     except KubeApiError as exc:
         raise UserError(f"cannot list nodes from the Kubernetes API: {exc}") from None
-    get_policy(policy)  # (an unknown name: InvalidInput naming it, exit 2)
     controller = open_controller([s for s in slices if isinstance(s, Slice)], store_url=store, policy=policy)
     pool = ExtenderPool(controller)
     ext = Extender(pool, api=api, names=names)
     try:
         server = ExtenderServer(ext, host=host, port=port, prefix=prefix)
     except OSError as exc:
-        raise UserError(f"cannot listen on {host}:{port}: {exc}") from None
+        raise UserError(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     stop = threading.Event()
     start_services(
         ext,

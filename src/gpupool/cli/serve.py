@@ -41,6 +41,7 @@ from gpupool.cli.errors import (
 )
 from gpupool.cli.instances import InstanceKeeper, placement_request
 from gpupool.cli.kvsizer import KvSizer
+from gpupool.cli.ray_address import check_ray_address
 
 __all__ = ["KvSizer", "build", "load_tokens", "serve"]
 from gpupool.cli.serving import run_loop, serve_forever
@@ -446,7 +447,7 @@ def serve(  # noqa: PLR0917 (typer options)
         None, "--timezone", help="IANA time zone of the tidal schedule (default Asia/Shanghai)."
     ),
     ray_address: str | None = typer.Option(
-        None, "--ray-address", help="Run batch jobs on this existing Ray cluster (default: local processes)."
+        None, "--ray-address", help="Batch jobs on this Ray cluster: HOST:PORT, ray://HOST:PORT or auto."
     ),
 ) -> None:
     """Serve the lease API, events, metrics and the OpenAI-compatible proxy."""
@@ -478,6 +479,7 @@ def serve(  # noqa: PLR0917 (typer options)
     check_port("--extender-port", extender_port)  # (checked with or without --kubernetes)
     check_domain("--domain", domain)
     check_listen("--host/--port", host, port)
+    check_ray_address(ray_address)
     kube = None
     if kubernetes:
         from gpupool.cli import serve_k8s

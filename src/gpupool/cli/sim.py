@@ -82,6 +82,7 @@ def variants(
     pods carry P % of the GPU request (1..100); multi<P> makes multi-GPU pods carry at least P %
     (1..90); spec<P> pins P % of GPU pods to one GPU model (0..100). Join knobs with '-'.
     """
+    from gpupool.sim.trace import check_trace_file
     from gpupool.sim.variant_report import prepare_variants
 
     check_range("--seed", seed, lo=0, hi=2**32 - 1)
@@ -91,8 +92,9 @@ def variants(
     base = pods if pods is not None else trace_dir / "openb_pod_list_default.csv"
     node_list = nodes if nodes is not None else trace_dir / "openb_node_list_gpu_node.csv"
     for path in (base, node_list):
-        if not path.is_file():
+        if not path.exists():
             raise UserError(f"file not found: {path} (set --pods/--nodes or GPUPOOL_DATA_DIR)")
+        check_trace_file(path)  # (/dev/null, a directory: says what it is)
     mixes = prepare_variants(base, node_list, wanted, seed=seed_value, directory=ensure_dir("--out", out))
     typer.echo("variant\tpods\tgpu_request_milli\tsharing_pct\tmulti_pct\tpinned_pct\tcpu_per_gpu_milli")
     for name, m in mixes.items():

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import typer
 
-from gpupool.cli.errors import UserError, check_range, user_errors
+from gpupool.cli.errors import UserError, check_range, options_named, user_errors
+
+OPTIONS = {
+    "days": "--days",
+    "scale": "--scale",
+    "backlog_scale": "--backlog-scale",
+    "main_model": "--main-model",
+    "lending_target": "--lending-target",
+}
+"""`RunConfig`'s fields -> the options that set them (its errors name the option)."""
 
 
 @user_errors
@@ -47,16 +56,17 @@ def sim_tidal(
     check_range("--scale", scale, lo=0, hi=10, lo_open=True)
     check_range("--backlog-scale", backlog_scale, lo=0, hi=1000)
     try:
-        cfg = RunConfig(
-            days=days,
-            scale=scale,
-            seed=seed,
-            main_model=main_model,
-            backlog_scale=backlog_scale,
-            what_if=what_if,
-            trace=str(trace) if trace is not None else None,
-            lending_target=lending_target,
-        )
+        with options_named(OPTIONS):
+            cfg = RunConfig(
+                days=days,
+                scale=scale,
+                seed=seed,
+                main_model=main_model,
+                backlog_scale=backlog_scale,
+                what_if=what_if,
+                trace=str(trace) if trace is not None else None,
+                lending_target=lending_target,
+            )
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if trace is not None and not trace.is_file():

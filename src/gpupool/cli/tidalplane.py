@@ -307,8 +307,12 @@ def attach_tidal(
         executor: Executor
         if ray_address:
             from gpupool.adapters.batch.ray_executor import RayExecutor
+            from gpupool.cli.ray_address import connect_error
 
-            executor = RayExecutor(ray_address)
+            try:
+                executor = RayExecutor(ray_address)
+            except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+                raise connect_error(ray_address, exc) from None
         else:
             from gpupool.adapters.batch.local import LocalExecutor
 

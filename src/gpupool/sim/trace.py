@@ -17,6 +17,7 @@ Invariants (a row that breaks one raises `TraceFormatError` naming file, line, c
 from __future__ import annotations
 
 import csv
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,9 +69,32 @@ class PodSpec:
         return self.num_gpu == 1 and self.gpu_milli < MILLI_PER_GPU
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a pipe"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_trace_file(path: Path) -> None:
+    """`FileNotFoundError` when ``path`` does not exist; `TraceFormatError` saying what it is when it
+    is not a regular file (``/dev/null``, a directory: they exist, so "not found" would mislead)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"trace file not found: {path}") from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+    raise TraceFormatError(f"{path}: {kind}, not a regular file (expected a CSV trace)")
+
+
 def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"trace file not found: {path}")
+    check_trace_file(path)
     # utf-8-sig: a list saved by a spreadsheet starts with a byte-order mark, which is no column name
     with path.open(newline="", encoding="utf-8-sig") as fh:
         try:

@@ -46,6 +46,22 @@ def test_emulate_backend_vram_hold_needs_its_registry_and_gpu(tmp_path: Path, mo
     assert not (tmp_path / "vram").exists()  # nothing was held
 
 
+def test_emulate_backend_holds_no_vram_when_another_option_is_bad(tmp_path: Path, monkeypatch) -> None:
+    """The VRAM record was written before --quant, --scheduling-policy, ... were checked: a
+    rejected start left the registry claiming memory on the GPU."""
+    monkeypatch.setenv("GPUPOOL_SIM_VRAM_DIR", str(tmp_path / "vram"))
+    args = ("emulate-backend", "--model", "qwen2.5-0.5b", "--port", "0", "--hold-vram-mib", "1000")
+    for bad, named in (
+        (("--quant", "bogus"), "--quant"),
+        (("--scheduling-policy", "lifo"), "--scheduling-policy"),
+        (("--kv-budget-mib", "0"), "--kv-budget-mib"),
+        (("--model", "no-such-model"), "no-such-model"),
+    ):
+        r = run(*args, "--hold-on", "gpu-a/0", *bad)
+        assert r.returncode == 2 and named in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not (tmp_path / "vram").exists(), bad  # nothing was held
+
+
 def test_proxy_replica_bad_options_exit_2_naming_the_option(tmp_path: Path) -> None:
     auth = tmp_path / "auth.yaml"
     auth.write_text("tokens:\n  - {token: replica-admin-token-01, tenant: ops, role: admin}\n")

@@ -297,3 +297,43 @@ def test_a_token_no_http_header_can_carry_is_exit_2_naming_the_option(command: l
     assert_one_line_exit_2(out, f"invalid {command[-1]}: ")
     assert "leader" not in out.stderr.replace("--leader-token", "")
     assert "spaces" in out.stderr or "ASCII" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["sim", "tidal", "--main-model", "x"], "invalid --main-model='x': expected one of ['14b', '7b']"),
+        (["sim", "tidal", "--lending-target", "0"], "invalid --lending-target=0.0: must be in (0, 1]"),
+        (["extender", "--policy", "x", "--port", "0"], "invalid --policy='x': known policies: bestfit"),
+        (
+            ["extender", "--no-kube", "--cluster", CLUSTER, "--host", "\u00fc\u2603", "--port", "0"],
+            "--host/--port: cannot listen on \u00fc\u2603:0: ",
+        ),
+        (["extender", "--log-level", "", "--port", "0"], "invalid --log-level='': expected debug, info"),
+        (
+            ["device-plugin", "--node", "n", "--no-kube", "--cluster", CLUSTER, "--log-level", ""],
+            "invalid --log-level='': expected debug, info, warning or error",
+        ),
+    ],
+)
+def test_errors_name_the_option_not_the_field_behind_it(args: list[str], want: str) -> None:
+    """A value the core or `logging` refuses is named by the option the user typed (it was
+    ``invalid main_model='x'``, ``invalid policy='x'``, ``Unknown level: ''``)."""
+    assert_one_line_exit_2(gpupool(*args), want)
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["sim", "fgd", "--pods", "{dir}", "--nodes", "/dev/null"], "/dev/null: a character device, not a"),
+        (["sim", "fgd", "--nodes", "{dir}", "--pods", "{dir}"], "{dir}: a directory, not a regular file"),
+        (["sim", "variants", "--pods", "/dev/null", "--out", "{dir}"], "/dev/null: a character device"),
+    ],
+)
+def test_a_trace_path_that_exists_but_is_no_file_says_what_it_is(
+    tmp_path: Path, args: list[str], want: str
+) -> None:
+    """It said ``trace file not found: /dev/null``, of a path that exists."""
+    out = gpupool(*(a.format(dir=tmp_path) for a in args))
+    assert_one_line_exit_2(out, want.format(dir=tmp_path))
+    assert "not found" not in out.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.cli.test_cli_options import gpupool
+from tests.unit.cli.test_cli_options import assert_one_line_exit_2, gpupool
 
 
 @pytest.fixture
@@ -83,3 +83,49 @@ def test_emulate_backend_refuses_an_unknown_gpu() -> None:
     out = gpupool("emulate-backend", "--model", "qwen2.5-0.5b", "--gpu", "A100-80G", "--port", "0")
     assert out.returncode == 2, out.stderr
     assert "--gpu 'A100-80G': unknown GPU model (known: A100-SXM4-80GB" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("ü☃", "expected HOST:PORT, ray://HOST:PORT, 'auto' or 'local'"),
+        (" ", "expected HOST:PORT"),
+        ("127.0.0.1", "expected HOST:PORT"),
+        ("ray://127.0.0.1", "expected HOST:PORT"),
+        ("127.0.0.1:abc", "expected HOST:PORT"),
+        ("127.0.0.1:70000", "port must be in [1, 65535]"),
+    ],
+)
+def test_serve_refuses_a_ray_address_ray_cannot_parse_before_anything_is_created(
+    tmp_path: Path, address: str, why: str
+) -> None:
+    """It was Ray's ``Invalid address format: ü☃`` (no option named), after the data directory,
+    the store and the admin token had been created."""
+    data = tmp_path / "data"
+    out = gpupool("serve", "--port", "0", "--data-dir", str(data), "--ray-address", address)
+    assert_one_line_exit_2(out, f"invalid --ray-address={address!r}: {why}")
+    assert not data.exists()
+
+
+def test_serve_refuses_a_ray_address_nothing_answers_on(tmp_path: Path) -> None:
+    """It printed the gateway's banner, then waited minutes inside Ray's connect."""
+    with socket.socket() as s:  # a port nothing listens on (bound, then closed)
+        s.bind(("127.0.0.1", 0))
+        free = int(s.getsockname()[1])
+    data = tmp_path / "data"
+    for address in (f"127.0.0.1:{free}", f"ray://127.0.0.1:{free}"):
+        out = gpupool("serve", "--port", "0", "--data-dir", str(data), "--ray-address", address)
+        assert_one_line_exit_2(out, f"invalid --ray-address={address!r}: cannot reach 127.0.0.1:{free}:")
+        assert not data.exists()
+
+
+def test_extender_with_its_port_in_use_opens_no_store(tmp_path: Path, taken_port: int) -> None:
+    """The extender opened (created) its ``--store`` first and bound its port only after it."""
+    from tests.unit.cli.test_cli_options import CLUSTER
+
+    db = tmp_path / "extender.db"
+    args = ("extender", "--no-kube", "--cluster", CLUSTER, "--store", f"sqlite:{db}")
+    out = gpupool(*args, "--port", str(taken_port))
+    assert_one_line_exit_2(out, f"--host/--port: cannot listen on 127.0.0.1:{taken_port}: ")
+    assert not db.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -27,6 +27,7 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 
+from gpupool.core.errors import InvalidInput
 from gpupool.core.tidal import Mode, TidalConfig, TidalController
 from gpupool.sim.tidal import batch, perf, traces
 from gpupool.sim.tidal.platform import LENDING, STRATEGIES, WHAT_IF, Platform, build
@@ -58,15 +59,15 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if type(self.days) is not int or not 1 <= self.days <= 9:
-            raise ValueError(f"invalid days={self.days!r}: must be an integer in [1, 9] (trace length)")
+            raise InvalidInput("days", self.days, "must be an integer in [1, 9] (trace length)")
         if not 0 < self.scale <= 10:
-            raise ValueError(f"invalid scale={self.scale!r}: must be in (0, 10]")
+            raise InvalidInput("scale", self.scale, "must be in (0, 10]")
         if self.main_model not in MAIN_MODELS:
-            raise ValueError(f"invalid main_model={self.main_model!r}: expected one of {sorted(MAIN_MODELS)}")
+            raise InvalidInput("main_model", self.main_model, f"expected one of {sorted(MAIN_MODELS)}")
         if not 0 < self.lending_target <= 1:
-            raise ValueError(f"invalid lending_target={self.lending_target!r}: must be in (0, 1]")
+            raise InvalidInput("lending_target", self.lending_target, "must be in (0, 1]")
         if not 0 <= self.backlog_scale <= 1000:
-            raise ValueError(f"invalid backlog_scale={self.backlog_scale!r}: must be in [0, 1000]")
+            raise InvalidInput("backlog_scale", self.backlog_scale, "must be in [0, 1000]")
 
 
 MAIN_MODELS = {"14b": perf.QWEN25_14B_AWQ, "7b": perf.QWEN25_7B_AWQ}
