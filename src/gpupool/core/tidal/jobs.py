@@ -100,6 +100,15 @@ def spec_from_dict(d: dict[str, Any]) -> BatchJobSpec:
     return BatchJobSpec(**{**d, "command": tuple(d["command"]), "args": tuple(d["args"])})
 
 
+def _finite_float(x: float) -> bool:
+    """True when ``x`` is a finite float, or an integer a float holds (``10**400`` is not: the
+    queue orders by it as a float)."""
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
 def validate_job(spec: BatchJobSpec) -> BatchJobSpec:
     """Raise `InvalidInput` naming the first bad field; return the spec otherwise."""
     if not isinstance(spec.id, str) or not spec.id or len(spec.id) > 200:
@@ -120,7 +129,7 @@ def validate_job(spec: BatchJobSpec) -> BatchJobSpec:
     if spec.deadline_s is not None and (
         isinstance(spec.deadline_s, bool)
         or not isinstance(spec.deadline_s, int | float)
-        or not math.isfinite(spec.deadline_s)
+        or not _finite_float(spec.deadline_s)
     ):
         raise InvalidInput("deadline_s", spec.deadline_s, "must be finite Unix seconds or null")
     if type(spec.tokens) is not int or spec.tokens < 0:
