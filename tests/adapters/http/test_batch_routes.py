@@ -103,8 +103,9 @@ def test_every_accepted_id_can_be_read_and_cancelled_over_http_and_the_cli(
     [
         ("deadline_s", 10**400, "finite Unix seconds"),  # an integer no float holds: 422, never a 500
         ("deadline_s", -(10**400), "finite Unix seconds"),
+        ("id", "nightly\x00run", "NUL"),  # a job the runner could never start (its id is in its env)
     ],
-    ids=["huge-deadline", "huge-negative-deadline"],
+    ids=["huge-deadline", "huge-negative-deadline", "nul-in-id"],
 )
 def test_a_field_no_job_could_run_with_is_422_naming_it_and_stores_nothing(
     cl: httpx.Client, field: str, value: object, why: str
