@@ -163,6 +163,30 @@ def test_settings_name_the_bad_key() -> None:
     assert cfg.tidal.timezone == "UTC" and cfg.repartition_gpus == ("gpu-a/1",)
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("enter_hold_s", 10**400),  # YAML integers have no bound; no float holds this one
+        ("holdback_s", -(10**400)),
+        ("min_day_dwell_s", 10**400),
+        ("initial_baseline", 10**400),
+        ("lending_window_s", 10**400),
+        ("standby_sleep_after_s", 10**400),
+        ("timezone", "a" * 5000),  # longer than a file name: the zone lookup fails with OSError
+        ("timezone", 5),
+        ("timezone", None),
+        ("enter_ratio", "0.1"),
+        ("exit_ratio", None),
+        ("min_day_dwell_s", "30m"),
+    ],
+    ids=lambda v: repr(v)[:20],
+)
+def test_a_bad_value_of_any_type_names_its_setting(key: str, value: object) -> None:
+    with pytest.raises(InvalidInput) as e:
+        plane_config({key: value})
+    assert e.value.field == f"tidal.{key}", str(e.value)
+
+
 def test_back_in_day_p2_above_its_share_is_reclaimed_newest_first() -> None:
     c, plane, clock = a_plane(at(20))
     night(c, plane, clock)

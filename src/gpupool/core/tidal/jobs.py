@@ -30,6 +30,7 @@ from typing import Any
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import MAX_VRAM_MIB, Request, validate_request
 from gpupool.core.priority import P2
+from gpupool.core.tidal.numbers import finite_number
 from gpupool.hardware.units import COMPUTE_MILLI_PER_GPU, Resources
 
 
@@ -101,15 +102,6 @@ def spec_from_dict(d: dict[str, Any]) -> BatchJobSpec:
     return BatchJobSpec(**{**d, "command": tuple(d["command"]), "args": tuple(d["args"])})
 
 
-def _finite_float(x: float) -> bool:
-    """True when ``x`` is a finite float, or an integer a float holds (``10**400`` is not: the
-    queue orders by it as a float)."""
-    try:
-        return math.isfinite(float(x))
-    except OverflowError:
-        return False
-
-
 def validate_job(spec: BatchJobSpec) -> BatchJobSpec:
     """Raise `InvalidInput` naming the first bad field; return the spec otherwise."""
     if not isinstance(spec.id, str) or not spec.id or len(spec.id) > 200:
@@ -129,11 +121,7 @@ def validate_job(spec: BatchJobSpec) -> BatchJobSpec:
         raise InvalidInput("tenant", spec.tenant, "must be a non-empty string of at most 200 characters")
     if type(spec.compute_milli) is not int or not 0 <= spec.compute_milli <= COMPUTE_MILLI_PER_GPU:
         raise InvalidInput("compute_milli", spec.compute_milli, "must be an integer in [0, 1000]")
-    if spec.deadline_s is not None and (
-        isinstance(spec.deadline_s, bool)
-        or not isinstance(spec.deadline_s, int | float)
-        or not _finite_float(spec.deadline_s)
-    ):
+    if spec.deadline_s is not None and not finite_number(spec.deadline_s):
         raise InvalidInput("deadline_s", spec.deadline_s, "must be finite Unix seconds or null")
     if type(spec.tokens) is not int or spec.tokens < 0:
         raise InvalidInput("tokens", spec.tokens, "must be a non-negative integer")
