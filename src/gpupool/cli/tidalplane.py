@@ -308,7 +308,11 @@ def attach_tidal(
         if ray_address:
             from gpupool.adapters.batch.ray_executor import RayExecutor
 
-            executor = RayExecutor(ray_address)
+            try:
+                executor = RayExecutor(ray_address)
+            except Exception as exc:  # (ray's refusal: RuntimeError, ValueError, ConnectionError ...)
+                reason = " ".join(str(exc).split())  # (one line: ray's messages span several)
+                raise UserError(f"invalid --ray-address={show_value(ray_address)}: {reason}") from None
         else:
             from gpupool.adapters.batch.local import LocalExecutor
 
