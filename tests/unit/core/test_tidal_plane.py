@@ -10,6 +10,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
+import yaml
 
 from gpupool.adapters.store import MemoryLeaseStore
 from gpupool.core import P0, P1, P2, ManualClock, OutcomeCode
@@ -185,6 +186,15 @@ def test_a_bad_value_of_any_type_names_its_setting(key: str, value: object) -> N
     with pytest.raises(InvalidInput) as e:
         plane_config({key: value})
     assert e.value.field == f"tidal.{key}", str(e.value)
+
+
+def test_an_unquoted_yaml_time_is_refused_with_the_time_as_written() -> None:
+    # YAML 1.1 reads an unquoted 19:30 as the base-60 number 1170: say so, not just "1170"
+    doc = yaml.safe_load("tidal:\n  day_end: 19:30\n")["tidal"]
+    with pytest.raises(InvalidInput) as e:
+        plane_config(doc)
+    assert e.value.field == "tidal.day_end" and "in quotes" in e.value.reason, str(e.value)
+    assert "unquoted 19:30 as the number 1170" in e.value.reason, str(e.value)
 
 
 def test_back_in_day_p2_above_its_share_is_reclaimed_newest_first() -> None:

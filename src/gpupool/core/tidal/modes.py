@@ -55,12 +55,23 @@ class Mode(StrEnum):
     NIGHT = "night"
 
 
-def parse_hhmm(value: str, *, field: str) -> dtime:
-    """``"08:30"`` -> `datetime.time`; `InvalidInput` naming ``field`` otherwise."""
+def parse_hhmm(value: object, *, field: str) -> dtime:
+    """``"08:30"`` -> `datetime.time`; `InvalidInput` naming ``field`` otherwise. An integer is what
+    YAML 1.1 makes of an unquoted ``19:30`` (base 60: 1170): refused, naming the time as written."""
+    if type(value) is int and 0 <= value < 24 * 60:
+        as_written = f"{value // 60}:{value % 60:02d}"
+        raise InvalidInput(
+            field,
+            value,
+            f"expected HH:MM (24-hour local time) in quotes: YAML reads an unquoted {as_written} "
+            f"as the number {value}",
+        )
     try:
+        if not isinstance(value, str):
+            raise ValueError(value)
         hh, mm = value.strip().split(":")
         return dtime(int(hh), int(mm))
-    except (ValueError, AttributeError):
+    except ValueError:
         raise InvalidInput(field, value, "expected HH:MM (24-hour local time)") from None
 
 
