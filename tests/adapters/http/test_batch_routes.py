@@ -115,3 +115,15 @@ def test_a_field_no_job_could_run_with_is_422_naming_it_and_stores_nothing(
     assert r.status_code == 422, r.text
     assert r.json()["field"] == field and why in r.json()["error"], r.text
     assert _jobs(cl) == []
+
+
+def test_a_damaged_job_row_is_503_naming_the_file_and_the_row(cl: httpx.Client, tmp_path: Path) -> None:
+    import sqlite3
+
+    r = cl.post("/v1/batch/jobs", content=json.dumps({"id": "q1", "command": JOB, "vram_mib": 10**6}))
+    assert r.status_code == 201, r.text
+    with sqlite3.connect(tmp_path / "jobs.db") as db:  # (damage on disk, or a hand edit)
+        db.execute("UPDATE batch_jobs SET spec = '{broken' WHERE id = 'q1'")
+    for r in (cl.get("/v1/batch/jobs"), cl.get("/v1/batch/jobs/q1"), cl.delete("/v1/batch/jobs/q1")):
+        assert r.status_code == 503 and r.json()["code"] == "store_damaged", r.text
+        assert "jobs.db" in r.json()["error"] and "'q1'" in r.json()["error"], r.text
