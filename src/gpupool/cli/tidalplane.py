@@ -311,7 +311,7 @@ def attach_tidal(
 
             try:
                 executor = RayExecutor(ray_address)
-            except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+            except Exception as exc:  # (ray's refusal: RuntimeError, ValueError, ConnectionError ...)
                 raise connect_error(ray_address, exc) from None
         else:
             from gpupool.adapters.batch.local import LocalExecutor
@@ -324,8 +324,12 @@ def attach_tidal(
         from gpupool.core.tidal.jobs import JobState
 
         # a job a previous run (or a leader that died) left running holds a P2 lease the store
-        # kept: release it with the requeue, so the job's next start does not find its own VRAM taken
+        # kept: release it with the requeue, so the job's next start does not find its own VRAM taken.
+        # The runner starting here holds no job lease, so every other active one (``job/ID/N``, the
+        # runner's own request ids) is an orphan too: a run killed between recording a job's end
+        # and its lease's release (the lease store commits in batches) left it behind.
         orphaned = [r.lease_id for r in queue.jobs() if r.state in (JobState.RUNNING, JobState.PAUSED)]
+        orphaned += [x.id for x in c.leases() if x.request.id.startswith("job/") and x.id not in orphaned]
         requeued = queue.recover(now=now())
         for lease_id in orphaned:
             with contextlib.suppress(InvalidInput, KeyError, LookupError):

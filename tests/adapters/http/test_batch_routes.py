@@ -4,6 +4,7 @@ route accepts can be read and cancelled again, a ``/`` in it included."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -95,3 +96,34 @@ def test_every_accepted_id_can_be_read_and_cancelled_over_http_and_the_cli(
     assert [(j["id"], j["state"]) for j in _jobs(cl)] == [(job_id, "cancelled")]
     r = cl.delete(f"/v1/batch/jobs/{quoted}")
     assert r.status_code == 409 and r.json()["code"] == "job_ended", r.text
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("deadline_s", 10**400, "finite Unix seconds"),  # an integer no float holds: 422, never a 500
+        ("deadline_s", -(10**400), "finite Unix seconds"),
+        ("id", "nightly\x00run", "NUL"),  # a job the runner could never start (its id is in its env)
+    ],
+    ids=["huge-deadline", "huge-negative-deadline", "nul-in-id"],
+)
+def test_a_field_no_job_could_run_with_is_422_naming_it_and_stores_nothing(
+    cl: httpx.Client, field: str, value: object, why: str
+) -> None:
+    body = {"command": JOB, "vram_mib": 1024, field: value}
+    r = cl.post("/v1/batch/jobs", content=json.dumps(body))
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == field and why in r.json()["error"], r.text
+    assert _jobs(cl) == []
+
+
+def test_a_damaged_job_row_is_503_naming_the_file_and_the_row(cl: httpx.Client, tmp_path: Path) -> None:
+    import sqlite3
+
+    r = cl.post("/v1/batch/jobs", content=json.dumps({"id": "q1", "command": JOB, "vram_mib": 10**6}))
+    assert r.status_code == 201, r.text
+    with sqlite3.connect(tmp_path / "jobs.db") as db:  # (damage on disk, or a hand edit)
+        db.execute("UPDATE batch_jobs SET spec = '{broken' WHERE id = 'q1'")
+    for r in (cl.get("/v1/batch/jobs"), cl.get("/v1/batch/jobs/q1"), cl.delete("/v1/batch/jobs/q1")):
+        assert r.status_code == 503 and r.json()["code"] == "store_damaged", r.text
+        assert "jobs.db" in r.json()["error"] and "'q1'" in r.json()["error"], r.text

@@ -140,3 +140,21 @@ def _up(url: str) -> bool:
         return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_ray_address_ray_cannot_parse_stops_serve_with_one_line_naming_it(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    r = gpupool(
+        "serve",
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path / "gw"),
+        "--ray-address",
+        "nosuch://x",
+        env=env,
+        check=False,
+    )
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert lines[-1].startswith("gpupool: error: invalid --ray-address='nosuch://x': "), r.stderr

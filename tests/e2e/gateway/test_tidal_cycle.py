@@ -214,3 +214,41 @@ def test_day_lending_is_fed_the_p0_models_ttft_from_the_proxy(tmp_path: Path) ->
     rt.step()
     assert rt.plane.guard.level == 0.25
     assert "gpupool_proxy_requests_total" in metrics.render()[0].decode()  # the wrapped call still counts
+
+
+def test_a_job_lease_a_crash_kept_after_its_job_ended_is_released_at_the_next_start(tmp_path: Path) -> None:
+    """The runner records a job's end, then releases its lease; a gateway killed between the two
+    (the lease store commits in batches) leaves an active P2 lease that no job holds. The next
+    start releases it at once, as it does the leases of the jobs it requeues: it would otherwise
+    hold its VRAM out of the DAY share until its TTL ran out."""
+    from gpupool.adapters.batch.queue import BatchJobQueue
+    from gpupool.core.tidal.jobs import BatchJobSpec, JobState, lease_request
+
+    spec = BatchJobSpec(id="ended", vram_mib=4 * GIB, command=("true",))
+    first = build(data_dir=tmp_path, extra_tokens=[(TOKEN, "ops", "admin")])
+    out = first.controller.acquire(lease_request(spec, attempt=1, ttl_s=120.0), queue=False)
+    assert out.granted and out.lease is not None
+    lease_id = out.lease.id
+    first.controller.flush()
+    first.controller.store.close()  # (the process dies here: the release never reached the store)
+    queue = BatchJobQueue(tmp_path / "batch.db")
+    queue.submit(spec, now=at(11))
+    queue.claim(spec.id, worker="gateway", now=at(11), lease_id=lease_id)
+    queue.transition(spec.id, JobState.DONE, now=at(11), returncode=0, reason="exit 0")
+    queue.close()
+
+    bundle = build(data_dir=tmp_path, extra_tokens=[(TOKEN, "ops", "admin")])
+    assert not bundle.controller.get(lease_id).state.ended  # recovered from the store
+    rt = attach_tidal(
+        bundle,
+        config=PlaneConfig(tidal=TidalConfig(timezone="UTC")),
+        data_dir=tmp_path,
+        clock=ManualClock(at(12)),
+    )
+    try:
+        assert bundle.controller.get(lease_id).state.ended
+        assert rt.batch is not None and rt.batch.job(spec.id)["state"] == "done"  # the job is untouched
+    finally:
+        if rt.batch is not None:
+            rt.batch.close()
+        bundle.controller.store.close()

@@ -10,6 +10,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
+import yaml
 
 from gpupool.adapters.store import MemoryLeaseStore
 from gpupool.core import P0, P1, P2, ManualClock, OutcomeCode
@@ -161,6 +162,39 @@ def test_settings_name_the_bad_key() -> None:
         plane_config({"holdback_s": -1})
     cfg = plane_config({"timezone": "UTC", "day_reserved_fraction": 0.5, "repartition_gpus": ["gpu-a/1"]})
     assert cfg.tidal.timezone == "UTC" and cfg.repartition_gpus == ("gpu-a/1",)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("enter_hold_s", 10**400),  # YAML integers have no bound; no float holds this one
+        ("holdback_s", -(10**400)),
+        ("min_day_dwell_s", 10**400),
+        ("initial_baseline", 10**400),
+        ("lending_window_s", 10**400),
+        ("standby_sleep_after_s", 10**400),
+        ("timezone", "a" * 5000),  # longer than a file name: the zone lookup fails with OSError
+        ("timezone", 5),
+        ("timezone", None),
+        ("enter_ratio", "0.1"),
+        ("exit_ratio", None),
+        ("min_day_dwell_s", "30m"),
+    ],
+    ids=lambda v: repr(v)[:20],
+)
+def test_a_bad_value_of_any_type_names_its_setting(key: str, value: object) -> None:
+    with pytest.raises(InvalidInput) as e:
+        plane_config({key: value})
+    assert e.value.field == f"tidal.{key}", str(e.value)
+
+
+def test_an_unquoted_yaml_time_is_refused_with_the_time_as_written() -> None:
+    # YAML 1.1 reads an unquoted 19:30 as the base-60 number 1170: say so, not just "1170"
+    doc = yaml.safe_load("tidal:\n  day_end: 19:30\n")["tidal"]
+    with pytest.raises(InvalidInput) as e:
+        plane_config(doc)
+    assert e.value.field == "tidal.day_end" and "in quotes" in e.value.reason, str(e.value)
+    assert "unquoted 19:30 as the number 1170" in e.value.reason, str(e.value)
 
 
 def test_back_in_day_p2_above_its_share_is_reclaimed_newest_first() -> None:

@@ -12,6 +12,8 @@ Invariants:
   is requeued, never silently dropped; ``attempts`` counts the tries.
 - A write SQLite cannot take (disk full, I/O error, lock timeout) raises `StoreRefused` and
   changes nothing (each write is one statement or one transaction).
+- A row that cannot be read back as a job (damaged on disk, edited by hand) raises `QueueDamaged`
+  naming the file and the job id (the gateway answers 503 with it, never 500).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-from gpupool.core.errors import DuplicateId, StoreRefused, UnknownId
+from gpupool.core.errors import DuplicateId, StoreDamaged, StoreRefused, UnknownId
 from gpupool.core.tidal.jobs import (
     BatchJobSpec,
     JobRecord,
@@ -62,13 +65,31 @@ def _refused(what: str) -> Iterator[None]:
         raise StoreRefused(f"batch queue: {what}: {exc}") from None
 
 
-def _spec_from(text: str) -> BatchJobSpec:
-    return spec_from_dict(json.loads(text))
+class QueueDamaged(StoreDamaged):
+    """A ``batch_jobs`` row that is not a job; the message names the file, the row and the problem."""
+
+    def __init__(self, path: str, job_id: str, problem: str) -> None:
+        super().__init__(
+            f"batch queue {path} is damaged (batch_jobs row {job_id!r}: {problem}); restore the file"
+            " from a backup, or fix or delete that row with sqlite3"
+        )
+
+
+def _record(path: str, job_id: str, row: tuple[Any, ...]) -> JobRecord:
+    """The `JobRecord` of one row (spec, state, submitted_at, attempts, lease_id, worker, reason,
+    returncode); `QueueDamaged` when it is not one."""
+    try:
+        spec = spec_from_dict(json.loads(row[0]))
+        state = JobState(row[1])
+    except (TypeError, ValueError, KeyError) as exc:  # (json's and the dataclass's refusals)
+        raise QueueDamaged(path, job_id, f"{type(exc).__name__}: {exc}") from None
+    return JobRecord(spec, state, row[2], row[3], row[4], row[5], row[6], row[7])
 
 
 class BatchJobQueue:
     def __init__(self, path: str | Path) -> None:
         """`StoreRefused` naming ``path`` when SQLite cannot open it (a full disk, read-only media)."""
+        self._path = str(path)
         with _refused(f"open {path}"):
             self._db = sqlite3.connect(str(path), isolation_level=None, timeout=10.0)
         try:
@@ -104,7 +125,7 @@ class BatchJobQueue:
         ).fetchone()
         if row is None:
             raise UnknownId("job", job_id)
-        return JobRecord(_spec_from(row[0]), JobState(row[1]), row[2], row[3], row[4], row[5], row[6], row[7])
+        return _record(self._path, job_id, row)
 
     def jobs(self, state: JobState | None = None) -> list[JobRecord]:
         q = "SELECT id FROM batch_jobs"

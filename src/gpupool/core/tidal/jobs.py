@@ -7,7 +7,8 @@ what a valid job is, which job runs next and what lease a running job holds.
 Invariants:
 - A job runs either a ``command`` (argv list, no shell) or a ``ray_task`` (``module:function``),
   never both; ``vram_mib`` in [1, `MAX_VRAM_MIB`]; ``deadline_s`` (Unix seconds) is finite when given;
-  a valid job's lease request is a valid core request (`validate_job` checks it at submission).
+  ``id`` holds no NUL (the job sees it in its environment); a valid job's lease request is a
+  valid core request (`validate_job` checks it at submission).
 - Every running job holds exactly one P2 lease (`lease_request`): preemptible, priority ``P2``.
 - State machine: QUEUED -> RUNNING -> {DONE, FAILED}; QUEUED -> FAILED (a stored job that no lease
   can carry, e.g. queued before a check existed: failed with the reason, never retried at every
@@ -29,6 +30,7 @@ from typing import Any
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import MAX_VRAM_MIB, Request, validate_request
 from gpupool.core.priority import P2
+from gpupool.core.tidal.numbers import finite_number
 from gpupool.hardware.units import COMPUTE_MILLI_PER_GPU, Resources
 
 
@@ -104,6 +106,8 @@ def validate_job(spec: BatchJobSpec) -> BatchJobSpec:
     """Raise `InvalidInput` naming the first bad field; return the spec otherwise."""
     if not isinstance(spec.id, str) or not spec.id or len(spec.id) > 200:
         raise InvalidInput("id", spec.id, "must be a non-empty string of at most 200 characters")
+    if "\x00" in spec.id:  # (the job sees its id in its environment, which cannot hold a NUL byte)
+        raise InvalidInput("id", spec.id, "must not contain a NUL character")
     if bool(spec.command) == bool(spec.ray_task):
         raise InvalidInput("command", list(spec.command), "give exactly one of command or ray_task")
     if spec.command and not all(isinstance(a, str) and a and "\x00" not in a for a in spec.command):
@@ -117,11 +121,7 @@ def validate_job(spec: BatchJobSpec) -> BatchJobSpec:
         raise InvalidInput("tenant", spec.tenant, "must be a non-empty string of at most 200 characters")
     if type(spec.compute_milli) is not int or not 0 <= spec.compute_milli <= COMPUTE_MILLI_PER_GPU:
         raise InvalidInput("compute_milli", spec.compute_milli, "must be an integer in [0, 1000]")
-    if spec.deadline_s is not None and (
-        isinstance(spec.deadline_s, bool)
-        or not isinstance(spec.deadline_s, int | float)
-        or not math.isfinite(spec.deadline_s)
-    ):
+    if spec.deadline_s is not None and not finite_number(spec.deadline_s):
         raise InvalidInput("deadline_s", spec.deadline_s, "must be finite Unix seconds or null")
     if type(spec.tokens) is not int or spec.tokens < 0:
         raise InvalidInput("tokens", spec.tokens, "must be a non-negative integer")

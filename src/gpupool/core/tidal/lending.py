@@ -37,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from gpupool.core.errors import InvalidInput
+from gpupool.core.tidal.numbers import finite_number
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,7 @@ class GuardConfig:
     def __post_init__(self) -> None:
         for name in ("window_s", "slo_ttft_s"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+            if not finite_number(v) or v <= 0:
                 raise InvalidInput(f"tidal.lending_{name}", v, "must be a finite number > 0")
         t = self.target
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 1:

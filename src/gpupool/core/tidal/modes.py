@@ -47,6 +47,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput
+from gpupool.core.tidal.numbers import finite_number
 
 
 class Mode(StrEnum):
@@ -54,12 +55,23 @@ class Mode(StrEnum):
     NIGHT = "night"
 
 
-def parse_hhmm(value: str, *, field: str) -> dtime:
-    """``"08:30"`` -> `datetime.time`; `InvalidInput` naming ``field`` otherwise."""
+def parse_hhmm(value: object, *, field: str) -> dtime:
+    """``"08:30"`` -> `datetime.time`; `InvalidInput` naming ``field`` otherwise. An integer is what
+    YAML 1.1 makes of an unquoted ``19:30`` (base 60: 1170): refused, naming the time as written."""
+    if type(value) is int and 0 <= value < 24 * 60:
+        as_written = f"{value // 60}:{value % 60:02d}"
+        raise InvalidInput(
+            field,
+            value,
+            f"expected HH:MM (24-hour local time) in quotes: YAML reads an unquoted {as_written} "
+            f"as the number {value}",
+        )
     try:
+        if not isinstance(value, str):
+            raise ValueError(value)
         hh, mm = value.strip().split(":")
         return dtime(int(hh), int(mm))
-    except (ValueError, AttributeError):
+    except ValueError:
         raise InvalidInput(field, value, "expected HH:MM (24-hour local time)") from None
 
 
@@ -71,7 +83,7 @@ def _in_window(t: dtime, start: dtime, end: dtime) -> bool:
 
 
 def _positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not finite_number(value):
         raise InvalidInput(f"tidal.{name}", value, "must be a finite number")
     if value <= 0:
         raise InvalidInput(f"tidal.{name}", value, "must be > 0")
@@ -111,14 +123,19 @@ class TidalConfig:
             raise InvalidInput(
                 "tidal.night_start", self.night_start, "the night window must not overlap the day window"
             )
+        if not isinstance(self.timezone, str):
+            raise InvalidInput("tidal.timezone", self.timezone, "must be an IANA time zone name")
         try:
             ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError):
+        except (ZoneInfoNotFoundError, ValueError, OSError):  # (OSError: a name too long for a file)
             raise InvalidInput("tidal.timezone", self.timezone, "unknown IANA time zone") from None
         for name in ("enter_hold_s", "exit_hold_s", "smooth_tau_s", "baseline_tau_s", "baseline_min_s"):
             _positive(name, getattr(self, name))
-        if self.min_day_dwell_s < 0 or not math.isfinite(self.min_day_dwell_s):
+        if not finite_number(self.min_day_dwell_s) or self.min_day_dwell_s < 0:
             raise InvalidInput("tidal.min_day_dwell_s", self.min_day_dwell_s, "must be finite and >= 0")
+        for name in ("enter_ratio", "exit_ratio"):
+            if not finite_number(getattr(self, name)):
+                raise InvalidInput(f"tidal.{name}", getattr(self, name), "must be a finite number")
         if not 0 < self.enter_ratio < self.exit_ratio:
             raise InvalidInput(
                 "tidal.enter_ratio",

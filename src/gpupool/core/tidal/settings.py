@@ -8,12 +8,12 @@ unknown keys are refused, never ignored.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from gpupool.core.errors import InvalidInput
 from gpupool.core.tidal.lending import GuardConfig
 from gpupool.core.tidal.modes import TidalConfig
+from gpupool.core.tidal.numbers import finite_number
 from gpupool.core.tidal.standby import StandbyConfig
 
 DAY_POLICIES = ("strict", "lending")
@@ -21,7 +21,7 @@ LENDING_SCOPES = ("requests", "kv-budget")
 
 
 def _finite(name: str, value: float, *, lo: float = 0.0) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not finite_number(value):
         raise InvalidInput(f"tidal.{name}", value, "must be a finite number")
     if value < lo:
         raise InvalidInput(f"tidal.{name}", value, f"must be >= {lo:g}")

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gpupool.core.errors import InvalidInput, UnknownId
+from gpupool.core.tidal.numbers import finite_number
 
 AWAKE = "awake"
 ASLEEP = "asleep"
@@ -67,7 +68,7 @@ class StandbyConfig:
             raise InvalidInput("tidal.standby_wake_burst", self.wake_burst, "must be an integer >= 1")
         for name in ("burst_window_s", "sleep_after_s", "wake_lead_min_s"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            if not finite_number(v) or v < 0:
                 raise InvalidInput(f"tidal.standby_{name}", v, "must be a finite number >= 0")
         for i, b in enumerate(self.backends):
             if not isinstance(b, str) or not b:
