@@ -4,17 +4,26 @@ the process and its gateway reporter live on, posting a stale snapshot as if all
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pytest
 
 from gpupool.adapters.pause import default_pausers
+from gpupool.adapters.pause.procfs import proc_state
 from gpupool.agent.evict import EvictionPolicy
 from gpupool.agent.loop import AgentConfig, AgentEvent, NodeAgent
 from gpupool.agent.source import ScriptedSource
 from gpupool.core.clock import ManualClock
+from tests.agent.agent_helpers import wait_for
+from tests.agent.standin_gateway import StandinGateway, lease_out
 
 GPU = "n1/0"
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Feed:
@@ -79,3 +88,49 @@ def test_a_pid_beyond_pid_t_is_reported_and_the_tick_goes_on(label: str) -> None
     assert fails and huge in fails[0].reason and f"workload.{label}" in fails[0].reason
     assert agent.workloads.get("huge") is None
     assert [e.kind for e in events if e.kind in ("evict", "paused", "revoke")] == []
+
+
+def test_evicting_a_lease_that_names_the_agent_or_its_parent_signals_neither(tmp_path: Path) -> None:
+    """A real ``gpupool agent`` under a parent process (its supervisor), both in one process group:
+    leases naming that group, the parent's pid or the agent's own pid end, and the agent must report
+    each eviction failed without sending a signal: both processes keep running."""
+    gw = StandinGateway()
+    gw.start()
+    env = dict(os.environ, GPUPOOL_AGENT_TOKEN="t0ken", PYTHONPATH=str(REPO / "src"))
+    log = tmp_path / "agent.log"
+    agent_cmd = [sys.executable, "-m", "gpupool.cli.main", "agent", "--node", "n1", "--devices"]
+    agent_cmd += ["simulated", "--gateway", gw.url, "--metrics-port", "-1", "--no-publish"]
+    supervisor = "import subprocess, sys\nsys.exit(subprocess.call(sys.argv[1:]))"
+    with log.open("w") as out:
+        parent = subprocess.Popen(
+            [sys.executable, "-c", supervisor, *agent_cmd], stderr=out, env=env, start_new_session=True
+        )
+    agent_pid = 0
+    try:
+        assert wait_for(lambda: " pid " in log.read_text(), timeout_s=60)
+        agent_pid = int(log.read_text().split(" pid ")[1].split()[0])
+        group = os.getpgid(agent_pid)
+        assert group == parent.pid  # (the supervisor leads the group the agent runs in)
+        gw.leases = [
+            lease_out(lid, node="n1", gpu_id=GPU, priority=-1, vram_mib=100, labels=labels)
+            for lid, labels in (
+                ("own-group", {"gpupool.io/pauser": "signal", "gpupool.io/pgid": str(group)}),
+                ("parent", {"gpupool.io/pauser": "signal", "gpupool.io/pids": str(parent.pid)}),
+                ("itself", {"gpupool.io/pauser": "signal", "gpupool.io/pids": str(agent_pid)}),
+            )
+        ]
+        n = len(gw.gets)
+        assert wait_for(lambda: gw.gets[n:].count("/v1/leases") >= 2)  # the agent took the ledger
+        gw.leases = []
+        assert wait_for(lambda: len([e for e in gw.events() if e["kind"] == "evict_failed"]) == 3)
+        failed = {e["lease_id"]: e["reason"] for e in gw.events() if e["kind"] == "evict_failed"}
+        assert set(failed) == {"own-group", "parent", "itself"}
+        assert all("refused" in why and "SIGTERM" not in why for why in failed.values()), failed
+        assert parent.poll() is None and proc_state(agent_pid) in ("S", "R")
+    finally:
+        if agent_pid and proc_state(agent_pid) is not None:
+            os.kill(agent_pid, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+        parent.wait()
+        gw.stop()
