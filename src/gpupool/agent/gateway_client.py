@@ -97,6 +97,15 @@ def events_json(
     }
 
 
+def json_body(resp: httpx.Response) -> Any:
+    """The decoded JSON body, or None when it is not JSON (or is nested deeper than the decoder
+    goes: that is a `RecursionError`, not a `ValueError`, and must not end the sending thread)."""
+    try:
+        return resp.json()
+    except (ValueError, RecursionError):
+        return None
+
+
 def ledger_from(body: Any, *, node: str) -> list[Mapping[str, object]] | None:
     """This node's active leases from a ``GET /v1/leases`` body, in the loop's lease shape."""
     if not isinstance(body, dict) or not isinstance(body.get("leases"), list):
@@ -241,10 +250,7 @@ class GatewayReporter:
         if now >= self._next_ledger:
             resp = self._request("GET", f"{self.base}/v1/leases")
             if not isinstance(resp, str) and resp.status_code < 300:
-                try:
-                    ledger = ledger_from(resp.json(), node=self.node)
-                except ValueError:
-                    ledger = None
+                ledger = ledger_from(json_body(resp), node=self.node)
                 if ledger is not None:
                     with self._lock:
                         self._ledger = ledger
@@ -254,10 +260,8 @@ class GatewayReporter:
         if now >= self._next_config:
             resp = self._request("GET", f"{self.base}/v1/pool")
             if not isinstance(resp, str) and resp.status_code < 300:
-                try:
-                    wm = resp.json().get("watermarks")
-                except (ValueError, AttributeError):
-                    wm = None
+                pool = json_body(resp)
+                wm = pool.get("watermarks") if isinstance(pool, dict) else None
                 if isinstance(wm, dict):
                     with self._lock:
                         self._watermarks = dict(wm)
@@ -278,10 +282,7 @@ class GatewayReporter:
             return
         if resp.status_code >= 300:
             return
-        try:
-            body = resp.json()
-        except ValueError:
-            return
+        body = json_body(resp)
         engines = body.get("engines") if isinstance(body, dict) else None
         if isinstance(engines, list):
             self.engines_supported = True

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpupool.adapters.k8s.annotations import encode_slices
+from gpupool.agent.gateway_client import json_body
 from gpupool.agent.inventory import DEFAULT_MPS_PIPE_DIR, NodeInventory, discover, slice_json
 from gpupool.agent.values import AgentEvent, NodeSnapshot
 from gpupool.hardware.devices import DeviceSnapshot, GpuReading, MigDeviceReading
@@ -207,10 +208,8 @@ class SlicePublisher:
             return [f"PUT {url}: {type(exc).__name__}: {exc}"]
         if resp.status_code >= 300:
             return [f"PUT {url}: HTTP {resp.status_code} {resp.text[:300]}"]
-        try:
-            self.last_report = dict(resp.json())
-        except ValueError:
-            self.last_report = {}
+        report = json_body(resp)
+        self.last_report = dict(report) if isinstance(report, dict) else {}
         return []
 
     def flush(self) -> list[str]:

@@ -1,0 +1,85 @@
+"""The agent's senders against a gateway that answers garbage (`tests.agent.hostile_gateway`): every
+answer is a reported failure or ignored, never the end of the thread that sends, and once the
+gateway answers properly again the agent resynchronises by itself."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gpupool.agent.gateway_client import GatewayReporter
+from gpupool.agent.loop import AgentConfig, NodeAgent
+from gpupool.agent.publish import SlicePublisher
+from gpupool.agent.source import ScriptedSource
+from gpupool.core.clock import ManualClock
+from tests.agent.agent_helpers import wait_for
+from tests.agent.hostile_gateway import HostileGateway
+
+TOKEN = "t0kent0ken"
+
+
+@pytest.fixture
+def gw() -> Iterator[HostileGateway]:
+    g = HostileGateway().start()
+    yield g
+    g.stop()
+
+
+def agent_with(url: str) -> tuple[NodeAgent, GatewayReporter]:
+    clock = ManualClock()
+    reporter = GatewayReporter(
+        url,
+        node="n1",
+        token=TOKEN,
+        send_every_s=0.02,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.05,
+        ledger_every_s=0.0,
+        config_every_s=0.0,
+    )
+    agent = NodeAgent(AgentConfig("n1"), ScriptedSource.uniform("n1", 1), {}, clock=clock, ledger=reporter)
+    agent.observers.append(reporter)
+    return agent, reporter
+
+
+@pytest.mark.parametrize("mode", ["deep", "list"])
+def test_reporter_thread_survives_unusable_json_and_resynchronises(gw: HostileGateway, mode: str) -> None:
+    agent, reporter = agent_with(gw.url)
+    reporter.start()
+    try:
+        gw.mode = mode
+        agent.tick()
+        assert wait_for(lambda: gw.count("GET", "/v1/leases") >= 2 and gw.count("GET", "/v1/pool") >= 2)
+        assert reporter.take_ledger() is None and reporter.take_watermarks() is None
+        gw.mode = "ok"
+        gw.leases = [{"id": "L1", "node": "n1", "gpu_id": "n1/0", "priority": 0, "vram_mib": 1}]
+        agent.tick()
+        assert wait_for(lambda: (reporter.take_ledger() or [{}])[0].get("lease_id") == "L1")
+    finally:
+        reporter.stop(final_flush=False)
+
+
+@pytest.mark.parametrize("mode", ["deep", "list"])
+def test_slice_publisher_survives_unusable_json(gw: HostileGateway, mode: str) -> None:
+    agent, _ = agent_with(gw.url)
+    snap = agent.tick()
+    pub = SlicePublisher("n1", device_snapshot=lambda: None, gateway=gw.url, token=TOKEN, resync_s=0.05)
+    agent.observers[:] = [pub]
+    pub.start()
+    try:
+        gw.mode = mode
+        pub(snap, ())
+        assert wait_for(lambda: gw.count("PUT", "/v1/nodes/n1/slices") >= 1)
+        assert wait_for(lambda: pub.published >= 1)
+        assert pub.last_report == {}
+        gw.mode = "ok"
+        n = gw.count("PUT", "/v1/nodes/n1/slices")
+
+        def resent() -> bool:  # the thread still sends: the unchanged list again after resync_s
+            pub(agent.tick(), ())
+            return gw.count("PUT", "/v1/nodes/n1/slices") > n
+
+        assert wait_for(resent)
+    finally:
+        pub.stop()
