@@ -4,7 +4,8 @@
 - ``ok``: the agent protocol's happy path (readings, events, ``GET /v1/leases`` from `leases`,
   ``PUT`` slices), every request recorded in `requests`;
 - ``deep``: a 200 whose JSON body nests deeper than any decoder recursion limit;
-- ``list``: a 200 whose JSON body is a list where an object is expected.
+- ``list``: a 200 whose JSON body is a list where an object is expected;
+- ``redirect``: a 302 back to the same path (a redirect loop, if followed).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class HostileGateway:
                     return self._send(200, DEEP)
                 if mode == "list":
                     return self._send(200, b"[1, 2, 3]")
+                if mode == "redirect":
+                    return self._send(302, b"", location=self.path)
                 if method == "GET" and self.path == "/v1/leases":
                     return self._send(200, json.dumps({"leases": gw.leases}).encode())
                 if method == "POST" and self.path.endswith("/events"):
@@ -60,8 +63,10 @@ class HostileGateway:
                     return self._send(200, b"{}")
                 self._send(404, b'{"error": "no route", "code": "not_found"}')
 
-            def _send(self, code: int, data: bytes) -> None:
+            def _send(self, code: int, data: bytes, *, location: str = "") -> None:
                 self.send_response(code)
+                if location:
+                    self.send_header("Location", location)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

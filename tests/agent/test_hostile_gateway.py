@@ -83,3 +83,17 @@ def test_slice_publisher_survives_unusable_json(gw: HostileGateway, mode: str) -
         assert wait_for(resent)
     finally:
         pub.stop()
+
+
+def test_a_redirecting_gateway_keeps_the_events_and_reports_the_redirect(gw: HostileGateway) -> None:
+    from gpupool.agent.loop import AgentEvent
+
+    agent, reporter = agent_with(gw.url)
+    gw.mode = "redirect"
+    reporter(agent.tick(), [AgentEvent(1, "revoke", 0.0, gpu_id="n1/0", lease_id="L1", reason="x")])
+    assert not reporter.flush_once()
+    assert reporter.pending() == 1 and not reporter.connected
+    assert "HTTP 302 redirect" in reporter.last_error and "--gateway" in reporter.last_error
+    gw.mode = "ok"
+    assert reporter.flush_once()
+    assert reporter.pending() == 0 and [e["lease_id"] for e in gw.events] == ["L1"]

@@ -39,6 +39,7 @@ Invariants:
   ``batch`` per post.
 - After a failure the next attempt waits ``min(backoff_max_s, backoff_initial_s * 2**(failures-1))``.
   No jitter: one agent per node, and the schedule must be reproducible.
+- A 3xx is a failure like a 5xx (nothing was delivered; the gateway URL redirects).
 - A 4xx other than 401/403/404/405/408/429 means the request itself is bad: the batch is dropped and
   counted, so one malformed event cannot block the outbox.
 """
@@ -296,6 +297,9 @@ class GatewayReporter:
         code = resp.status_code
         if code < 300:
             return True
+        if code < 400:  # not delivered: httpx does not follow it, and the outbox must keep the events
+            where = resp.headers.get("location", "")
+            return self._failed(f"{what}: HTTP {code} redirect to {where!r}: --gateway must not redirect")
         if code >= 500 or code in RETRYABLE_4XX:
             return self._failed(f"{what}: HTTP {code}: {resp.text[:200]}")
         self.last_error = f"{what}: HTTP {code}: {resp.text[:200]}"
