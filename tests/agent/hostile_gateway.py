@@ -5,13 +5,16 @@
   ``PUT`` slices), every request recorded in `requests`;
 - ``deep``: a 200 whose JSON body nests deeper than any decoder recursion limit;
 - ``list``: a 200 whose JSON body is a list where an object is expected;
-- ``redirect``: a 302 back to the same path (a redirect loop, if followed).
+- ``redirect``: a 302 back to the same path (a redirect loop, if followed);
+- ``trickle``: a 200 announcing 100 MB that sends one byte every 50 ms, until the client leaves;
+- ``huge``: a 200 with a 48 MiB body sent as fast as the client reads it.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -52,6 +55,8 @@ class HostileGateway:
                     return self._send(200, DEEP)
                 if mode == "list":
                     return self._send(200, b"[1, 2, 3]")
+                if mode in ("trickle", "huge"):
+                    return self._stream(trickle=mode == "trickle")
                 if mode == "redirect":
                     return self._send(302, b"", location=self.path)
                 if method == "GET" and self.path == "/v1/leases":
@@ -71,6 +76,22 @@ class HostileGateway:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _stream(self, *, trickle: bool) -> None:
+                size = 100_000_000 if trickle else 48 << 20
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                chunk = b" " if trickle else b" " * (1 << 20)
+                try:
+                    for _ in range(size // len(chunk)):
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                        if trickle:
+                            time.sleep(0.05)
+                except OSError:  # the client gave up
+                    return
 
             def do_GET(self) -> None:
                 self._answer("GET")

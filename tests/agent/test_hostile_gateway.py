@@ -4,7 +4,8 @@ gateway answers properly again the agent resynchronises by itself."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -97,3 +98,40 @@ def test_a_redirecting_gateway_keeps_the_events_and_reports_the_redirect(gw: Hos
     gw.mode = "ok"
     assert reporter.flush_once()
     assert reporter.pending() == 0 and [e["lease_id"] for e in gw.events] == ["L1"]
+
+
+def finishes(fn: Callable[[], object]) -> bool:
+    """Run ``fn`` on a thread; True once it returned (a liveness bound, not a timing assertion)."""
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    t.join(60)
+    return not t.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("mode", "why"), [("trickle", "no complete answer within"), ("huge", "bytes: not read")]
+)
+def test_an_answer_that_never_ends_or_is_huge_is_a_bounded_failure(
+    gw: HostileGateway, mode: str, why: str
+) -> None:
+    agent, reporter = agent_with(gw.url)
+    reporter.deadline_s, reporter.max_body_bytes = 1.0, 1 << 20
+    reporter(agent.tick(), [])
+    gw.mode = mode
+    result: list[bool] = []
+    assert finishes(lambda: result.append(reporter.flush_once()))
+    assert result == [False] and why in reporter.last_error and not reporter.connected
+    gw.mode = "ok"
+    assert reporter.flush_once() and reporter.connected  # resynchronised once it answers again
+
+
+def test_slice_publisher_gives_up_on_an_answer_that_never_ends(gw: HostileGateway) -> None:
+    agent, _ = agent_with(gw.url)
+    pub = SlicePublisher("n1", gateway=gw.url, token=TOKEN, timeout_s=1.0)
+    inv = pub.inventory(agent.tick())
+    gw.mode = "trickle"
+    errors: list[str] = []
+    assert finishes(lambda: errors.extend(pub.publish(inv)))
+    assert len(errors) == 1 and "no complete answer within" in errors[0]
+    gw.mode = "ok"
+    assert pub.publish(inv) == []

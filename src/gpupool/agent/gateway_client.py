@@ -33,6 +33,8 @@ Wire protocol (JSON over HTTP, ``Authorization: Bearer <token>``; the token need
    gateway without the route (404/405) is asked again only every ``engines_retry_s`` (60 s).
 
 Invariants:
+- One request holds the sending thread at most ``deadline_s`` (plus one read's ``timeout_s``) and
+  reads at most ``max_body_bytes`` of its answer (`bounded_request`); more is a failed request.
 - Calling the reporter (the loop's observer) never blocks on the network: it stores the newest
   snapshot and appends events to a bounded outbox (oldest dropped, counted in ``dropped_events``).
 - Events leave the outbox only after a 2xx (or an accepted fallback); in ``seq`` order, at most
@@ -98,6 +100,35 @@ def events_json(
     }
 
 
+def bounded_request(
+    client: httpx.Client, method: str, url: str, *, deadline_s: float, max_body_bytes: int, **kw: Any
+) -> httpx.Response | str:
+    """One request whose whole answer must arrive within ``deadline_s`` and ``max_body_bytes``
+    (decoded): the client's timeout bounds each read only, so a body that trickles in forever or
+    never ends would otherwise hold the sending thread for good. A transport error, an answer over
+    either bound, is returned as the text of the failure; otherwise the answer, fully read."""
+    import httpx
+
+    deadline = time.monotonic() + deadline_s
+    try:
+        with client.stream(method, url, **kw) as resp:
+            body = bytearray()
+            for chunk in resp.iter_bytes():
+                body += chunk
+                if len(body) > max_body_bytes:
+                    return f"{method} {url}: answer over {max_body_bytes} bytes: not read"
+                if time.monotonic() > deadline:
+                    return f"{method} {url}: no complete answer within {deadline_s:g} s"
+    except httpx.HTTPError as exc:
+        return f"{method} {url}: {type(exc).__name__}: {exc}"
+    headers = [
+        (k, v)
+        for k, v in resp.headers.multi_items()
+        if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")
+    ]
+    return httpx.Response(resp.status_code, headers=headers, content=bytes(body), request=resp.request)
+
+
 def json_body(resp: httpx.Response) -> Any:
     """The decoded JSON body, or None when it is not JSON (or is nested deeper than the decoder
     goes: that is a `RecursionError`, not a `ValueError`, and must not end the sending thread)."""
@@ -144,6 +175,8 @@ class GatewayReporter:
         outbox_limit: int = 10_000,
         batch: int = 500,
         timeout_s: float = 2.0,
+        deadline_s: float = 5.0,
+        max_body_bytes: int = 64 * 2**20,
     ) -> None:
         if not gateway_url.startswith(("http://", "https://")):
             raise ValueError(f"invalid gateway={gateway_url!r}: must be an http(s) URL")
@@ -160,6 +193,10 @@ class GatewayReporter:
         self.backoff_max_s = backoff_max_s
         self.batch = batch
         self.timeout_s = timeout_s
+        """Bound of each connect / read / write."""
+        self.deadline_s = deadline_s
+        """Bound of one whole request, its answer fully read."""
+        self.max_body_bytes = max_body_bytes
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -225,12 +262,17 @@ class GatewayReporter:
     def _request(self, method: str, url: str, **kw: Any) -> httpx.Response | str:
         import httpx
 
-        try:
-            if self._client is None:
-                self._client = httpx.Client(timeout=self.timeout_s)
-            return self._client.request(method, url, headers=self._headers, **kw)
-        except httpx.HTTPError as exc:
-            return f"{method} {url}: {type(exc).__name__}: {exc}"
+        if self._client is None:
+            self._client = httpx.Client(timeout=self.timeout_s)
+        return bounded_request(
+            self._client,
+            method,
+            url,
+            deadline_s=self.deadline_s,
+            max_body_bytes=self.max_body_bytes,
+            headers=self._headers,
+            **kw,
+        )
 
     def flush_once(self, *, now_s: float | None = None) -> bool:
         """Readings, then queued events, then (when due) the ledger. True when all went through."""
