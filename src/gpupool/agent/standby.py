@@ -26,6 +26,8 @@ from typing import Any
 from gpupool.core.pausers import Pauser, PauseResult, Workload
 
 STATES = ("awake", "asleep")
+LEVELS = (1, 2)
+"""vLLM's sleep levels (1: weights to host memory; 2: weights dropped)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,9 @@ def parse_directives(raw: Sequence[Mapping[str, object]]) -> tuple[list[Directiv
         fields = [x.get(k) for k in ("id", "gpu_id", "endpoint", "pauser", "state")]
         if not all(isinstance(f, str) and f for f in fields) or type(level) is not int:
             bad.append(f"engines[{i}]: needs string id, gpu_id, endpoint, pauser, state and integer level")
+            continue
+        if level not in LEVELS:
+            bad.append(f"engines[{i}].level: {level!r} must be one of {', '.join(map(str, LEVELS))}")
             continue
         if x["state"] not in STATES:
             bad.append(f"engines[{i}].state: {x['state']!r} must be one of {', '.join(STATES)}")
