@@ -145,10 +145,12 @@ def test_a_directive_with_an_unknown_sleep_level_is_reported_and_the_tick_goes_o
     feed.engines = [{**directive("asleep", "http://127.0.0.1:9"), "level": level}]
     ev = until(agent, clock, events, "engine_sleep_failed")
     assert f"engines[0].level: {level}" in ev.reason
-    for _ in range(3):  # the directive is skipped, not retried, and nothing raises out of the tick
+    for _ in range(3):  # the same list again (fetched every second): skipped, reported once
+        feed.engines = [{**directive("asleep", "http://127.0.0.1:9"), "level": level}]
         clock.advance(0.1)
         agent.tick()
     assert not agent.engine_sleeps.engines
+    assert len([e for e in events if e.kind == "engine_sleep_failed"]) == 1
 
 
 def test_a_wake_waits_while_memory_on_the_gpu_is_still_being_freed(node) -> None:
