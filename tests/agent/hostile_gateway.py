@@ -7,7 +7,8 @@
 - ``list``: a 200 whose JSON body is a list where an object is expected;
 - ``redirect``: a 302 back to the same path (a redirect loop, if followed);
 - ``trickle``: a 200 announcing 100 MB that sends one byte every 50 ms, until the client leaves;
-- ``huge``: a 200 with a 48 MiB body sent as fast as the client reads it.
+- ``huge``: a 200 with a 48 MiB body sent as fast as the client reads it;
+- ``refuse``: a 422 naming a field, as the gateway refuses a request that will never pass.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class HostileGateway:
                     return self._send(200, b"[1, 2, 3]")
                 if mode in ("trickle", "huge"):
                     return self._stream(trickle=mode == "trickle")
+                if mode == "refuse":
+                    return self._send(422, b'{"error": "no such GPU", "code": "invalid_input"}')
                 if mode == "redirect":
                     return self._send(302, b"", location=self.path)
                 if method == "GET" and self.path == "/v1/leases":

@@ -135,3 +135,16 @@ def test_slice_publisher_gives_up_on_an_answer_that_never_ends(gw: HostileGatewa
     assert len(errors) == 1 and "no complete answer within" in errors[0]
     gw.mode = "ok"
     assert pub.publish(inv) == []
+
+
+def test_a_refusal_that_repeats_at_every_flush_is_logged_once(
+    gw: HostileGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent, reporter = agent_with(gw.url)
+    gw.mode = "refuse"
+    with caplog.at_level("WARNING", logger="gpupool.agent.gateway"):
+        for _ in range(5):
+            reporter(agent.tick(), [])
+            reporter.flush_once()
+    refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refused) == 1 and "HTTP 422" in refused[0] and "no such GPU" in refused[0]

@@ -41,6 +41,8 @@ Invariants:
   ``batch`` per post.
 - After a failure the next attempt waits ``min(backoff_max_s, backoff_initial_s * 2**(failures-1))``.
   No jitter: one agent per node, and the schedule must be reproducible.
+- The first failure of an outage, its end, and a refusal for good (once while it repeats) are
+  logged (warnings of ``gpupool.agent.gateway``).
 - A 3xx is a failure like a 5xx (nothing was delivered; the gateway URL redirects).
 - A 4xx other than 401/403/404/405/408/429 means the request itself is bad: the batch is dropped and
   counted, so one malformed event cannot block the outbox.
@@ -48,6 +50,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -58,6 +61,8 @@ from gpupool.agent.loop import AgentEvent, NodeSnapshot
 
 if TYPE_CHECKING:
     import httpx
+
+log = logging.getLogger("gpupool.agent.gateway")
 
 RETRYABLE_4XX = frozenset({401, 403, 408, 429})
 UNSUPPORTED = frozenset({404, 405})
@@ -213,6 +218,7 @@ class GatewayReporter:
         """Consecutive failed flushes (0 = connected)."""
         self.posts_ok = 0
         self.last_error = ""
+        self._refusal_logged = ""
         self._resync = True
         self._next_try = 0.0
         self._next_ledger = 0.0
@@ -311,8 +317,12 @@ class GatewayReporter:
                 self._next_config = now + self.config_every_s
         with self._lock:
             self._resync = False
-            self.failures = 0
+            recovered, self.failures = self.failures, 0
             self.posts_ok += 1
+        if recovered:
+            log.warning(
+                "gateway %s answers again after %d failed attempts: resynchronised", self.base, recovered
+            )
         return True
 
     def _fetch_engines(self, now: float) -> None:
@@ -345,6 +355,9 @@ class GatewayReporter:
         if code >= 500 or code in RETRYABLE_4XX:
             return self._failed(f"{what}: HTTP {code}: {resp.text[:200]}")
         self.last_error = f"{what}: HTTP {code}: {resp.text[:200]}"
+        if self.last_error != self._refusal_logged:  # the same refusal comes back at every flush
+            self._refusal_logged = self.last_error
+            log.warning("gateway %s refused %s (not retried)", self.base, self.last_error)
         return True  # a 4xx for this request: never retried (it would fail forever)
 
     def _send_events(
@@ -389,6 +402,8 @@ class GatewayReporter:
             self.failures += 1
             self.last_error = why
             self._resync = True
+        if self.failures == 1:  # once per outage; gateway_connected and last_error follow it
+            log.warning("gateway %s: %s; enforcing locally, events kept, retrying", self.base, why)
         return False
 
     def backoff_s(self) -> float:
