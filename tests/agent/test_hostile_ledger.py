@@ -8,13 +8,16 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 from gpupool.adapters.pause import default_pausers
+from gpupool.adapters.pause.cgroup import cgroup_v2_root
 from gpupool.adapters.pause.procfs import proc_state
+from gpupool.adapters.simulated.holder import start_holder
 from gpupool.agent.evict import EvictionPolicy
 from gpupool.agent.loop import AgentConfig, AgentEvent, NodeAgent
 from gpupool.agent.source import ScriptedSource
@@ -133,4 +136,59 @@ def test_evicting_a_lease_that_names_the_agent_or_its_parent_signals_neither(tmp
         if parent.poll() is None:
             parent.kill()
         parent.wait()
+        gw.stop()
+
+
+def test_a_lease_naming_the_agents_own_cgroup_is_never_frozen(tmp_path: Path) -> None:
+    """A real ``gpupool agent`` runs in a cgroup v2 child; a P2 lease names that cgroup for the freezer
+    and the GPU crosses its watermark: the pause is refused and the agent keeps reading and reporting."""
+    root = cgroup_v2_root()
+    if root is None:
+        pytest.skip("no cgroup v2 hierarchy mounted on this machine")
+    cg = root / f"gpupool-test-{uuid.uuid4().hex[:12]}"
+    try:
+        cg.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot create a cgroup v2 child here: {exc}")
+    gw = StandinGateway()
+    gw.start()
+    reg = tmp_path / "vram"
+    env = dict(
+        os.environ, GPUPOOL_AGENT_TOKEN="t0ken", PYTHONPATH=str(REPO / "src"), GPUPOOL_SIM_VRAM_DIR=str(reg)
+    )
+    log = tmp_path / "agent.log"
+    cmd = [sys.executable, "-m", "gpupool.cli.main", "agent", "--node", "gpu-a", "--devices", "simulated"]
+    cmd += ["--gateway", gw.url, "--metrics-port", "-1", "--no-publish", "--revoke-after-s", "-1"]
+    with log.open("w") as out:
+        agent = subprocess.Popen(cmd, stderr=out, env=env, start_new_session=True)
+    holder = None
+    try:
+        try:
+            (cg / "cgroup.procs").write_text(str(agent.pid))
+        except OSError as exc:
+            pytest.skip(f"cannot move a process into a cgroup v2 child here: {exc}")
+        if not (cg / "cgroup.freeze").exists():
+            pytest.skip("cgroup v2 freezer (cgroup.freeze) not available")
+        labels = {"gpupool.io/pauser": "cgroup", "gpupool.io/cgroup": str(cg)}
+        gw.leases = [
+            lease_out("self", node="gpu-a", gpu_id="gpu-a/2", priority=-1, vram_mib=100, labels=labels)
+        ]
+        n = len(gw.gets)
+        assert wait_for(lambda: gw.gets[n:].count("/v1/leases") >= 2, timeout_s=60)  # registered
+        holder, _ = start_holder(reg, "gpu-a/2", 78000)  # 95 % of a whole H100: the watermark pauses P2
+        assert wait_for(lambda: any(e["kind"] == "pauser_failure" for e in gw.events()), timeout_s=30)
+        fail = next(e for e in gw.events() if e["kind"] == "pauser_failure")
+        assert fail["lease_id"] == "self" and "refused" in fail["reason"], fail
+        assert "frozen 0" in (cg / "cgroup.events").read_text()
+        n = len(gw.readings)
+        assert wait_for(lambda: len(gw.readings) > n + 2)  # still reading and reporting
+    finally:
+        (cg / "cgroup.freeze").write_text("0")
+        for p in (agent, holder):
+            if p is not None and p.poll() is None:
+                p.kill()
+            if p is not None:
+                p.wait()
+        wait_for(lambda: not (cg / "cgroup.procs").read_text().strip())
+        cg.rmdir()
         gw.stop()
