@@ -192,3 +192,33 @@ def test_a_lease_naming_the_agents_own_cgroup_is_never_frozen(tmp_path: Path) ->
         wait_for(lambda: not (cg / "cgroup.procs").read_text().strip())
         cg.rmdir()
         gw.stop()
+
+
+def test_the_loop_outlives_a_tick_that_raises() -> None:
+    """An observer (or any step) raising inside a tick must not end the loop thread."""
+    import threading
+    import time
+
+    from gpupool.core.clock import FunctionClock
+
+    agent = NodeAgent(
+        AgentConfig("n1", period_s=0.01),
+        ScriptedSource.uniform("n1", 1),
+        {},
+        clock=FunctionClock(time.monotonic),
+    )
+
+    def broken(_snap: object, _events: object) -> None:
+        if agent._tick % 2:
+            raise RuntimeError("observer bug")
+
+    agent.observers.append(broken)
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert wait_for(lambda: agent._tick >= 10)
+        assert thread.is_alive() and agent.tick_errors >= 4
+    finally:
+        stop.set()
+        thread.join(10)
