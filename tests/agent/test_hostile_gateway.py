@@ -148,3 +148,21 @@ def test_a_refusal_that_repeats_at_every_flush_is_logged_once(
             reporter.flush_once()
     refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(refused) == 1 and "HTTP 422" in refused[0] and "no such GPU" in refused[0]
+
+
+def test_an_engine_answering_json_nested_too_deep_is_no_exception(gw: HostileGateway) -> None:
+    """The engine scraper's thread and the vLLM pausers rely on `VllmControl.call` never raising."""
+    from gpupool.adapters.pause.vllm import VllmControl
+    from gpupool.agent.engines import Engine, EngineScraper
+
+    gw.mode = "deep"
+    control = VllmControl(timeout_s=5.0)
+    try:
+        ok, _, body = control.call("GET", f"{gw.url}/is_sleeping")
+        assert ok and isinstance(body, str)
+        assert control.is_sleeping(gw.url) is False
+        scraper = EngineScraper([Engine("n1/0", gw.url)], clock=ManualClock(), control=control)
+        scraper.scrape_once()
+        assert [v.kv_usage for v in scraper.views("n1/0", 0.0)] == [1.0]  # no gauge: fail closed
+    finally:
+        control.close()
