@@ -137,6 +137,22 @@ def test_bad_directives_unknown_pausers_and_unreachable_engines_are_reported(nod
     assert not any(e.kind == "engine_asleep" for e in events)
 
 
+@pytest.mark.parametrize("level", [0, 3, 2**40])
+def test_a_directive_with_an_unknown_sleep_level_is_reported_and_the_tick_goes_on(node, level: int) -> None:
+    sim, _, _ = node
+    feed = Feed()
+    agent, events, clock = agent_for(sim, feed)
+    feed.engines = [{**directive("asleep", "http://127.0.0.1:9"), "level": level}]
+    ev = until(agent, clock, events, "engine_sleep_failed")
+    assert f"engines[0].level: {level}" in ev.reason
+    for _ in range(3):  # the same list again (fetched every second): skipped, reported once
+        feed.engines = [{**directive("asleep", "http://127.0.0.1:9"), "level": level}]
+        clock.advance(0.1)
+        agent.tick()
+    assert not agent.engine_sleeps.engines
+    assert len([e for e in events if e.kind == "engine_sleep_failed"]) == 1
+
+
 def test_a_wake_waits_while_memory_on_the_gpu_is_still_being_freed(node) -> None:
     sim, reg, procs = node
     engine, port = start_holder(reg, GPU, 20000, sleep_api=True, sleep_mib=512)

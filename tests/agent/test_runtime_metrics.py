@@ -15,7 +15,7 @@ from gpupool.agent.runtime import build_runtime
 from gpupool.agent.source import GpuSample, ScriptedSource
 from gpupool.core.pausers import Workload
 from tests.agent.agent_helpers import running, stopped, wait_for
-from tests.agent.standin_gateway import StandinGateway
+from tests.agent.standin_gateway import StandinGateway, lease_out
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -221,5 +221,42 @@ def test_cli_agent_subprocess_reports_to_the_gateway() -> None:
             check=False,
         )
         assert bad.returncode == 2 and "devices" in bad.stderr
+    finally:
+        gw.stop()
+
+
+def test_cli_agent_logs_gateway_outages_and_failures_once(tmp_path: Path) -> None:
+    """The agent's log (stderr) names what an operator must act on: a gateway that refuses its token,
+    and a workload the agent cannot act on, each once, not at the tick or ledger rate."""
+    gw = StandinGateway()
+    gw.start()
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    cmd = [sys.executable, "-m", "gpupool.cli.main", "agent", "--node", "n1", "--gateway", gw.url]
+    cmd += ["--metrics-port", "-1", "--no-publish", "--duration-s", "3"]
+    try:
+        bad = subprocess.run(
+            [*cmd, "--token", "wrong-token"], capture_output=True, text=True, timeout=60, env=env, check=False
+        )
+        assert bad.returncode == 0, bad.stderr
+        refused = [line for line in bad.stderr.splitlines() if "HTTP 401" in line]
+        assert len(refused) == 1 and gw.url in refused[0], bad.stderr
+        gw.leases = [
+            lease_out(
+                "bad-pids",
+                node="n1",
+                gpu_id="n1/0",
+                priority=-1,
+                vram_mib=100,
+                labels={"gpupool.io/pauser": "signal", "gpupool.io/pids": "12,abc"},
+            )
+        ]
+        ok = subprocess.run(
+            [*cmd, "--token", "t0ken"], capture_output=True, text=True, timeout=60, env=env, check=False
+        )
+        assert ok.returncode == 0, ok.stderr
+        assert gw.gets.count("/v1/leases") >= 2  # the same bad lease was seen more than once
+        failures = [line for line in ok.stderr.splitlines() if line.startswith("pauser_failure")]
+        assert len(failures) == 1, ok.stderr
+        assert "lease bad-pids" in failures[0] and "gpupool.io/pids='12,abc'" in failures[0]
     finally:
         gw.stop()

@@ -19,6 +19,8 @@ Invariants:
   the executor passed in (``submit``), and its outcome is read in a later `step`.
 - One eviction per lease id; `step` returns each eviction's `Freed` exactly once (confirmed, or
   ``ok=False`` after ``deadline_s``), and then forgets it.
+- No signal ever goes to the agent's own process group or pid, or to its parent
+  (`gpupool.adapters.pause.procfs.self_target`): such an eviction fails (``ok=False``) untouched.
 - Time comes from the injected clock; the pids of a process group are resolved against the device's
   process list (``os.getpgid``), so a job's children are watched too.
 """
@@ -31,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from gpupool.adapters.pause.procfs import self_target
 from gpupool.agent.source import GpuSample
 from gpupool.core.clock import Clock
 from gpupool.core.pausers import Pauser, PauseResult, Workload
@@ -88,6 +91,8 @@ class _Eviction:
     pause_ok: bool | None = None
     notes: list[str] = field(default_factory=list)
     pod_evicted: bool = False
+    refused: str = ""
+    """Why the signal path must not run (its group or pids include the agent or its parent)."""
 
 
 def pid_map(samples: Iterable[GpuSample]) -> dict[int, int]:
@@ -217,6 +222,10 @@ class Evictor:
             ev.notes.append("no pgid or pids to signal")
             ev.term_at_s = now
             return
+        refused = self_target(w.pgid, w.pids)
+        if refused is not None:  # never signal the agent itself: report the eviction failed
+            ev.refused = refused
+            return
         self._signal(ev, signal.SIGTERM)
         self._signal(ev, signal.SIGCONT)  # a stopped job must run to act on SIGTERM
         ev.term_at_s = now
@@ -241,6 +250,9 @@ class Evictor:
                     why = f"{type(exc).__name__}: {exc}" if exc is not None else res.reason if res else ""
                     ev.notes.append(f"{w.pauser} failed: {why}")
             signalled = ev.path == SIGNAL_KILL or ev.term_at_s is not None
+            if ev.refused:
+                done.append(self._finish(ev, False, held_now, now, f"not signalled: {ev.refused}"))
+                continue
             if signalled and not ev.pids and (w.pgid is None and not w.pids):
                 done.append(self._finish(ev, False, held_now, now, "nothing to signal or watch"))
                 continue

@@ -33,18 +33,24 @@ Wire protocol (JSON over HTTP, ``Authorization: Bearer <token>``; the token need
    gateway without the route (404/405) is asked again only every ``engines_retry_s`` (60 s).
 
 Invariants:
+- One request holds the sending thread at most ``deadline_s`` (plus one read's ``timeout_s``) and
+  reads at most ``max_body_bytes`` of its answer (`bounded_request`); more is a failed request.
 - Calling the reporter (the loop's observer) never blocks on the network: it stores the newest
   snapshot and appends events to a bounded outbox (oldest dropped, counted in ``dropped_events``).
 - Events leave the outbox only after a 2xx (or an accepted fallback); in ``seq`` order, at most
   ``batch`` per post.
 - After a failure the next attempt waits ``min(backoff_max_s, backoff_initial_s * 2**(failures-1))``.
   No jitter: one agent per node, and the schedule must be reproducible.
+- The first failure of an outage, its end, and a refusal for good (once while it repeats) are
+  logged (warnings of ``gpupool.agent.gateway``).
+- A 3xx is a failure like a 5xx (nothing was delivered; the gateway URL redirects).
 - A 4xx other than 401/403/404/405/408/429 means the request itself is bad: the batch is dropped and
   counted, so one malformed event cannot block the outbox.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -55,6 +61,8 @@ from gpupool.agent.loop import AgentEvent, NodeSnapshot
 
 if TYPE_CHECKING:
     import httpx
+
+log = logging.getLogger("gpupool.agent.gateway")
 
 RETRYABLE_4XX = frozenset({401, 403, 408, 429})
 UNSUPPORTED = frozenset({404, 405})
@@ -97,6 +105,44 @@ def events_json(
     }
 
 
+def bounded_request(
+    client: httpx.Client, method: str, url: str, *, deadline_s: float, max_body_bytes: int, **kw: Any
+) -> httpx.Response | str:
+    """One request whose whole answer must arrive within ``deadline_s`` and ``max_body_bytes``
+    (decoded): the client's timeout bounds each read only, so a body that trickles in forever or
+    never ends would otherwise hold the sending thread for good. A transport error, an answer over
+    either bound, is returned as the text of the failure; otherwise the answer, fully read."""
+    import httpx
+
+    deadline = time.monotonic() + deadline_s
+    try:
+        with client.stream(method, url, **kw) as resp:
+            body = bytearray()
+            for chunk in resp.iter_bytes():
+                body += chunk
+                if len(body) > max_body_bytes:
+                    return f"{method} {url}: answer over {max_body_bytes} bytes: not read"
+                if time.monotonic() > deadline:
+                    return f"{method} {url}: no complete answer within {deadline_s:g} s"
+    except httpx.HTTPError as exc:
+        return f"{method} {url}: {type(exc).__name__}: {exc}"
+    headers = [
+        (k, v)
+        for k, v in resp.headers.multi_items()
+        if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")
+    ]
+    return httpx.Response(resp.status_code, headers=headers, content=bytes(body), request=resp.request)
+
+
+def json_body(resp: httpx.Response) -> Any:
+    """The decoded JSON body, or None when it is not JSON (or is nested deeper than the decoder
+    goes: that is a `RecursionError`, not a `ValueError`, and must not end the sending thread)."""
+    try:
+        return resp.json()
+    except (ValueError, RecursionError):
+        return None
+
+
 def ledger_from(body: Any, *, node: str) -> list[Mapping[str, object]] | None:
     """This node's active leases from a ``GET /v1/leases`` body, in the loop's lease shape."""
     if not isinstance(body, dict) or not isinstance(body.get("leases"), list):
@@ -134,6 +180,8 @@ class GatewayReporter:
         outbox_limit: int = 10_000,
         batch: int = 500,
         timeout_s: float = 2.0,
+        deadline_s: float = 5.0,
+        max_body_bytes: int = 64 * 2**20,
     ) -> None:
         if not gateway_url.startswith(("http://", "https://")):
             raise ValueError(f"invalid gateway={gateway_url!r}: must be an http(s) URL")
@@ -150,6 +198,10 @@ class GatewayReporter:
         self.backoff_max_s = backoff_max_s
         self.batch = batch
         self.timeout_s = timeout_s
+        """Bound of each connect / read / write."""
+        self.deadline_s = deadline_s
+        """Bound of one whole request, its answer fully read."""
+        self.max_body_bytes = max_body_bytes
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -166,6 +218,7 @@ class GatewayReporter:
         """Consecutive failed flushes (0 = connected)."""
         self.posts_ok = 0
         self.last_error = ""
+        self._refusal_logged = ""
         self._resync = True
         self._next_try = 0.0
         self._next_ledger = 0.0
@@ -215,12 +268,17 @@ class GatewayReporter:
     def _request(self, method: str, url: str, **kw: Any) -> httpx.Response | str:
         import httpx
 
-        try:
-            if self._client is None:
-                self._client = httpx.Client(timeout=self.timeout_s)
-            return self._client.request(method, url, headers=self._headers, **kw)
-        except httpx.HTTPError as exc:
-            return f"{method} {url}: {type(exc).__name__}: {exc}"
+        if self._client is None:
+            self._client = httpx.Client(timeout=self.timeout_s)
+        return bounded_request(
+            self._client,
+            method,
+            url,
+            deadline_s=self.deadline_s,
+            max_body_bytes=self.max_body_bytes,
+            headers=self._headers,
+            **kw,
+        )
 
     def flush_once(self, *, now_s: float | None = None) -> bool:
         """Readings, then queued events, then (when due) the ledger. True when all went through."""
@@ -241,10 +299,7 @@ class GatewayReporter:
         if now >= self._next_ledger:
             resp = self._request("GET", f"{self.base}/v1/leases")
             if not isinstance(resp, str) and resp.status_code < 300:
-                try:
-                    ledger = ledger_from(resp.json(), node=self.node)
-                except ValueError:
-                    ledger = None
+                ledger = ledger_from(json_body(resp), node=self.node)
                 if ledger is not None:
                     with self._lock:
                         self._ledger = ledger
@@ -254,18 +309,20 @@ class GatewayReporter:
         if now >= self._next_config:
             resp = self._request("GET", f"{self.base}/v1/pool")
             if not isinstance(resp, str) and resp.status_code < 300:
-                try:
-                    wm = resp.json().get("watermarks")
-                except (ValueError, AttributeError):
-                    wm = None
+                pool = json_body(resp)
+                wm = pool.get("watermarks") if isinstance(pool, dict) else None
                 if isinstance(wm, dict):
                     with self._lock:
                         self._watermarks = dict(wm)
                 self._next_config = now + self.config_every_s
         with self._lock:
             self._resync = False
-            self.failures = 0
+            recovered, self.failures = self.failures, 0
             self.posts_ok += 1
+        if recovered:
+            log.warning(
+                "gateway %s answers again after %d failed attempts: resynchronised", self.base, recovered
+            )
         return True
 
     def _fetch_engines(self, now: float) -> None:
@@ -278,10 +335,7 @@ class GatewayReporter:
             return
         if resp.status_code >= 300:
             return
-        try:
-            body = resp.json()
-        except ValueError:
-            return
+        body = json_body(resp)
         engines = body.get("engines") if isinstance(body, dict) else None
         if isinstance(engines, list):
             self.engines_supported = True
@@ -295,9 +349,15 @@ class GatewayReporter:
         code = resp.status_code
         if code < 300:
             return True
+        if code < 400:  # not delivered: httpx does not follow it, and the outbox must keep the events
+            where = resp.headers.get("location", "")
+            return self._failed(f"{what}: HTTP {code} redirect to {where!r}: --gateway must not redirect")
         if code >= 500 or code in RETRYABLE_4XX:
             return self._failed(f"{what}: HTTP {code}: {resp.text[:200]}")
         self.last_error = f"{what}: HTTP {code}: {resp.text[:200]}"
+        if self.last_error != self._refusal_logged:  # the same refusal comes back at every flush
+            self._refusal_logged = self.last_error
+            log.warning("gateway %s refused %s (not retried)", self.base, self.last_error)
         return True  # a 4xx for this request: never retried (it would fail forever)
 
     def _send_events(
@@ -342,6 +402,8 @@ class GatewayReporter:
             self.failures += 1
             self.last_error = why
             self._resync = True
+        if self.failures == 1:  # once per outage; gateway_connected and last_error follow it
+            log.warning("gateway %s: %s; enforcing locally, events kept, retrying", self.base, why)
         return False
 
     def backoff_s(self) -> float:

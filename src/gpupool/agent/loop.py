@@ -24,10 +24,13 @@ Invariants:
 - The loop never waits for the gateway: enforcement is local, so an unreachable gateway changes
   nothing here (the reporter keeps an outbox and resynchronises).
 - Event sequence numbers increase by one per event, starting at 1.
+- `run` outlives a tick that raises: the thread that enforces the watermarks never ends silently
+  while the process (and its reporter) live on.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -63,6 +66,8 @@ from gpupool.core.pausers import (
 from gpupool.core.watermarks import Reading, Signal, WatermarkBank, WatermarkConfig
 
 __all__ = ["AgentConfig", "AgentEvent", "GpuStatus", "NodeAgent", "NodeSnapshot", "Observer"]
+
+log = logging.getLogger("gpupool.agent")
 
 INLINE_PAUSERS = frozenset({"signal", "cgroup"})
 GRANTED_PENDING_FREE = "granted-pending-free"
@@ -111,6 +116,7 @@ class NodeAgent:
         self._seq = 0
         self._tick = 0
         self.last_tick_s: float | None = None
+        self.tick_errors = 0
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: list[Future[PauseResult | _Probe]] = []
         self._last: NodeSnapshot = NodeSnapshot(config.node, clock.now(), 0, (), ())
@@ -215,12 +221,21 @@ class NodeAgent:
             obs(snap, events)
 
     def run(self, stop: threading.Event, *, sleep: Callable[[float], object] | None = None) -> None:
-        """Tick every ``period_s`` until ``stop`` is set. A late tick is not made up for (no bursts)."""
+        """Tick every ``period_s`` until ``stop`` is set. A late tick is not made up for (no bursts).
+        A tick that raises (a bug, an observer, input no check foresaw) is counted in `tick_errors`
+        and logged (the 1st, 2nd, 4th, 8th ... time), and the next tick runs as planned."""
         wait = sleep or stop.wait
         period = self.config.period_s
         next_at = self.clock.now()
         while not stop.is_set():
-            self.tick()
+            try:
+                self.tick()
+            except Exception:
+                self.tick_errors += 1
+                if self.tick_errors & (self.tick_errors - 1) == 0:
+                    log.exception(
+                        "tick %d failed (%d so far); the loop goes on", self._tick, self.tick_errors
+                    )
             next_at += period
             now = self.clock.now()
             next_at = max(next_at, now)

@@ -14,6 +14,8 @@ Invariants:
 - The tick never waits on the network: the observer only computes and stores the newest list
   (latest wins); the worker sends it. A failed send is retried at the next tick's chance (the
   list counts as published only once every configured target accepted it).
+- One PUT holds the worker at most ``timeout_s`` plus one read (`bounded_request`): a gateway that
+  never finishes its answer is a failed send, retried like any other.
 - Each target is sent the whole list (state, not deltas), so a restarted gateway or a lost patch is
   repaired by the next send; an unchanged list is re-sent every ``resync_s``.
 """
@@ -27,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpupool.adapters.k8s.annotations import encode_slices
+from gpupool.agent.gateway_client import bounded_request, json_body
 from gpupool.agent.inventory import DEFAULT_MPS_PIPE_DIR, NodeInventory, discover, slice_json
 from gpupool.agent.values import AgentEvent, NodeSnapshot
 from gpupool.hardware.devices import DeviceSnapshot, GpuReading, MigDeviceReading
@@ -201,16 +204,15 @@ class SlicePublisher:
             self._client = httpx.Client(timeout=self.timeout_s, headers=headers)
         body = {"slices": [slice_json(s, inv.pipe_dir(s.id)) for s in inv.slices]}
         url = f"{self.gateway}/v1/nodes/{self.node}/slices"
-        try:
-            resp = self._client.put(url, json=body)
-        except httpx.HTTPError as exc:
-            return [f"PUT {url}: {type(exc).__name__}: {exc}"]
+        resp = bounded_request(
+            self._client, "PUT", url, deadline_s=self.timeout_s, max_body_bytes=1 << 20, json=body
+        )
+        if isinstance(resp, str):
+            return [resp]
         if resp.status_code >= 300:
             return [f"PUT {url}: HTTP {resp.status_code} {resp.text[:300]}"]
-        try:
-            self.last_report = dict(resp.json())
-        except ValueError:
-            self.last_report = {}
+        report = json_body(resp)
+        self.last_report = dict(report) if isinstance(report, dict) else {}
         return []
 
     def flush(self) -> list[str]:

@@ -7,12 +7,16 @@ Role: the only place that wires several adapters together for the agent (`gpupoo
 Invariants:
 - The loop thread owns all agent state; the reporter and scraper threads only exchange values with
   it through their own locks (see `gpupool.agent.loop`).
+- Failure events (`LOGGED_KINDS`) are logged as they are published, each distinct one at most once
+  per `LOG_REPEAT_S`: the log names the workload and the reason without flooding at the tick rate.
 - `AgentRuntime.stop` is idempotent: stops the loop, the scraper, the reporter (one last flush) and
   the metrics server, and closes the device source.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -32,6 +36,25 @@ from gpupool.agent.source import DeviceSource, GpuSample, ScriptedSource
 from gpupool.core.clock import FunctionClock
 from gpupool.core.pausers import Workload
 from gpupool.hardware.slices import Slice, SliceKind
+
+log = logging.getLogger("gpupool.agent")
+
+LOGGED_KINDS = frozenset(
+    {
+        "pauser_failure",
+        "evict_failed",
+        "grant_free_failed",
+        "source_error",
+        "config_error",
+        "unhealthy",
+        "engine_sleep_failed",
+        "engine_wake_failed",
+        "mps_failure",
+    }
+)
+"""Event kinds the agent also logs (warnings of ``gpupool.agent``): the failures an operator acts on."""
+LOG_REPEAT_S = 60.0
+"""The same failure (kind, GPU, lease, reason) is logged again only after this long."""
 
 
 def _gauge(s: GpuSample, *, parent: GpuSample | None = None, **own: Any) -> GpuGauges:
@@ -94,6 +117,7 @@ class AgentRuntime:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _last_xid: dict[str, int] = field(default_factory=dict)
+    _logged: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
     _stopped: bool = False
     pauser_status: dict[str, str] = field(default_factory=dict)
     """Pauser name -> '' when usable here, else the detected reason (cuda-checkpoint, cgroup)."""
@@ -101,12 +125,31 @@ class AgentRuntime:
     """Observers with ``start()``/``stop()`` (the slice publisher): started and stopped with the loop."""
 
     def _observe(self, snap: NodeSnapshot, events: Sequence[AgentEvent]) -> None:
+        self._log_failures(events)
         for g in snap.gpus:
             if g.sample.xids:  # copy-on-write: the metrics thread reads this dict
                 self._last_xid = {**self._last_xid, g.sample.gpu_id: g.sample.xids[-1]}
         if self.metrics is not None:
             for e in events:
                 self.metrics.observe(e.kind, pauser=e.pauser, latency_ms=e.latency_ms, reason=e.reason)
+
+    def _log_failures(self, events: Sequence[AgentEvent]) -> None:
+        now = time.monotonic()
+        for e in events:
+            if e.kind not in LOGGED_KINDS:
+                continue
+            key = (e.kind, e.gpu_id, e.lease_id, e.reason)
+            if now - self._logged.get(key, -math.inf) < LOG_REPEAT_S:
+                continue
+            if len(self._logged) >= 1024:
+                self._logged = {k: t for k, t in self._logged.items() if now - t < LOG_REPEAT_S}
+            self._logged[key] = now
+            where = "".join(
+                f" {name} {value}"
+                for name, value in (("gpu", e.gpu_id), ("lease", e.lease_id), ("pauser", e.pauser))
+                if value
+            )
+            log.warning("%s%s: %s", e.kind, where, e.reason)
 
     def gauges(self) -> AgentGauges:
         view = gauges_of(self.agent.snapshot(), last_xid=dict(self._last_xid), reporter=self.reporter)

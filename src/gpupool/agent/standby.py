@@ -12,7 +12,8 @@ engine never loads its weights back onto memory another process still holds.
 
 Invariants: all state is touched on the agent's tick thread; the pauser calls run on the agent's
 worker pool (`submit`) and their outcome is read in a later `step`; at most one action per engine is
-in flight; an engine absent from a newer directive list is forgotten (left as it is).
+in flight; an engine absent from a newer directive list is forgotten (left as it is); a bad directive
+is reported once for as long as it stays in the lists.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any
 from gpupool.core.pausers import Pauser, PauseResult, Workload
 
 STATES = ("awake", "asleep")
+LEVELS = (1, 2)
+"""vLLM's sleep levels (1: weights to host memory; 2: weights dropped)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,9 @@ def parse_directives(raw: Sequence[Mapping[str, object]]) -> tuple[list[Directiv
         if not all(isinstance(f, str) and f for f in fields) or type(level) is not int:
             bad.append(f"engines[{i}]: needs string id, gpu_id, endpoint, pauser, state and integer level")
             continue
+        if level not in LEVELS:
+            bad.append(f"engines[{i}].level: {level!r} must be one of {', '.join(map(str, LEVELS))}")
+            continue
         if x["state"] not in STATES:
             bad.append(f"engines[{i}].state: {x['state']!r} must be one of {', '.join(STATES)}")
             continue
@@ -85,12 +91,16 @@ class EngineSleeps:
         self.retry_s = retry_s
         self.blocked = blocked
         self.engines: dict[str, _Engine] = {}
+        self._bad: set[str] = set()
+        """The bad directives of the last list, already reported."""
 
     def take(self, raw: Sequence[Mapping[str, object]], now: float) -> None:
         """A new directive list from the gateway (replaces the previous one)."""
         good, bad = parse_directives(raw)
         for why in bad:
-            self.emit("engine_sleep_failed", now, reason=f"bad directive: {why}")
+            if why not in self._bad:  # the list is fetched every second: say it once
+                self.emit("engine_sleep_failed", now, reason=f"bad directive: {why}")
+        self._bad = set(bad)
         seen = set()
         for d in good:
             seen.add(d.id)

@@ -27,6 +27,10 @@ from typing import Protocol, runtime_checkable
 
 from gpupool.core.errors import InvalidInput
 
+PID_MAX = 2**31 - 1
+"""The largest value of a POSIX ``pid_t``: a larger pgid or pid names no process, and the kill
+syscalls refuse it with an error the signal paths would not expect (``OverflowError``)."""
+
 
 class Frees(StrEnum):
     """What a successful pause gives back to other tenants of the GPU."""
@@ -81,11 +85,11 @@ class Workload:
             raise InvalidInput("workload.pauser", self.pauser, "must name a pauser")
         if type(self.vram_mib) is not int or self.vram_mib < 0:
             raise InvalidInput("workload.vram_mib", self.vram_mib, "must be an integer >= 0")
-        if self.pgid is not None and (type(self.pgid) is not int or self.pgid <= 1):
-            raise InvalidInput("workload.pgid", self.pgid, "must be an integer > 1")
+        if self.pgid is not None and (type(self.pgid) is not int or not 1 < self.pgid <= PID_MAX):
+            raise InvalidInput("workload.pgid", self.pgid, f"must be an integer in [2, {PID_MAX}]")
         for pid in self.pids:
-            if type(pid) is not int or pid <= 1:
-                raise InvalidInput("workload.pids", pid, "every pid must be an integer > 1")
+            if type(pid) is not int or not 1 < pid <= PID_MAX:
+                raise InvalidInput("workload.pids", pid, f"every pid must be an integer in [2, {PID_MAX}]")
         if self.sleep_level not in (1, 2):
             raise InvalidInput("workload.sleep_level", self.sleep_level, "must be 1 or 2")
         if type(self.nccl_world_size) is not int or self.nccl_world_size < 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -34,6 +35,21 @@ def test_signal_pauser_confirms_stop_when_asked(batch_job: subprocess.Popen[byte
     assert is_stopped(batch_job.pid)  # confirmed before pause() returned
     assert pauser.terminate(w).ok
     assert batch_job.wait(timeout=10) != 0
+
+
+def test_signal_pauser_refuses_the_agent_itself_and_its_parent(batch_job: subprocess.Popen[bytes]) -> None:
+    """`check` runs before any signal: these refusals are asserted without sending one."""
+    pauser = SignalPauser()
+    me, parent = os.getpid(), os.getppid()
+    for w in (
+        Workload("L1", "gpu0", "signal", pgid=os.getpgrp()),
+        Workload("L1", "gpu0", "signal", pgid=me),
+        Workload("L1", "gpu0", "signal", pids=(batch_job.pid, me)),
+        Workload("L1", "gpu0", "signal", pids=(parent,)),
+    ):
+        why = pauser.check(w)
+        assert why is not None and "refused" in why, w
+    assert pauser.check(Workload("L1", "gpu0", "signal", pgid=batch_job.pid)) is None
 
 
 def test_signal_pauser_refuses_and_reports_vanished_jobs(batch_job: subprocess.Popen[bytes]) -> None:

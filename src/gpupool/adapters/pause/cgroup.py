@@ -5,7 +5,8 @@ Like SIGSTOP it frees compute only (`Frees.COMPUTE`): device memory stays alloca
 
 Invariants:
 - ``workload.cgroup`` is an absolute path to a cgroup v2 directory (one containing
-  ``cgroup.freeze``); anything else is refused by `check` with the reason.
+  ``cgroup.freeze``); anything else is refused by `check` with the reason, and so is the cgroup the
+  agent itself runs in or any ancestor of it (freezing or killing it would take the agent along).
 - ``pause`` writes ``1``, ``resume`` writes ``0``; the kernel freezes asynchronously, so
   ``is_paused`` reads ``frozen 1`` from ``cgroup.events``.
 - ``terminate`` writes ``1`` to ``cgroup.kill`` (Linux >= 5.14) or, without it, SIGKILLs every pid in
@@ -39,6 +40,21 @@ def cgroup_v2_root(mounts: Path = Path("/proc/self/mounts")) -> Path | None:
     return None
 
 
+def own_cgroup(
+    proc_cgroup: Path = Path("/proc/self/cgroup"), mounts: Path = Path("/proc/self/mounts")
+) -> Path | None:
+    """The cgroup v2 directory this process runs in (``0::<path>`` under the cgroup2 mount), or None."""
+    root = cgroup_v2_root(mounts)
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::") and root is not None:
+            return (root / line[3:].lstrip("/")).resolve()
+    return None
+
+
 def _frozen(cg: Path) -> bool:
     try:
         for line in (cg / "cgroup.events").read_text().splitlines():
@@ -63,6 +79,9 @@ class CgroupFreezerPauser(PauserBase):
             return f"cgroup path {workload.cgroup!r} must be absolute"
         if not (cg / "cgroup.freeze").exists():
             return f"{workload.cgroup} has no cgroup.freeze (not a cgroup v2 directory, or the root)"
+        own = own_cgroup()
+        if own is not None and (own == cg.resolve() or cg.resolve() in own.parents):
+            return f"cgroup {workload.cgroup} holds the agent itself ({own}): refused"
         return None
 
     def pause(self, workload: Workload) -> PauseResult:

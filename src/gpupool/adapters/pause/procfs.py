@@ -1,12 +1,15 @@
 """Reading process state from ``/proc`` (Linux): the ground truth for "is it stopped".
 
-Role: shared by the signal and cgroup pausers, the tests and the agent benchmark.
+Role: shared by the signal and cgroup pausers, the agent's evictor, the tests and the agent benchmark.
 
-Invariants: read-only; a process that vanished reads as None, never raises.
+Invariants: read-only; a process that vanished reads as None, never raises. `self_target` is the
+one guard every signal path asks before it signals a workload's process group or pids.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -47,3 +50,22 @@ def group_members(pgid: int) -> tuple[int, ...]:
         if entry.name.isdigit() and process_group(int(entry.name)) == pgid:
             out.append(int(entry.name))
     return tuple(sorted(out))
+
+
+def self_target(pgid: int | None, pids: Iterable[int]) -> str | None:
+    """Why signalling process group ``pgid`` or ``pids`` would hit this process (the agent) or its
+    parent (its supervisor), or None. A lease naming them must never be able to stop or kill the
+    agent itself: nothing would then resume or report anything on the node."""
+    me, parent = os.getpid(), os.getppid()
+    own = {me: "the agent's own pid", parent: "the agent's parent pid"}
+    if pgid is not None:
+        groups = {os.getpgrp(): "the agent's own process group", **own}
+        parent_group = process_group(parent)
+        if parent_group is not None:
+            groups.setdefault(parent_group, "the process group of the agent's parent")
+        if pgid in groups:
+            return f"pgid {pgid} is {groups[pgid]}: refused"
+    for pid in pids:
+        if pid in own:
+            return f"pid {pid} is {own[pid]}: refused"
+    return None

@@ -5,7 +5,8 @@ every device allocation stay (gpu-facts 5.2), so `frees` is `Frees.COMPUTE`.
 
 Invariants:
 - Signals go to the process group when ``workload.pgid`` is set (the whole job tree), otherwise to
-  each pid in ``workload.pids``; a workload with neither is refused by `check`.
+  each pid in ``workload.pids``; a workload with neither is refused by `check`, and so is one whose
+  group or pids would include the agent itself or its parent (`procfs.self_target`).
 - ``pause`` never blocks on confirmation unless ``confirm_timeout_s > 0``; ``is_paused`` reads
   ``/proc/PID/stat`` (state ``T``) of the group leader or the listed pids.
 - ``terminate`` sends SIGKILL (works on a stopped process) and never raises for a vanished job.
@@ -19,7 +20,7 @@ import signal
 import time
 
 from gpupool.adapters.pause.base import PauserBase, Step
-from gpupool.adapters.pause.procfs import is_stopped, proc_state
+from gpupool.adapters.pause.procfs import is_stopped, proc_state, self_target
 from gpupool.core.clock import Clock
 from gpupool.core.pausers import Frees, PauseAction, PauseResult, Workload
 
@@ -37,7 +38,7 @@ class SignalPauser(PauserBase):
     def check(self, workload: Workload) -> str | None:
         if workload.pgid is None and not workload.pids:
             return "signal pauser needs a process group (pgid) or pids"
-        return None
+        return self_target(workload.pgid, workload.pids)
 
     def pause(self, workload: Workload) -> PauseResult:
         return self._send(workload, signal.SIGSTOP, PauseAction.PAUSE)

@@ -115,7 +115,7 @@ class VllmControl:
         if "json" in ctype:
             try:
                 body = resp.json()
-            except ValueError:
+            except (ValueError, RecursionError):  # (nested deeper than the decoder goes)
                 body = resp.text
         return True, f"{method} {url}: HTTP {resp.status_code}", body
 
