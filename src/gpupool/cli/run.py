@@ -44,6 +44,7 @@ from gpupool.cli.serve import (
     register_backends,
 )
 from gpupool.cli.serving import free_port, run_loop, uvicorn_server
+from gpupool.cli.specfiles import spec_option
 
 DEMO_TENANTS = ("agent-chat", "retrieval", "batch")
 
@@ -248,8 +249,8 @@ def run(  # noqa: PLR0917 (typer options)
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8080, "--port", help="Gateway TCP port."),
     data_dir: Path = typer.Option(Path(".gpupool"), "--data-dir", help="SQLite store and admin token."),
-    cluster: Path = typer.Option(DEFAULT_CLUSTER, "--cluster", help="Cluster spec YAML."),
-    workloads: Path = typer.Option(DEFAULT_WORKLOADS, "--workloads", help="Workload spec YAML."),
+    cluster: Path = spec_option(DEFAULT_CLUSTER, "--cluster", "Cluster"),
+    workloads: Path = spec_option(DEFAULT_WORKLOADS, "--workloads", "Workload"),
     traffic: bool = typer.Option(True, help="Run the synthetic P0/P1/P2 agent workload."),
     tidal_speed: float = typer.Option(
         144.0, "--tidal-speed", help="Tidal compressed clock (x144: a day in 10 min); 0 turns it off."

@@ -45,6 +45,7 @@ from gpupool.cli.ray_address import check_ray_address
 
 __all__ = ["KvSizer", "build", "load_tokens", "serve"]
 from gpupool.cli.serving import run_loop, serve_forever
+from gpupool.cli.specfiles import spec_option
 from gpupool.cli.stopping import catch_early_stop
 from gpupool.cli.store_options import store_settings
 from gpupool.core.clock import FunctionClock
@@ -359,8 +360,8 @@ def serve(  # noqa: PLR0917 (typer options)
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8080, "--port", help="TCP port."),
     data_dir: Path = typer.Option(Path(".gpupool"), "--data-dir", help="SQLite store and generated token."),
-    cluster: Path = typer.Option(DEFAULT_CLUSTER, "--cluster", help="Cluster spec YAML."),
-    workloads: Path = typer.Option(DEFAULT_WORKLOADS, "--workloads", help="Workload spec YAML."),
+    cluster: Path = spec_option(DEFAULT_CLUSTER, "--cluster", "Cluster"),
+    workloads: Path = spec_option(DEFAULT_WORKLOADS, "--workloads", "Workload"),
     auth_file: Path | None = typer.Option(None, "--auth-file", help="tokens: [{token, tenant, role}] YAML."),
     backends: Path | None = typer.Option(
         None, "--backends", help="backends: [{id, model, url, slice_id}] YAML."

@@ -11,7 +11,9 @@ Public API: ``load_yaml(path)``, ``load_cluster_file(path)``, ``load_workload_fi
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import typer
 import yaml
 
 from gpupool.cli.errors import UserError
@@ -57,3 +59,10 @@ def load_workload_file(path: str | Path) -> WorkloadSet:
 
 def load_specs(cluster_path: str | Path, workloads_path: str | Path) -> tuple[ClusterSpec, WorkloadSet]:
     return load_cluster_file(cluster_path), load_workload_file(workloads_path)
+
+
+def spec_option(default: Path, flag: str, what: str) -> Any:
+    """A ``--cluster`` / ``--workloads`` option whose default is a bundled example: ``--help`` names
+    it by its place in the project, not by the absolute path of wherever the package is installed."""
+    shown = f"the bundled examples/{default.name}"
+    return typer.Option(default, flag, help=f"{what} spec YAML.", show_default=shown)

@@ -96,3 +96,29 @@ def test_every_choice_of_an_option_is_explained_in_its_help() -> None:
 
     walk(typer.main.get_command(app), [])
     assert missing == []
+
+
+def test_no_default_in_any_help_shows_where_the_package_is_installed() -> None:
+    """``serve`` / ``run --help`` showed the bundled example specs' defaults as absolute paths of
+    the checkout or site-packages; defaults are shown as the project names them."""
+    import typing
+
+    import typer
+
+    from gpupool.cli.main import app
+    from gpupool.cli.serve import REPO_ROOT
+
+    shown: list[str] = []
+
+    def walk(cmd: typing.Any, path: list[str]) -> None:
+        if hasattr(cmd, "commands"):
+            for name, sub in cmd.commands.items():
+                walk(sub, [*path, name])
+            return
+        for p in cmd.params:
+            default = p.show_default if isinstance(p.show_default, str) else p.default
+            if str(REPO_ROOT) in str(default):
+                shown.append(f"gpupool {' '.join(path)} {p.opts[0]}: {default}")
+
+    walk(typer.main.get_command(app), [])
+    assert shown == []
