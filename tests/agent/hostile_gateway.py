@@ -8,7 +8,8 @@
 - ``redirect``: a 302 back to the same path (a redirect loop, if followed);
 - ``trickle``: a 200 announcing 100 MB that sends one byte every 50 ms, until the client leaves;
 - ``huge``: a 200 with a 48 MiB body sent as fast as the client reads it;
-- ``refuse``: a 422 naming a field, as the gateway refuses a request that will never pass.
+- ``refuse``: a 422 naming a field, as the gateway refuses a request that will never pass;
+- ``no-ledger``: as ``ok``, but ``GET /v1/leases`` answers 500.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class HostileGateway:
                 if mode == "redirect":
                     return self._send(302, b"", location=self.path)
                 if method == "GET" and self.path == "/v1/leases":
+                    if mode == "no-ledger":
+                        return self._send(500, b'{"error": "boom", "code": "internal"}')
                     return self._send(200, json.dumps({"leases": gw.leases}).encode())
                 if method == "POST" and self.path.endswith("/events"):
                     with gw.lock:

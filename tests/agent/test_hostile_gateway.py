@@ -166,3 +166,24 @@ def test_an_engine_answering_json_nested_too_deep_is_no_exception(gw: HostileGat
         assert [v.kv_usage for v in scraper.views("n1/0", 0.0)] == [1.0]  # no gauge: fail closed
     finally:
         control.close()
+
+
+def test_a_ledger_that_cannot_be_read_while_readings_go_through_is_logged(
+    gw: HostileGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Readings were accepted while ``GET /v1/leases`` failed: the agent said nothing and showed
+    itself connected, while its evictions and pauses silently acted on a stale ledger."""
+    agent, reporter = agent_with(gw.url)
+    gw.mode = "no-ledger"
+    with caplog.at_level("WARNING", logger="gpupool.agent.gateway"):
+        for _ in range(4):
+            reporter(agent.tick(), [])
+            reporter.flush_once()
+        assert reporter.ledger_failures == 4
+        gw.mode = "ok"
+        reporter(agent.tick(), [])
+        reporter.flush_once()
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("cannot read the lease ledger" in m and "HTTP 500" in m for m in said) == 1, said
+    assert sum("lease ledger read again after 4 failures" in m for m in said) == 1, said
+    assert reporter.ledger_failures == 0

@@ -217,6 +217,8 @@ class GatewayReporter:
         self.failures = 0
         """Consecutive failed flushes (0 = connected)."""
         self.posts_ok = 0
+        self.ledger_failures = 0
+        """Consecutive failed reads of the lease ledger (the readings may go through meanwhile)."""
         self.last_error = ""
         self._refusal_logged = ""
         self._resync = True
@@ -298,12 +300,14 @@ class GatewayReporter:
         now = time.monotonic() if now_s is None else now_s
         if now >= self._next_ledger:
             resp = self._request("GET", f"{self.base}/v1/leases")
+            ledger = None
             if not isinstance(resp, str) and resp.status_code < 300:
                 ledger = ledger_from(json_body(resp), node=self.node)
                 if ledger is not None:
                     with self._lock:
                         self._ledger = ledger
                 self._next_ledger = now + self.ledger_every_s
+            self._ledger_outcome(ledger is not None, resp)
             if self.engines_supported is not False or now >= self._next_engines:
                 self._fetch_engines(now)
         if now >= self._next_config:
@@ -324,6 +328,26 @@ class GatewayReporter:
                 "gateway %s answers again after %d failed attempts: resynchronised", self.base, recovered
             )
         return True
+
+    def _ledger_outcome(self, ok: bool, resp: httpx.Response | str) -> None:
+        """Log the first failed read of the lease ledger and the first good one after it: while it
+        fails, evictions and pauses act on the last ledger read, though readings go through."""
+        if ok:
+            if self.ledger_failures:
+                log.warning(
+                    "gateway %s lease ledger read again after %d failures", self.base, self.ledger_failures
+                )
+            self.ledger_failures = 0
+            return
+        self.ledger_failures += 1
+        if self.ledger_failures == 1:
+            why = resp if isinstance(resp, str) else f"HTTP {resp.status_code} or an answer not in its shape"
+            log.warning(
+                "gateway %s: cannot read the lease ledger (%s): evictions and pauses act on the last"
+                " ledger read until it can",
+                self.base,
+                why,
+            )
 
     def _fetch_engines(self, now: float) -> None:
         resp = self._request("GET", f"{self.base}/v1/nodes/{self.node}/engines")
