@@ -114,8 +114,10 @@ def test_priority_is_forwarded_inverted_and_errors(
         assert cl.post("/v1/completions", headers=h(), json={"model": "nope"}).status_code == 404
         assert cl.post("/v1/completions", headers=h(), content=b"[1,2]").status_code == 400
         assert cl.post("/v1/completions", headers=h("urgent!"), json={"model": MODEL}).status_code == 400
-        # a context far larger than the KV budget (64 MiB ~ 5k tokens of 12 KiB) can never be served
+        # a context far larger than the KV budget (64 MiB ~ 5k tokens of 12 KiB) can never be served:
+        # the client's to change (400 naming the field), not a 503 an SDK would retry
         big = cl.post(
             "/v1/completions", headers=h(), json={"model": MODEL, "prompt": "x", "max_tokens": 20_000}
         )
-        assert big.status_code == 503
+        assert big.status_code == 400 and big.json()["error"]["code"] == "kv_budget_exceeded", big.text
+        assert big.json()["error"]["param"] == "max_tokens"

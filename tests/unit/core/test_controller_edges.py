@@ -232,7 +232,7 @@ def test_a_request_aimed_at_a_gpu_never_preempts() -> None:
 
 
 # ---------------------------------------------------------------- tickets
-def test_cancelling_a_queued_ticket_sheds_it_with_an_event_and_lets_the_next_in() -> None:
+def test_cancelling_a_queued_ticket_ends_it_with_a_cancelled_event_and_lets_the_next_in() -> None:
     r = Rig()
     holder = r.c.acquire(a_request("holder", vram_gib=25, priority=P1)).lease
     big = r.c.acquire(a_request("big", vram_gib=30, priority=P1, tenant="a"))
@@ -242,10 +242,10 @@ def test_cancelling_a_queued_ticket_sheds_it_with_an_event_and_lets_the_next_in(
     assert (st.state, st.reason, st.ended_at) == ("cancelled", "cancelled by holder", 1000.0)
     assert r.store.get_ticket(big.ticket).state == "cancelled"  # type: ignore[union-attr]
     ev = [e for e in r.events if e.ticket == big.ticket][-1]
-    assert (ev.kind, ev.reason, ev.tenant) == ("shed", "cancelled by holder", "a")
+    assert (ev.kind, ev.reason, ev.tenant) == ("cancelled", "cancelled by holder", "a")
     assert r.c.ticket(small.ticket).state == "granted"  # what "big" held is free for "small" now
     again = r.c.cancel(big.ticket)
-    assert again.state == "cancelled" and r.kinds().count("shed") == 1
+    assert again.state == "cancelled" and r.kinds().count("cancelled") == 1  # (cancelling again: no event)
 
 
 def test_cancelling_someone_elses_or_an_unknown_ticket_is_unknown_and_changes_nothing() -> None:
