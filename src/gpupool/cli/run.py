@@ -26,6 +26,7 @@ import contextlib
 import functools
 import random
 import secrets
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from gpupool.cli.serve import (
     plan_cluster,
     register_backends,
 )
-from gpupool.cli.serving import free_port, run_loop, uvicorn_server
+from gpupool.cli.serving import run_loop, uvicorn_server
 from gpupool.cli.specfiles import spec_option
 
 DEMO_TENANTS = ("agent-chat", "retrieval", "batch")
@@ -59,6 +60,7 @@ def start_emulated_backends(bundle: Bundle, *, host: str = "127.0.0.1", speed: f
     specs: list[tuple[str, str, str, str]] = []
     servers = []
     seen: set[str] = set()
+    held: list[socket.socket] = []  # each port stays bound until all are picked: no port twice
     for pl in bundle.plan.placements:
         w = bundle.workloads.by_name(pl.workload)
         if not w.model or w.model in seen or pl.slice not in slices:
@@ -73,7 +75,8 @@ def start_emulated_backends(bundle: Bundle, *, host: str = "127.0.0.1", speed: f
             quant=w.quant,
             speed=speed,
         )
-        port = free_port(host)
+        held.append(socket.create_server((host, 0)))
+        port = int(held[-1].getsockname()[1])
         app = create_backend_app(
             engine,  # type: ignore[arg-type]
             model=w.model,
@@ -83,6 +86,8 @@ def start_emulated_backends(bundle: Bundle, *, host: str = "127.0.0.1", speed: f
         )
         servers.append(uvicorn_server(app, host=host, port=port))
         specs.append((f"{w.name}-{pl.replica}", w.model, f"http://{host}:{port}", pl.slice))
+    for sock in held:
+        sock.close()
     register_backends(bundle, specs, {spec[0]: {"priority_scheduling": True} for spec in specs})
     return servers
 
