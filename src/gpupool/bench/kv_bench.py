@@ -67,6 +67,7 @@ BLOCK_TOKENS = 512
 TOKEN = "bench-kv-token-0001"
 ROUTERS = ("round-robin", "vllm-router-cache-aware", "gpupool")
 MIN_SESSION_BLOCKS = 2
+RECORD_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 GPUPOOL_HEADERS = {"x-gpupool-queue-timeout": "3600"}
 """The client waits for room rather than take a 429 (as it waits in the engines' queues behind the
 other routers); queue time counts in its TTFT."""
@@ -82,28 +83,23 @@ def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") 
     out: list[dict[str, Any]] = []
     max_tokens = resolve_model(MODEL).max_positions
     with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark is no part of the first record
-        for n, line in enumerate(f, 1):
-            if limit is not None and len(out) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{n}: not a JSON record ({exc})") from None
-            ok = (
-                isinstance(r, dict)
-                and all(
-                    type(r.get(k)) is int and r[k] >= 0
-                    for k in ("timestamp", "input_length", "output_length")
-                )
-                and isinstance(r.get("hash_ids"), list)
-                and all(type(h) is int for h in r["hash_ids"])
-            )
-            if not ok:
-                raise ValueError(f"{path}:{n}: expected timestamp, input_length, output_length, hash_ids")
-            _check_lengths(path, n, r, max_tokens)
-            out.append(r)
+        try:
+            for n, line in enumerate(f, 1):
+                if limit is not None and len(out) >= limit:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    r = json.loads(line)
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{n}: not a JSON record ({exc})") from None
+                _check_record(path, n, r)
+                _check_lengths(path, n, r, max_tokens)
+                out.append(r)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not out:
+        raise ValueError(f"{path}: no requests")
     kind, value = parse_arrival(arrival)
     if kind == "stretch":
         return [{**r, "timestamp": int(r["timestamp"] * value)} for r in out]
@@ -111,6 +107,21 @@ def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") 
         window_ms = int(value * 1000)
         out = [{**r, "timestamp": r["timestamp"] // window_ms * window_ms} for r in out]
     return out
+
+
+def _check_record(path: Path, n: int, r: Any) -> None:
+    """A JSON object with non-negative integer ``timestamp``, ``input_length`` and ``output_length``
+    and a list of integer ``hash_ids`` (other keys are ignored); `ValueError` names the field."""
+    if not isinstance(r, dict):
+        raise ValueError(f"{path}:{n}: expected a JSON object with {', '.join(RECORD_FIELDS)}")
+    for k in RECORD_FIELDS:
+        if k not in r:
+            raise ValueError(f"{path}:{n}: no field {k}")
+    for k in RECORD_FIELDS[:3]:
+        if type(r[k]) is not int or r[k] < 0:
+            raise ValueError(f"{path}:{n}: field {k}={r[k]!r} is not an integer >= 0")
+    if not isinstance(r["hash_ids"], list) or not all(type(h) is int for h in r["hash_ids"]):
+        raise ValueError(f"{path}:{n}: field hash_ids is not a list of integers")
 
 
 def _check_lengths(path: Path, n: int, r: dict[str, Any], limit: int) -> None:

@@ -57,6 +57,33 @@ def test_trace_files_with_a_byte_order_mark_load_and_bad_lines_are_named(tmp_pat
         load_trace(bad)
 
 
+def test_a_malformed_trace_names_the_file_line_and_field(tmp_path: Path) -> None:
+    rec = {"timestamp": 5, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]}
+    ok = json.dumps({**rec, "extra": "kept out"})
+    crlf = tmp_path / "crlf.jsonl"
+    crlf.write_bytes(("\r\n".join([ok, "", json.dumps({**rec, "timestamp": 3})]) + "\r\n\r\n").encode())
+    assert [r["timestamp"] for r in load_trace(crlf)] == [5, 3]
+    for name, data, msg in (
+        ("str.jsonl", json.dumps({**rec, "input_length": "600"}), r"str\.jsonl:1: field input_length='600'"),
+        ("neg.jsonl", ok + "\n" + json.dumps({**rec, "timestamp": -1}), r"neg\.jsonl:2: field timestamp=-1"),
+        (
+            "gone.jsonl",
+            json.dumps({k: v for k, v in rec.items() if k != "output_length"}),
+            "no field output_length",
+        ),
+        ("ids.jsonl", json.dumps({**rec, "hash_ids": "0,1"}), r"ids\.jsonl:1: field hash_ids"),
+        ("list.jsonl", "[1, 2]", r"list\.jsonl:1: expected a JSON object"),
+        ("empty.jsonl", "", r"empty\.jsonl: no requests"),
+        ("blank.jsonl", "\n\n", r"blank\.jsonl: no requests"),
+    ):
+        (tmp_path / name).write_text(data + "\n" if data else data)
+        with pytest.raises(ValueError, match=msg):
+            load_trace(tmp_path / name)
+    (tmp_path / "bin.jsonl").write_bytes(b"\x00\xff\xfe garbage\n")
+    with pytest.raises(ValueError, match=r"bin\.jsonl: not UTF-8 text"):
+        load_trace(tmp_path / "bin.jsonl")
+
+
 def test_requests_the_replay_cannot_send_are_named(tmp_path: Path) -> None:
     # A prompt past the model's context (it would be rendered as gigabytes of text) and more hash
     # ids than the prompt has 512-token blocks (session matching is quadratic in their number).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -237,3 +238,55 @@ def test_another_azure_format_trace_drives_the_token_sizes(tmp_path):
         run(RunConfig(days=1, scale=0.05, seed=2, trace=str(tmp_path / "bom.csv")))["strategies"]
         == r["strategies"]
     )
+
+
+def _genai_dir(tmp_path, name: str, data: bytes):
+    """A data directory whose GenAI trace is ``data`` and whose Azure trace is a small valid one."""
+    root = tmp_path / name
+    (root / traces.ALIBABA).parent.mkdir(parents=True)
+    (root / traces.AZURE).parent.mkdir(parents=True)
+    (root / traces.AZURE).write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,50,20\n0,60,10\n")
+    (root / traces.ALIBABA).write_bytes(data)
+    return root
+
+
+def test_a_genai_trace_is_read_whatever_its_layout_and_a_bad_one_is_named(tmp_path, monkeypatch):
+    # a day of requests around the simulated warm-up day, hourly, in a reordered CRLF file with a BOM
+    hours = [traces.FIRST_DAY - timedelta(days=1, hours=16) + timedelta(hours=h) for h in range(48)]
+    rows = "".join(f'"x, {i}",{t:%Y-%m-%d %H:%M:%S},7\r\n' for i, t in enumerate(reversed(hours)))
+    good = b"\xef\xbb\xbf" + ("groupId,gmt_create,num_lora\r\n" + rows + "\r\n").encode()
+    tr = traces.load(1, base=_genai_dir(tmp_path, "good", good))
+    assert tr.hourly_shape.max() == 1.0 and len(tr.hourly_shape) == 48
+    header = b"gmt_create,predict_type\n"
+    for name, data, says in (
+        ("nocol", b"created,predict_type\n2024-11-29 01:00:00,TXT\n", "no column gmt_create"),
+        (
+            "badtime",
+            header + b"2024-11-29 01:00:00,TXT\nyesterday,TXT\n",
+            "line 3: column gmt_create='yesterday'",
+        ),
+        ("short", header + b"2024-11-29 01:00:00,TXT\n\n,\n", "line 4: column gmt_create=''"),
+        ("binary", header + b"\xff\xfe\x00\x01garbage\n", "not UTF-8 text"),
+        ("empty", b"", "no column gmt_create"),
+        ("header-only", header, "no requests"),
+        ("elsewhen", header + b"2020-01-01 01:00:00,TXT\n", "no requests in the simulated window"),
+    ):
+        monkeypatch.setenv("GPUPOOL_DATA_DIR", str(_genai_dir(tmp_path, name, data)))
+        out = CliRunner().invoke(app, ["sim", "tidal", "--days", "1", "--scale", "0.05"])
+        assert out.exit_code == 2 and says in out.output and traces.ALIBABA in out.output, (name, out.output)
+        assert len(out.output.strip().splitlines()) == 1, out.output
+    root = _genai_dir(tmp_path, "dir", b"")
+    (root / traces.ALIBABA).unlink()
+    (root / traces.ALIBABA).mkdir()
+    monkeypatch.setenv("GPUPOOL_DATA_DIR", str(root))
+    out = CliRunner().invoke(app, ["sim", "tidal", "--days", "1", "--scale", "0.05"])
+    assert out.exit_code == 2 and "a directory" in out.output, out.output
+
+
+def test_an_azure_trace_names_the_bad_column_and_line(tmp_path, monkeypatch):
+    day = "".join(f"{traces.FIRST_DAY - timedelta(hours=h):%Y-%m-%d %H:%M:%S}\n" for h in range(30))
+    monkeypatch.setenv("GPUPOOL_DATA_DIR", str(_genai_dir(tmp_path, "d", ("gmt_create\n" + day).encode())))
+    crlf = tmp_path / "crlf.csv"
+    crlf.write_bytes(b"GeneratedTokens,TIMESTAMP,ContextTokens\r\n20,0,50\r\n\r\n5, 0 ,x\r\n")
+    out = CliRunner().invoke(app, ["sim", "tidal", "--days", "1", "--trace", str(crlf)])
+    assert out.exit_code == 2 and "line 4: column ContextTokens='x'" in out.output, out.output

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from gpupool.sim.trace import check_trace_file
+
 ALIBABA = "alibaba-genai-v2026/lora_request_trace.csv"
 AZURE = "azure-llm-2023/AzureLLMInferenceTrace_code.csv"
 FIRST_DAY = datetime(2024, 11, 30)
@@ -45,12 +47,38 @@ class Traces:
     output_tokens: npt.NDArray[np.int64]
 
 
+TIME_COLUMN = "gmt_create"
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
 def _hourly_counts(path: Path) -> tuple[dict[datetime, int], int]:
+    """Requests per trace hour of the GenAI trace and the phase shift. Only ``gmt_create`` is read
+    (any column order, extra columns, a byte-order mark, rows in any order); `ValueError` naming the
+    file, the line and the column for anything else (`FileNotFoundError` when it is missing)."""
+    check_trace_file(path)  # a directory or a device: says what it is
     counts: dict[datetime, int] = {}
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            t = datetime.strptime(row["gmt_create"], "%Y-%m-%d %H:%M:%S").replace(minute=0, second=0)
-            counts[t] = counts.get(t, 0) + 1
+    with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
+        reader = csv.DictReader(f)
+        try:
+            if TIME_COLUMN not in (reader.fieldnames or ()):
+                raise ValueError(f"{path}: not the Alibaba GenAI format: no column {TIME_COLUMN}")
+            for row in reader:
+                raw = row.get(TIME_COLUMN)
+                try:
+                    t = datetime.strptime((raw or "").strip(), TIME_FORMAT)
+                except ValueError:
+                    raise ValueError(
+                        f"{path}: line {reader.line_num}: column {TIME_COLUMN}={raw!r} is not a time "
+                        "YYYY-MM-DD HH:MM:SS"
+                    ) from None
+                t = t.replace(minute=0, second=0)
+                counts[t] = counts.get(t, 0) + 1
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except csv.Error as exc:
+            raise ValueError(f"{path}: line {reader.line_num}: {exc}") from None
+    if not counts:
+        raise ValueError(f"{path}: no requests")
     by_hour = [0] * 24
     for t, c in counts.items():
         by_hour[t.hour] += c
@@ -64,6 +92,16 @@ MAX_CONTEXT_TOKENS = 131_072
 main model serves (the Azure code trace: at most 7,841 in all)."""
 
 
+def _count(path: Path, line: int, row: dict[str, str], col: str) -> int:
+    raw = row.get(col)
+    try:
+        return int((raw or "").strip())
+    except ValueError:
+        raise ValueError(
+            f"--trace {path}: line {line}: column {col}={raw!r}: token counts must be integers"
+        ) from None
+
+
 def load(days: int, *, base: Path | None = None, token_trace: Path | None = None) -> Traces:
     """``token_trace``: another request trace in the Azure LLM format (CSV with ``ContextTokens`` and
     ``GeneratedTokens`` columns) instead of the code trace; `ValueError` names a missing column."""
@@ -72,13 +110,17 @@ def load(days: int, *, base: Path | None = None, token_trace: Path | None = None
     for p in (alibaba, azure):
         if not p.exists():
             raise FileNotFoundError(f"trace file {p} not found (set GPUPOOL_DATA_DIR)")
+        check_trace_file(p)  # a directory or a device: says what it is
     counts, shift = _hourly_counts(alibaba)
     # +1 day in front: the warm-up day that teaches the mode controller its baseline
     hours = (days + 1) * 24
     start = FIRST_DAY - timedelta(days=1) - timedelta(hours=shift)
     shape = np.array([counts.get(start + timedelta(hours=h), 0) for h in range(hours)], dtype=np.float64)
     if shape.max() <= 0:
-        raise ValueError(f"no requests in the selected trace window starting {start}")
+        raise ValueError(
+            f"{alibaba}: no requests in the simulated window {start} .. {start + timedelta(hours=hours)} "
+            f"(the trace covers {min(counts)} .. {max(counts) + timedelta(hours=1)})"
+        )
     shape /= shape.max()
     ctx, gen = [], []
     with azure.open(newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
@@ -87,11 +129,9 @@ def load(days: int, *, base: Path | None = None, token_trace: Path | None = None
             missing = {"ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
             if missing:
                 raise ValueError(f"--trace {azure}: not the Azure LLM format: no column {sorted(missing)[0]}")
-            for i, row in enumerate(reader, start=2):
-                try:
-                    c, g = int(row["ContextTokens"]), int(row["GeneratedTokens"])
-                except (TypeError, ValueError):
-                    raise ValueError(f"--trace {azure}: line {i}: token counts must be integers") from None
+            for row in reader:
+                i = reader.line_num  # blank lines and quoted line breaks count too
+                c, g = (_count(azure, i, row, col) for col in ("ContextTokens", "GeneratedTokens"))
                 if c < 0 or g < 0:
                     raise ValueError(f"--trace {azure}: line {i}: token counts must be >= 0, got {c}, {g}")
                 if c + g > MAX_CONTEXT_TOKENS:
