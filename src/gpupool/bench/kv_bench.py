@@ -79,7 +79,8 @@ def _log(msg: str) -> None:
 
 # ---------------------------------------------------------------------- the trace
 def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") -> list[dict[str, Any]]:
-    """The first ``limit`` requests, validated, with ``arrival`` applied ("as-is" or "burst:S")."""
+    """The first ``limit`` requests, validated, in time order (a file's rows need not be), with
+    ``arrival`` applied ("as-is" or "burst:S")."""
     out: list[dict[str, Any]] = []
     max_tokens = resolve_model(MODEL).max_positions
     with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark is no part of the first record
@@ -100,6 +101,7 @@ def load_trace(path: Path, *, limit: int | None = None, arrival: str = "as-is") 
             raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not out:
         raise ValueError(f"{path}: no requests")
+    out.sort(key=lambda r: r["timestamp"])  # (stable) the replay times each request from the first
     kind, value = parse_arrival(arrival)
     if kind == "stretch":
         return [{**r, "timestamp": int(r["timestamp"] * value)} for r in out]

@@ -46,6 +46,16 @@ def test_rendered_blocks_follow_the_hash_ids_and_sessions_follow_prefixes(tmp_pa
             load_trace(tmp_path / "t.jsonl", arrival=arrival)
 
 
+def test_a_trace_whose_rows_are_out_of_time_order_is_replayed_in_time_order(tmp_path: Path) -> None:
+    """The replay times each request from the first row's timestamp: rows earlier than it were all
+    sent at once, so an unsorted file (the format does not promise order) gave a wrong result."""
+    rows = _trace(tmp_path / "t.jsonl").read_text().splitlines()
+    (tmp_path / "r.jsonl").write_text("\n".join(reversed(rows)) + "\n")
+    trace = load_trace(tmp_path / "r.jsonl")
+    assert [r["timestamp"] for r in trace] == [0, 100, 900, 1500]
+    assert trace == load_trace(tmp_path / "t.jsonl")
+
+
 def test_trace_files_with_a_byte_order_mark_load_and_bad_lines_are_named(tmp_path: Path) -> None:
     plain = _trace(tmp_path / "t.jsonl")
     bom = tmp_path / "bom.jsonl"
