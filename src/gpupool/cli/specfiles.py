@@ -20,6 +20,28 @@ from gpupool.cli.errors import UserError
 from gpupool.hardware.spec import ClusterSpec, WorkloadSet, load_cluster_spec, load_workload_spec
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key written twice in one mapping (YAML says keys are unique;
+    PyYAML keeps the last one silently, so a second ``timezone:`` or ``count:`` overrode the first
+    unseen). Keys brought in by a merge (``<<: *anchor``) may still be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line)
+            except TypeError:  # an unhashable key: the base class names it
+                continue
+            if first != key_node.start_mark.line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice (first at line {first + 1})", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str | Path) -> object:
     """Parse one YAML document; raise ``UserError`` naming the file (and line/column) on failure.
 
@@ -34,7 +56,7 @@ def load_yaml(path: str | Path) -> object:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{p}: cannot read: {exc}") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""

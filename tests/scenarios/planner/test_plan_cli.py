@@ -104,6 +104,11 @@ GOOD_WORKLOADS = "workloads:\n  - {name: g, model: qwen2.5-0.5b, priority: P0}\n
         ),
         ("nodes: [\n  - name: a\n", GOOD_WORKLOADS, ["c.yaml", "malformed YAML at line"]),
         (GOOD_CLUSTER, "workloads:\n\t- bad\n", ["w.yaml", "malformed YAML"]),
+        (  # a key written twice was read as its last value, unseen
+            "nodes:\n  - name: a\n    name: b\n    gpus: [{model: A100-SXM4-80GB, count: 1}]\n",
+            GOOD_WORKLOADS,
+            ["c.yaml", "line 3", "key 'name' appears twice (first at line 2)"],
+        ),
     ],
 )
 def test_bad_input_one_line_exit_2(tmp_path, cluster, workloads, expected):
