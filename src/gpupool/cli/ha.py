@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import signal
 import socket
@@ -300,12 +301,11 @@ def serve_replicated(
     that run on the leader only, beside its server (the tidal plane and batch runner, the
     extender's reconciler and preemptor): started once the ledger is rebuilt after winning,
     cancelled when the leader stops or steps down."""
-    import sqlite3
-
     from gpupool.adapters.store.etcd import open_etcd_store
     from gpupool.cli.serve import load_tokens
     from gpupool.cli.serving import run_loop, serve_forever
-    from gpupool.core.errors import GpupoolError, InvalidInput
+    from gpupool.cli.store_options import open_lease_store
+    from gpupool.core.errors import InvalidInput
 
     prewarm(cluster, workloads)  # (also: exit 2 on a bad spec before anything connects)
     entries, new_admin = load_tokens(auth_file, data_dir)
@@ -318,14 +318,8 @@ def serve_replicated(
             "gpupool: warning: no --auth-file: each replica has its own generated admin token; "
             "give every replica the same --auth-file"
         )
-    try:
-        store = open_etcd_store(store_url, **store_options)
-    except BaseException as exc:
-        if new_admin:  # never shown: the next start makes (and shows) a new one
-            (data_dir / "admin.token").unlink(missing_ok=True)
-        if isinstance(exc, (OSError, sqlite3.Error, GpupoolError)) and not isinstance(exc, InvalidInput):
-            raise UserError(f"cannot open the lease store {store_url}: {exc}") from None
-        raise
+    opener = functools.partial(open_etcd_store, store_url, **store_options)
+    store = open_lease_store(store_url, opener, data_dir=data_dir, new_admin=new_admin)
     if new_admin:
         say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {new_admin}")
     code: list[int] = [0]

@@ -19,7 +19,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from gpupool.cli.errors import UserError, user_errors
+from gpupool.cli.errors import UserError, check_range, user_errors
 from gpupool.cli.planapply import ActuatorKind, run_apply
 from gpupool.cli.specfiles import load_specs
 from gpupool.hardware.migparted import to_mig_parted
@@ -154,13 +154,11 @@ def plan(  # noqa: PLR0917 (typer options)
     Example: gpupool plan --cluster examples/cluster-a100-l40s.yaml
     --workloads examples/workloads-agent-platform.yaml --format mig-parted
     """
-    if not 0 <= host_ram_gib <= MAX_HOST_RAM_GIB:
-        raise UserError(f"--host-ram-gib: {host_ram_gib} must be in [0, {MAX_HOST_RAM_GIB}]")
+    check_range("--host-ram-gib", host_ram_gib, lo=0, hi=MAX_HOST_RAM_GIB)
+    check_range("--host-tier-pct", host_tier_pct, lo=0, hi=100)
     for flag, given in (("--node", node), ("--kube-api", kube_api)):
         if given and actuator is None:
             raise UserError(f"{flag} needs --actuator (it chooses where the MIG changes are shown or made)")
-    if not 0 <= host_tier_pct <= 100:
-        raise UserError(f"--host-tier-pct: {host_tier_pct} must be in [0, 100]")
     if kv_offload not in OFFLOAD_BACKENDS:
         raise UserError(f"--kv-offload: {kv_offload!r} must be native or lmcache")
     cluster_spec, workload_set = load_specs(cluster, workloads)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import secrets
@@ -47,7 +48,7 @@ __all__ = ["KvSizer", "build", "load_tokens", "serve"]
 from gpupool.cli.serving import run_loop, serve_forever
 from gpupool.cli.specfiles import spec_option
 from gpupool.cli.stopping import catch_early_stop
-from gpupool.cli.store_options import store_settings
+from gpupool.cli.store_options import open_lease_store, store_settings
 from gpupool.core.clock import FunctionClock
 from gpupool.core.controller import ControllerConfig, LeaseController
 from gpupool.core.errors import InvalidInput
@@ -144,21 +145,10 @@ def build(
     # every other argument is valid by now: only then open (and recover) the store
     import sqlite3
 
-    from gpupool.adapters.store.sqlite import StoreCorrupt
-    from gpupool.core.errors import GpupoolError
-
     url = store_url or f"sqlite:{data_dir / 'leases.db'}"
-    try:
-        if store is None:
-            store = open_store(url, **(store_options or {}))
-    except BaseException as exc:
-        if new_admin:  # never shown: the next start makes (and shows) a new one
-            (data_dir / "admin.token").unlink(missing_ok=True)
-        if isinstance(exc, (OSError, sqlite3.Error, GpupoolError)) and not isinstance(
-            exc, (InvalidInput, StoreCorrupt)
-        ):
-            raise UserError(f"cannot open the lease store {url}: {exc}") from None
-        raise  # (damage is StoreCorrupt: one line already)
+    if store is None:
+        opener = functools.partial(open_store, url, **(store_options or {}))
+        store = open_lease_store(url, opener, data_dir=data_dir, new_admin=new_admin)
     controller = LeaseController(
         slices,
         clock=FunctionClock(time.time),
@@ -472,11 +462,8 @@ def serve(  # noqa: PLR0917 (typer options)
         user=etcd_user,
         password=etcd_password,
         max_txn_ops=etcd_max_txn_ops,
+        etcd_only={"--election-ttl-s": election_ttl_s != 2, "--advertise-url": advertise_url},
     )
-    if not (store or "").startswith(("etcd://", "etcds://")):  # (like the --etcd-* options)
-        for flag, given in (("--election-ttl-s", election_ttl_s != 2), ("--advertise-url", advertise_url)):
-            if given:
-                raise UserError(f"{flag} needs --store etcd://... (it is for replicas on one etcd)")
     check_port("--extender-port", extender_port)  # (checked with or without --kubernetes)
     check_domain("--domain", domain)
     check_listen("--host/--port", host, port)

@@ -7,6 +7,7 @@ unreachable etcd is found when the store opens (also exit 2, naming the URL).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,12 @@ def store_settings(
     user: str | None = None,
     password: str | None = None,
     max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
+    etcd_only: Mapping[str, object] | None = None,
 ) -> dict[str, Any]:
     """Check ``--store`` and the ``--etcd-*`` options before anything is opened; the keyword
-    arguments for `open_store`. Every error names the option and its value (exit 2)."""
+    arguments for `open_store`. Every error names the option and its value (exit 2).
+    ``etcd_only``: other options that mean something only on etcd (flag -> its value if given,
+    else None or False), refused like the ``--etcd-*`` ones on another store."""
     etcd_flags = {
         "--etcd-cacert": cacert,
         "--etcd-cert": cert,
@@ -37,6 +41,7 @@ def store_settings(
         "--etcd-max-txn-ops": None if max_txn_ops == DEFAULT_MAX_TXN_OPS else max_txn_ops,
     }
     given = [flag for flag, v in etcd_flags.items() if v is not None]
+    given += [flag for flag, v in (etcd_only or {}).items() if v is not None and v is not False]
     if url is None or not url.startswith(("etcd://", "etcds://")):
         if url is not None and not url.startswith(("sqlite:", "memory:")):
             raise UserError(
@@ -72,3 +77,24 @@ def store_settings(
     for name, path in (("cacert", cacert), ("cert", cert), ("key", key)):
         out[name] = None if path is None else str(path)
     return out
+
+
+def open_lease_store(url: str, opener: Callable[[], Any], *, data_dir: Path, new_admin: str | None) -> Any:
+    """``opener()`` (the store of ``url``); when it fails, an admin token this start generated (not
+    shown yet) is removed, so the next start makes and shows one, and the failure is one line naming
+    ``url`` (`UserError`; bad input and a damaged SQLite store pass as they are: one line already)."""
+    import sqlite3
+
+    from gpupool.adapters.store.sqlite import StoreCorrupt
+    from gpupool.core.errors import GpupoolError
+
+    try:
+        return opener()
+    except BaseException as exc:
+        if new_admin:
+            (data_dir / "admin.token").unlink(missing_ok=True)
+        if isinstance(exc, (InvalidInput, StoreCorrupt)):
+            raise
+        if isinstance(exc, (OSError, sqlite3.Error, GpupoolError)):
+            raise UserError(f"cannot open the lease store {url}: {exc}") from None
+        raise

@@ -81,13 +81,9 @@ class GpuAdmin:
         return tuple(out)
 
     def undrain_gpu(self, gpu_id: str) -> None:
-        sids = self._gpu_slices(gpu_id)
+        self._gpu_slices(gpu_id)  # (UnknownId)
         self.drained.discard(gpu_id)
-        if self.gpu_health.get(gpu_id, "ok") == "ok":
-            for sid in sids:
-                if sid not in self.closed:
-                    self.allocator.mark_healthy(sid)
-        self._sync_kv(gpu_id)
+        self._reopen(gpu_id)
         self._freed = True
         self._finish(None)
 
@@ -146,7 +142,7 @@ class GpuAdmin:
                         why = f"node agent on {node}: slice {sid} unhealthy"
                         ended = self.allocator.mark_unhealthy(sid, revoke=True, reason=why)
                         report["revoked"] += [x.id for x in ended]
-                    elif self._may_open(sid, old.gpu_id):
+                    elif self._gpu_open(old.gpu_id) and sid not in self.closed:
                         self.allocator.mark_healthy(sid)
                         self._freed = True
                 continue
@@ -193,30 +189,34 @@ class GpuAdmin:
         if health == before:
             return
         self.gpu_health[gpu] = health
-        sids = self.allocator.ledger.on_gpu(gpu)
         if health == "ok":
-            if gpu not in self.drained:
-                for sid in sids:
-                    if sid not in self.closed:
-                        self.allocator.mark_healthy(sid)
-                self._freed = True
-            self._sync_kv(gpu)
+            self._reopen(gpu)
             return
         why = f"GPU {gpu} {health}" + (f" (XID {', '.join(map(str, xids))})" if xids else "")
-        for sid in sids:
+        for sid in self.allocator.ledger.on_gpu(gpu):
             self.allocator.mark_unhealthy(sid, revoke=health == "failed", reason=why)
         self._sync_kv(gpu, revoke=health == "failed", reason=why)
 
-    def _may_open(self, slice_id: str, gpu_id: str) -> bool:
-        """Neither its GPU (drained, unhealthy) nor an admin (``closed``) keeps the slice closed."""
-        healthy_gpu = gpu_id not in self.drained and self.gpu_health.get(gpu_id, "ok") == "ok"
-        return healthy_gpu and slice_id not in self.closed
+    def _gpu_open(self, gpu_id: str) -> bool:
+        """Neither drained nor unhealthy: its slices (but those an admin closed) and its backends' KV
+        budgets may take leases."""
+        return gpu_id not in self.drained and self.gpu_health.get(gpu_id, "ok") == "ok"
+
+    def _reopen(self, gpu_id: str) -> None:
+        """After an undrain or a return to health: open the GPU's slices, but those an admin closed
+        (``closed``), if nothing else keeps the GPU closed; its KV budgets follow (`_sync_kv`)."""
+        if self._gpu_open(gpu_id):
+            for sid in self.allocator.ledger.on_gpu(gpu_id):
+                if sid not in self.closed:
+                    self.allocator.mark_healthy(sid)
+            self._freed = True
+        self._sync_kv(gpu_id)
 
     def _sync_kv(self, gpu_id: str, *, revoke: bool = False, reason: str = "") -> None:
         """The KV budgets of the backends on ``gpu_id`` follow their GPU: open while it is neither
         drained nor unhealthy (and the backend is routable), closed otherwise; ``revoke`` also ends
         the leases on them (request leases, and the lane's shares, whose requests end with them)."""
-        usable = gpu_id not in self.drained and self.gpu_health.get(gpu_id, "ok") == "ok"
+        usable = self._gpu_open(gpu_id)
         for sid in self.kv.ledger.on_gpu(gpu_id):
             if usable and sid not in self._unroutable:
                 self.kv.mark_healthy(sid)

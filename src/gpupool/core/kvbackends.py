@@ -63,15 +63,15 @@ class KvBackends:
     _freed: bool
     _ends: int
     _unroutable: dict[str, set[str]]
-    drained: set[str]
-    gpu_health: dict[str, str]
 
     def _finish(self, out: Outcome | None) -> Outcome:  # the controller's
         raise NotImplementedError
 
-    if TYPE_CHECKING:  # `QueuePump`'s (declared only: it comes later in the controller's bases)
+    if TYPE_CHECKING:  # `QueuePump`'s and `GpuAdmin`'s (declared only: other controller bases define them)
 
         def _patient(self, item: Ticketed) -> bool: ...
+
+        def _gpu_open(self, gpu_id: str) -> bool: ...  # `GpuAdmin`'s
 
     def register_backend(self, b: Backend) -> None:
         if b.id in self.backends:
@@ -92,7 +92,7 @@ class KvBackends:
         self.backends[b.id] = b
         self._kv_models[KV_PREFIX + b.id] = b.model
         self.lane.add_slice(KV_PREFIX + b.id, model=b.model, budget_mib=cap)
-        if b.gpu_id in self.drained or self.gpu_health.get(b.gpu_id, "ok") != "ok":
+        if not self._gpu_open(b.gpu_id):
             self.kv.mark_unhealthy(KV_PREFIX + b.id)  # its GPU is closed (`GpuAdmin._sync_kv`)
         self._freed = True
         self._models = {}
@@ -115,7 +115,7 @@ class KvBackends:
                 self._unroutable[sid] = held
             else:
                 self._unroutable.pop(sid, None)
-            if not held and gpu not in self.drained and self.gpu_health.get(gpu, "ok") == "ok":
+            if not held and self._gpu_open(gpu):
                 self.kv.mark_healthy(sid)
                 self._freed = True
         else:

@@ -250,6 +250,14 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
     def scope(who: Principal) -> str | None:
         return None if who.is_admin else who.tenant
 
+    def store_first(key: str, value: str) -> None:
+        """A pool setting is stored before it takes effect: a store that refuses is 503 and
+        leaves the pool as it was (watermarks, drains, slice marks)."""
+        try:
+            c.store.set_meta(key, value)
+        except Exception as exc:
+            raise StoreUnavailable(str(exc)) from exc
+
     @app.get("/healthz", response_model=s.HealthOut, response_model_exclude_none=True)
     async def healthz() -> dict[str, Any]:
         if gw.committer.healthy():
@@ -466,10 +474,7 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
             raise UnknownId("gpu", gpu_id)
         old, was = stored_drained(c), gpu_id in c.drained
         drained = old - {gpu_id} if body.undo else old | {gpu_id}
-        try:  # stored first, like the watermarks: a store that refuses leaves the GPU as it was
-            c.store.set_meta(DRAINED_META, json.dumps(sorted(drained)))
-        except Exception as exc:
-            raise StoreUnavailable(str(exc)) from exc
+        store_first(DRAINED_META, json.dumps(sorted(drained)))
         if body.undo:
             c.undrain_gpu(gpu_id)
             ended: tuple[Lease, ...] = ()
@@ -497,10 +502,7 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
             return err(409, why, "gpu_drained")
         old, closed = stored_drained(c, CLOSED_META), slice_id in c.closed
         marks = old - {slice_id} if body.healthy else old | {slice_id}
-        try:  # stored first, like a drain: it outlives a restart, and a refusal changes nothing
-            c.store.set_meta(CLOSED_META, json.dumps(sorted(marks)))
-        except Exception as exc:
-            raise StoreUnavailable(str(exc)) from exc
+        store_first(CLOSED_META, json.dumps(sorted(marks)))
         ended = c.mark_slice(slice_id, healthy=body.healthy, revoke=body.revoke, reason=body.reason)
         try:
             await gw.committer.durable()
@@ -519,10 +521,7 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
 
     def set_watermarks(values: dict[str, Any]) -> JSONResponse:
         cfg = WatermarkConfig(**values)  # InvalidInput (422) on an inconsistent set, nothing changed
-        try:  # stored first: a store that refuses leaves the old thresholds in force
-            c.store.set_meta("watermarks", json.dumps(values))
-        except Exception as exc:
-            raise StoreUnavailable(str(exc)) from exc
+        store_first("watermarks", json.dumps(values))
         c.set_watermarks(cfg)
         return FastJSONResponse(values)
 
