@@ -249,3 +249,88 @@ def test_a_queued_job_says_why_it_does_not_start(tmp_path):
         assert "1000000" in huge["waiting"]
     finally:
         runner.stop_all(now=clock.now())
+
+
+STUBBORN = (
+    "import os, signal, sys, time\n"
+    "ready, term, go = sys.argv[1:4]\n"
+    "signal.signal(signal.SIGTERM, lambda *_: open(term, 'w').close())\n"
+    "open(ready, 'w').close()\n"
+    "while not os.path.exists(go):\n"
+    "    time.sleep(0.01)\n"
+)
+
+
+def stubborn(i: str, tmp_path: Path, *, vram: int = 6000) -> tuple[BatchJobSpec, Path, Path, Path]:
+    """A job that ignores SIGTERM (it only notes it in ``term``) and exits once ``go`` exists."""
+    ready, term, go = (tmp_path / f"{i}.{n}" for n in ("ready", "term", "go"))
+    cmd = (sys.executable, "-c", STUBBORN, str(ready), str(term), str(go))
+    return BatchJobSpec(id=i, vram_mib=vram, command=cmd), ready, term, go
+
+
+def test_cancel_returns_while_a_job_that_ignores_sigterm_is_still_stopping(tmp_path):
+    """Cancel waited for the process (SIGTERM, then up to the grace period) on the caller's thread,
+    the gateway's event loop; it now sends SIGTERM and returns. The lease is held until the
+    process is gone (SIGKILL after the grace period, off the caller's thread)."""
+    clock, alloc, q, _ = setup(tmp_path)
+    runner = BatchRunner(q, alloc, LocalExecutor(), lease_ttl_s=3600.0, stop_grace_s=60.0)
+    spec, ready, term, go = stubborn("s", tmp_path)
+    q.submit(spec, now=0.0)
+    runner.step(clock.now())
+    handle = runner.running["s"].handle
+    assert wait_for(ready.exists)
+    assert runner.cancel("s", now=clock.advance(1.0)).state is JobState.CANCELLED
+    assert wait_for(term.exists)  # SIGTERM was sent ...
+    assert handle.poll() is None  # ... and cancel returned while the process still runs
+    assert alloc.slice_state("gpu-0").granted.vram_mib == 6000  # its lease is held meanwhile
+    runner.step(clock.advance(1.0))
+    assert alloc.slice_state("gpu-0").granted.vram_mib == 6000
+    go.touch()
+    assert wait_for(lambda: handle.poll() is not None)
+    runner.step(clock.advance(1.0))
+    assert alloc.slice_state("gpu-0").granted.vram_mib == 0  # released once the process is gone
+    assert q.get("s").state is JobState.CANCELLED
+    alloc.check_invariants()
+
+
+def test_a_preempted_job_that_ignores_sigterm_is_not_waited_for_nor_started_twice(tmp_path):
+    """The requeue of a preempted job sends SIGTERM and goes on; the job is queued again but not
+    started while its previous process is still there (two copies of one job never run)."""
+    clock, alloc, q, _ = setup(tmp_path)
+    runner = BatchRunner(q, alloc, LocalExecutor(), lease_ttl_s=3600.0, stop_grace_s=60.0)
+    spec, ready, term, go = stubborn("s", tmp_path, vram=1000)
+    q.submit(spec, now=0.0)
+    runner.step(clock.now())
+    handle = runner.running["s"].handle
+    assert wait_for(ready.exists)
+    alloc.revoke(runner.running["s"].lease_id, reason="operator")
+    runner.step(clock.advance(1.0))
+    assert wait_for(term.exists)
+    assert handle.poll() is None  # the step returned while the process still runs
+    assert q.get("s").state is JobState.QUEUED and "s" not in runner.running
+    runner.step(clock.advance(1.0))
+    assert "s" not in runner.running and "still stopping" in runner.waiting["s"]
+    go.touch()
+    assert wait_for(lambda: handle.poll() is not None)
+    runner.step(clock.advance(1.0))
+    assert q.get("s").state is JobState.RUNNING and q.get("s").attempts == 2
+    runner.stop_all(now=clock.advance(1.0))
+    assert q.get("s").state is JobState.QUEUED
+
+
+def test_stop_all_stops_every_job_that_ignores_sigterm_within_one_grace_period(tmp_path):
+    clock, alloc, q, _ = setup(tmp_path)
+    runner = BatchRunner(q, alloc, LocalExecutor(), lease_ttl_s=3600.0, stop_grace_s=0.2)
+    files = []
+    for i in ("a", "b", "c"):
+        spec, ready, term, _go = stubborn(i, tmp_path, vram=1000)
+        q.submit(spec, now=0.0)
+        files.append((ready, term))
+    runner.step(clock.now())
+    handles = [r.handle for r in runner.running.values()]
+    assert len(handles) == 3 and wait_for(lambda: all(r.exists() for r, _ in files))
+    runner.stop_all(now=clock.advance(1.0))
+    assert all(t.exists() for _, t in files)  # each got SIGTERM first
+    assert all(h.poll() == -9 for h in handles)  # then SIGKILL
+    assert [r.state for r in q.jobs()] == [JobState.QUEUED] * 3
+    assert alloc.slice_state("gpu-0").granted.vram_mib == 0

@@ -4,6 +4,7 @@ route accepts can be read and cancelled again, a ``/`` in it included."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -127,3 +128,61 @@ def test_a_damaged_job_row_is_503_naming_the_file_and_the_row(cl: httpx.Client, 
     for r in (cl.get("/v1/batch/jobs"), cl.get("/v1/batch/jobs/q1"), cl.delete("/v1/batch/jobs/q1")):
         assert r.status_code == 503 and r.json()["code"] == "store_damaged", r.text
         assert "jobs.db" in r.json()["error"] and "'q1'" in r.json()["error"], r.text
+
+
+async def _until(pred: Any, what: str) -> None:
+    """Await ``pred`` while the loop (the server's too) runs; a liveness bound, not a timing check."""
+    for _ in range(1500):
+        if pred():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not reached: {what}")
+
+
+async def _cancel_a_job_that_ignores_sigterm(tmp_path: Path) -> None:
+    from gpupool.adapters.pause.procfs import proc_state
+    from gpupool.cli.serving import free_port, uvicorn_server
+    from tests.adapters.batch.test_local_runner import stubborn
+
+    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=MemoryLeaseStore())
+    app = create_app(c, tokens=TokenTable([(TOK, "ops", "admin")]), proxy=False)
+    queue = BatchJobQueue(tmp_path / "jobs.db")
+    runner = BatchRunner(queue, ControllerLeases(c), LocalExecutor(), stop_grace_s=60.0)
+    service = BatchService(queue, runner, now=time.time)
+    add_batch_routes(app, service)
+    port = free_port()
+    server = uvicorn_server(app, host="127.0.0.1", port=port)
+    serving = asyncio.create_task(server.serve())
+    spec, ready, term, go = stubborn("s", tmp_path, vram=1024)
+    try:
+        await _until(lambda: server.started, "the server serves")
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=120) as cl:
+            body = {"id": "s", "command": list(spec.command), "vram_mib": 1024}
+            assert (await cl.post("/v1/batch/jobs", json=body)).status_code == 201
+            service.step()  # (on the loop, as the gateway's tidal loop does)
+            pid = runner.running["s"].handle.pid  # type: ignore[attr-defined]
+            lease_id = service.job("s")["lease_id"]
+            await _until(ready.exists, "the job runs")
+            cancel = asyncio.create_task(cl.delete("/v1/batch/jobs/s"))
+            await _until(term.exists, "the job got SIGTERM")  # the stop is in progress ...
+            r = await cl.get("/v1/batch/jobs/s")  # ... and another request is answered meanwhile
+            assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+            assert proc_state(pid) not in (None, "Z"), "answered only once the job's process was gone"
+            assert not cancel.done()  # the cancel answers once the process is gone ...
+            assert (await cl.get(f"/v1/leases/{lease_id}")).json()["state"] == "active"  # ... lease held
+            go.touch()
+            r = await cancel
+            assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+            assert proc_state(pid) in (None, "Z")
+            assert (await cl.get(f"/v1/leases/{lease_id}")).json()["state"] == "released"
+    finally:
+        go.touch()
+        server.should_exit = True
+        await serving
+        service.close()
+
+
+def test_other_requests_are_answered_while_a_cancelled_job_that_ignores_sigterm_stops(tmp_path: Path) -> None:
+    """Cancelling a job whose process ignores SIGTERM held the gateway's event loop for the whole
+    grace period (the stop waited for the process on the loop): every other request waited too."""
+    asyncio.run(_cancel_a_job_that_ignores_sigterm(tmp_path))

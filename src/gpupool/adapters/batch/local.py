@@ -4,7 +4,10 @@ The child dies with the process that started it (Linux ``PR_SET_PDEATHSIG``: SIG
 starting thread's process ends, a SIGKILL of the gateway included): a job is never left running
 unowned while the next gateway or leader requeues it (its children that left the group are not
 covered). Pause is SIGSTOP to the group (frees CPU and stops new kernel launches; VRAM stays: gpu-facts 5.2),
-resume is SIGCONT, stop is SIGTERM then SIGKILL after ``grace_s``. The job sees its lease in the
+resume is SIGCONT, stop is SIGTERM then SIGKILL after ``grace_s``. `LocalHandle.terminate` sends
+SIGTERM and returns at once: a daemon thread waits out the grace period and sends SIGKILL, so the
+caller (the gateway's event loop) never waits for a job that ignores SIGTERM; `LocalHandle.poll`
+says when the process is gone. The job sees its lease in the
 environment (``GPUPOOL_LEASE_ID``, ``GPUPOOL_JOB_ID``, ``GPUPOOL_VRAM_MIB``).
 """
 
@@ -15,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -48,6 +52,7 @@ class LocalHandle:
             {"GPUPOOL_LEASE_ID": lease_id, "GPUPOOL_JOB_ID": spec.id, "GPUPOOL_VRAM_MIB": str(spec.vram_mib)}
         )
         self.spec = spec
+        self._killer: threading.Thread | None = None
         self.proc = subprocess.Popen(
             list(spec.command),
             env=full,
@@ -71,14 +76,27 @@ class LocalHandle:
     def resume(self) -> bool:
         return self._signal(signal.SIGCONT)
 
+    def terminate(self, *, grace_s: float = 2.0) -> None:
+        """SIGCONT + SIGTERM to the group now; SIGKILL from a daemon thread if the process is still
+        there after ``grace_s``. Returns at once (a second call changes nothing)."""
+        if self._killer is not None or self.proc.poll() is not None:
+            return
+        self._signal(signal.SIGCONT)
+        self._signal(signal.SIGTERM)
+        self._killer = threading.Thread(
+            target=self._kill_after, args=(grace_s,), name=f"batch-stop-{self.proc.pid}", daemon=True
+        )
+        self._killer.start()
+
+    def _kill_after(self, grace_s: float) -> None:
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+
     def stop(self, *, grace_s: float = 2.0) -> int:
-        if self.proc.poll() is None:
-            self._signal(signal.SIGCONT)
-            self._signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
+        """`terminate`, then wait until the process is gone; its exit status."""
+        self.terminate(grace_s=grace_s)
         return self.proc.wait()
 
     def _signal(self, sig: signal.Signals) -> bool:

@@ -60,12 +60,16 @@ class RayHandle:
     def resume(self) -> bool:
         return False
 
-    def stop(self, *, grace_s: float = 2.0) -> int:
+    def terminate(self, *, grace_s: float = 2.0) -> None:
+        """Cancel the task (forced: Ray has no graceful stop of a running task); returns at once."""
         import ray
 
         if self.poll() is None:
             ray.cancel(self.ref, force=True)
             self._rc = -9
+
+    def stop(self, *, grace_s: float = 2.0) -> int:
+        self.terminate(grace_s=grace_s)
         return self._rc if self._rc is not None else -9
 
 

@@ -1,11 +1,13 @@
 """`BatchRunner`: the loop that turns queued P2 jobs into running processes holding P2 leases.
 
 One `step(now)`:
-1. finished jobs -> DONE (exit 0) or FAILED, lease released; over ``max_running``, the newest
-   running jobs release their leases (handled as in 2.);
+1. finished jobs -> DONE (exit 0) or FAILED, lease released; stopped jobs whose process is now gone
+   release the lease they still held; over ``max_running``, the newest running jobs release their
+   leases (handled as in 2.);
 2. running jobs whose lease ended (preempted by P0/P1, revoked, expired) -> paused (SIGSTOP, state
    PAUSED) when the job is checkpointable and the executor can pause, else stopped and requeued
-   (state QUEUED, attempts counted): never silently dropped;
+   (state QUEUED, attempts counted): never silently dropped; a requeued job is not started again
+   while its previous process is still there;
 3. paused jobs get a new P2 lease when the pool has room again -> resumed (SIGCONT, RUNNING);
 4. queued jobs are claimed in the core's queue order while the allocator grants leases; a job
    whose command cannot be run (the executor's start raises `OSError` / `ValueError`: not found,
@@ -23,6 +25,12 @@ durable store and the same events as every other lease); the runner never reads 
 ``on_path`` hears how displaced work was handled (``pause`` / ``requeue``) and how long the pauser
 took, timed by the injected ``stopwatch`` (seconds; `time.perf_counter` in the CLI).
 `cancel` stops a job's process (if any), releases its lease and marks it CANCELLED.
+
+Stopping never waits: the handle's ``terminate`` sends SIGTERM and returns (SIGKILL follows after
+``stop_grace_s``, off the caller's thread), and the job waits in ``stopping`` until its process is
+gone; only then is the lease it still holds released (`reap_stopped`, at every step). The runner
+runs on the gateway's event loop, which a job that ignores SIGTERM must not hold up. `stop_all`
+(shutdown) alone waits, for all the processes at once: at most one grace period in all.
 """
 
 from __future__ import annotations
@@ -43,7 +51,11 @@ class Handle(Protocol):
     def poll(self) -> int | None: ...
     def pause(self) -> bool: ...
     def resume(self) -> bool: ...
-    def stop(self, *, grace_s: float = 2.0) -> int: ...
+    def terminate(self, *, grace_s: float = 2.0) -> None:
+        """Ask the job to end now (SIGTERM), force it after ``grace_s``; never waits."""
+
+    def stop(self, *, grace_s: float = 2.0) -> int:
+        """`terminate`, then wait until the job is gone; its exit status."""
 
 
 class LeasePort(Protocol):
@@ -106,6 +118,9 @@ class BatchRunner:
     lease_ttl_s: float = 60.0
     running: dict[str, _Running] = field(default_factory=dict)
     paused: dict[str, _Running] = field(default_factory=dict)
+    stopping: dict[str, _Running] = field(default_factory=dict)
+    """Job id -> a process told to end (cancel, requeue) that may still be there; its lease is held."""
+    stop_grace_s: float = 2.0
     waiting: dict[str, str] = field(default_factory=dict)
     """Queued job id -> why its last lease request was refused (``code: reason``); see the docstring."""
     log: list[tuple[float, str, str]] = field(default_factory=list)
@@ -115,6 +130,7 @@ class BatchRunner:
 
     def step(self, now: float) -> None:
         self._reap(now)
+        self.reap_stopped()
         self._shrink(now)
         self._on_lost_leases(now)
         self._resume_paused(now)
@@ -132,10 +148,19 @@ class BatchRunner:
         out = self.queue.transition(job_id, JobState.CANCELLED, now=now, reason=reason)
         r = self.running.pop(job_id, None) or self.paused.pop(job_id, None)
         if r is not None:
-            r.handle.stop()
-            self.allocator.release(r.lease_id, reason=f"job {job_id} {reason}")
+            r.handle.terminate(grace_s=self.stop_grace_s)
+            self.stopping[job_id] = r
+            self.reap_stopped()
         self._event(now, job_id, "cancelled")
         return out
+
+    def reap_stopped(self) -> None:
+        """Release the lease of every stopped job whose process is gone."""
+        for job_id, r in list(self.stopping.items()):
+            if r.handle.poll() is None:
+                continue
+            del self.stopping[job_id]
+            self.allocator.release(r.lease_id, reason=f"job {job_id} stopped")
 
     def stop_all(self, *, now: float) -> None:
         """Shutdown: stop every process, then release its lease and requeue its job (the next start,
@@ -144,11 +169,20 @@ class BatchRunner:
         jobs itself), and a refused write must not leave a process running. The first refused
         write is raised once every job was tried."""
         held = [*self.running.items(), *self.paused.items()]
+        stopping = list(self.stopping.items())  # (already cancelled or requeued: only their leases)
         self.running.clear()
         self.paused.clear()
-        for _, r in held:
-            r.handle.stop()
+        self.stopping.clear()
+        for _, r in held:  # every process told first, then waited for: one grace period in all
+            r.handle.terminate(grace_s=self.stop_grace_s)
+        for _, r in [*held, *stopping]:
+            r.handle.stop(grace_s=self.stop_grace_s)
         first: Exception | None = None
+        for _, r in stopping:
+            try:
+                self.allocator.release(r.lease_id, reason="batch runner stopped")
+            except Exception as exc:  # (the store's refusal: its type is the store adapter's)
+                first = first or exc
         for job_id, r in held:
             try:
                 self.allocator.release(r.lease_id, reason="batch runner stopped")
@@ -188,7 +222,8 @@ class BatchRunner:
                 self.queue.transition(job_id, JobState.PAUSED, now=now, reason=why)
                 self._event(now, job_id, "paused")
             else:
-                r.handle.stop()
+                r.handle.terminate(grace_s=self.stop_grace_s)
+                self.stopping[job_id] = r  # (not started again until its process is gone)
                 self._path("requeue", t0)
                 self.queue.transition(job_id, JobState.QUEUED, now=now, reason=f"{why}; requeued")
                 self._event(now, job_id, "requeued")
@@ -234,6 +269,9 @@ class BatchRunner:
                 return
             spec = rec.spec
             if not self.executor.accepts(spec):
+                continue
+            if spec.id in self.stopping:
+                self.waiting[spec.id] = "still stopping: its previous process has not exited yet"
                 continue
             attempt = rec.attempts + 1
             try:

@@ -3,16 +3,22 @@
 Role: submit / list / get / cancel jobs (JSON-ready dicts) and `step` the runner. Every call runs on
 the gateway's event loop thread (the routes and the tidal loop), so the runner's process handles
 and the SQLite queue are never used from two threads. Time comes from the injected ``now``.
+`cancel` answers once the job's process is gone and its lease released, and never holds the loop
+meanwhile: it awaits (polling every `STOP_POLL_S`) while SIGTERM, then SIGKILL after the runner's
+grace period, ends a process that ignores SIGTERM.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from gpupool.adapters.batch.queue import BatchJobQueue
 from gpupool.adapters.batch.runner import BatchRunner
 from gpupool.core.tidal.jobs import BatchJobSpec, JobRecord, JobState
+
+STOP_POLL_S = 0.02
 
 
 def job_json(rec: JobRecord, waiting: str | None = None) -> dict[str, Any]:
@@ -52,8 +58,12 @@ class BatchService:
     def job(self, job_id: str) -> dict[str, Any]:
         return job_json(self.queue.get(job_id), self.runner.waiting.get(job_id))
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        return job_json(self.runner.cancel(job_id, now=self.now(), reason="cancelled by operator"))
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        out = job_json(self.runner.cancel(job_id, now=self.now(), reason="cancelled by operator"))
+        while job_id in self.runner.stopping:  # (the loop serves other calls meanwhile)
+            await asyncio.sleep(STOP_POLL_S)
+            self.runner.reap_stopped()
+        return out
 
     def counts(self) -> dict[str, int]:
         out = {s.value: 0 for s in JobState}

@@ -5,8 +5,9 @@
   400 a body the bounded decoder (`jsonbody`) refuses (not JSON, nested too deep, a lone surrogate);
 - ``GET /v1/batch/jobs`` -> ``{"jobs": [...]}`` in queue order (``?state=queued|running|...``);
 - ``GET /v1/batch/jobs/{id}``; ``DELETE /v1/batch/jobs/{id}`` -> the job, now ``cancelled`` (its
-  process stopped, its P2 lease released); 409 when it had already ended. ``{id}`` is the rest of the
-  path, percent-decoded, so every id ``POST`` accepts (``/`` included) can be named.
+  process stopped, its P2 lease released: answered once a process that ignores SIGTERM is killed
+  after the grace period, other requests served meanwhile); 409 when it had already ended. ``{id}``
+  is the rest of the path, percent-decoded, so every id ``POST`` accepts (``/`` included) can be named.
 
 Role ``admin`` only: a job is a command the gateway's host runs, so submitting one is running code
 there. Each running job holds a P2 lease through the same admission as every other lease (the tidal
@@ -37,7 +38,7 @@ class BatchPort(Protocol):
     def submit(self, spec: BatchJobSpec) -> dict[str, Any]: ...
     def jobs(self, state: JobState | None = None) -> list[dict[str, Any]]: ...
     def job(self, job_id: str) -> dict[str, Any]: ...
-    def cancel(self, job_id: str) -> dict[str, Any]: ...
+    async def cancel(self, job_id: str) -> dict[str, Any]: ...
 
 
 FIELDS = frozenset({"id", "command", "vram_mib", "compute_pct", "checkpointable", "deadline_s", "tenant"})
@@ -111,7 +112,7 @@ def add_batch_routes(app: FastAPI, port: BatchPort) -> None:
     @app.delete("/v1/batch/jobs/{job_id:path}")  # (an id may hold a "/")
     async def cancel_job(job_id: str, who: AdminWho) -> JSONResponse:
         try:
-            return JSONResponse(port.cancel(job_id))
+            return JSONResponse(await port.cancel(job_id))
         except InvalidInput as exc:
             raise HttpError(409, str(exc), "job_ended", field="id") from None
 
