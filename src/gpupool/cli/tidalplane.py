@@ -162,6 +162,8 @@ class TidalRuntime:
             log = self.batch.runner.log
             for _, job_id, what in log[self.seen_log :]:
                 self.emit("batch", f"job {job_id} {what}")
+                if what.startswith("skipped"):  # (a damaged row: reported once)
+                    say(f"batch: job {job_id} {what}")
             self.seen_log = len(log)
             del log[: max(0, len(log) - 1000)]
             self.seen_log = min(self.seen_log, len(log))
@@ -328,7 +330,8 @@ def attach_tidal(
         # The runner starting here holds no job lease, so every other active one (``job/ID/N``, the
         # runner's own request ids) is an orphan too: a run killed between recording a job's end
         # and its lease's release (the lease store commits in batches) left it behind.
-        orphaned = [r.lease_id for r in queue.jobs() if r.state in (JobState.RUNNING, JobState.PAUSED)]
+        running = (JobState.RUNNING, JobState.PAUSED)  # (a damaged row: skipped here, named by the runner)
+        orphaned = [r.lease_id for r in queue.jobs(damaged={}) if r.state in running]
         orphaned += [x.id for x in c.leases() if x.request.id.startswith("job/") and x.id not in orphaned]
         requeued = queue.recover(now=now())
         for lease_id in orphaned:

@@ -334,3 +334,23 @@ def test_stop_all_stops_every_job_that_ignores_sigterm_within_one_grace_period(t
     assert all(h.poll() == -9 for h in handles)  # then SIGKILL
     assert [r.state for r in q.jobs()] == [JobState.QUEUED] * 3
     assert alloc.slice_state("gpu-0").granted.vram_mib == 0
+
+
+def test_a_damaged_job_row_is_skipped_and_reported_once_and_the_queue_goes_on(tmp_path):
+    """One row that is not a job (corrupt JSON: damage on disk, a hand edit) made every step raise
+    before any job started: the whole queue stalled. It is skipped, reported once (the runner's
+    log, naming the row), and the jobs after it run."""
+    clock, alloc, q, runner = setup(tmp_path)
+    q.submit(BatchJobSpec(id="bad", vram_mib=1000, command=("true",), deadline_s=1.0), now=0.0)
+    q.submit(BatchJobSpec(id="ok", vram_mib=1000, command=(sys.executable, "-c", "pass")), now=1.0)
+    q._db.execute("UPDATE batch_jobs SET spec = '{broken' WHERE id = 'bad'")
+    runner.step(clock.now())
+    assert set(runner.running) == {"ok"}
+    assert "'bad'" in runner.damaged["bad"] and "JSONDecodeError" in runner.damaged["bad"]
+    assert wait_for(lambda: runner.running["ok"].handle.poll() is not None)
+    runner.step(clock.advance(1.0))
+    assert q.get("ok").state is JobState.DONE
+    skipped = [(job_id, what) for _, job_id, what in runner.log if what.startswith("skipped")]
+    assert len(skipped) == 1 and skipped[0][0] == "bad" and "damaged" in skipped[0][1]  # once
+    assert q._db.execute("SELECT state FROM batch_jobs WHERE id = 'bad'").fetchone()[0] == "queued"
+    alloc.check_invariants()

@@ -119,3 +119,34 @@ def test_one_claim_wins_among_replicas(open_queue: Opener) -> None:
     assert len(wins) == 1
     rec = first.get("j")
     assert rec.worker == wins[0] and rec.attempts == 1
+
+
+def _damage(q: Any, job_id: str) -> None:
+    """Overwrite a job's stored value with text that is not a job (damage on disk, a hand edit)."""
+    from gpupool.adapters.batch.queue import BatchJobQueue
+
+    if isinstance(q, BatchJobQueue):
+        q._db.execute("UPDATE batch_jobs SET spec = '{broken' WHERE id = ?", (job_id,))
+    else:
+        q.client.put(q._key(job_id), b"{broken")
+
+
+def test_a_damaged_job_is_named_and_can_be_skipped(open_queue: Opener) -> None:
+    """Reading a damaged job is `StoreDamaged` naming it (etcd raised json's own error: a 500);
+    ``jobs(damaged=...)`` skips it and names it there, and recovery requeues the others."""
+    from gpupool.core.errors import StoreDamaged
+
+    q = open_queue()
+    q.submit(job("bad", deadline_s=1.0), now=1.0)
+    q.submit(job("ok"), now=2.0)
+    q.submit(job("run"), now=3.0)
+    assert q.claim("run", worker="w", now=4.0, lease_id="L1") is not None
+    _damage(q, "bad")
+    for read in (q.jobs, lambda: q.jobs(JobState.QUEUED), lambda: q.get("bad")):
+        with pytest.raises(StoreDamaged, match="'bad'"):
+            read()
+    damaged: dict[str, str] = {}
+    assert [r.spec.id for r in q.jobs(JobState.QUEUED, damaged=damaged)] == ["ok"]
+    assert list(damaged) == ["bad"] and "'bad'" in damaged["bad"]
+    assert open_queue().recover(now=5.0) == ["run"]
+    assert q.get("run").state is JobState.QUEUED

@@ -252,3 +252,42 @@ def test_a_job_lease_a_crash_kept_after_its_job_ended_is_released_at_the_next_st
         if rt.batch is not None:
             rt.batch.close()
         bundle.controller.store.close()
+
+
+def test_a_damaged_job_row_neither_stops_the_start_nor_the_queue(tmp_path: Path) -> None:
+    """One batch_jobs row that is not a job stopped the gateway's start (the recovery read every
+    job) and then, at every tidal step, the whole queue; now it is skipped and reported once."""
+    import sqlite3
+
+    from gpupool.adapters.batch.queue import BatchJobQueue
+    from gpupool.core.tidal.jobs import BatchJobSpec
+
+    queue = BatchJobQueue(tmp_path / "batch.db")
+    queue.submit(BatchJobSpec(id="bad", vram_mib=GIB, command=tuple(JOB), deadline_s=1.0), now=at(11))
+    queue.submit(BatchJobSpec(id="ok", vram_mib=GIB, command=tuple(JOB)), now=at(11))
+    queue.claim("ok", worker="gateway", now=at(11), lease_id="")  # (a previous run's: requeued at start)
+    queue.close()
+    with sqlite3.connect(tmp_path / "batch.db") as db:
+        db.execute("UPDATE batch_jobs SET spec = '{broken' WHERE id = 'bad'")
+    bundle = build(data_dir=tmp_path, extra_tokens=[(TOKEN, "ops", "admin")])
+    rt = attach_tidal(
+        bundle,
+        config=PlaneConfig(tidal=TidalConfig(timezone="UTC")),
+        data_dir=tmp_path,
+        clock=ManualClock(at(12)),
+    )
+    try:
+        assert rt.batch is not None
+
+        async def two_steps() -> None:  # (on an event loop, as the gateway's tidal loop steps)
+            rt.step()
+            rt.step()
+
+        asyncio.run(two_steps())
+        assert rt.batch.job("ok")["state"] == "running"
+        reports = [e.reason for e in rt.emitted if e.kind == "batch" and "skipped" in e.reason]
+        assert len(reports) == 1 and reports[0].startswith("job bad skipped: ") and "batch.db" in reports[0]
+        assert rt.plane.notes["batch_jobs"]["damaged"] == 1 and rt.plane.notes["batch_jobs"]["running"] == 1
+    finally:
+        rt.batch.close()
+        bundle.controller.store.close()

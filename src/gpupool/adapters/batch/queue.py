@@ -13,7 +13,9 @@ Invariants:
 - A write SQLite cannot take (disk full, I/O error, lock timeout) raises `StoreRefused` and
   changes nothing (each write is one statement or one transaction).
 - A row that cannot be read back as a job (damaged on disk, edited by hand) raises `QueueDamaged`
-  naming the file and the job id (the gateway answers 503 with it, never 500).
+  naming the file and the job id (the gateway answers 503 with it, never 500); ``jobs(damaged=...)``
+  skips it instead and names it there (the runner goes on with the other jobs), and `recover`
+  works on the state column alone, so one such row stops neither a start nor the queue.
 """
 
 from __future__ import annotations
@@ -127,14 +129,29 @@ class BatchJobQueue:
             raise UnknownId("job", job_id)
         return _record(self._path, job_id, row)
 
-    def jobs(self, state: JobState | None = None) -> list[JobRecord]:
-        q = "SELECT id FROM batch_jobs"
+    def jobs(
+        self, state: JobState | None = None, *, damaged: dict[str, str] | None = None
+    ) -> list[JobRecord]:
+        """The jobs (in ``state``) in queue order. A row that is not a job raises `QueueDamaged`, or
+        with ``damaged`` given is skipped and put there (job id -> that error's message)."""
+        q = (
+            "SELECT id, spec, state, submitted_at, attempts, lease_id, worker, reason, returncode "
+            "FROM batch_jobs"
+        )
         rows = (
             self._db.execute(q + " WHERE state = ? ORDER BY deadline, submitted_at, id", (state.value,))
             if state
             else self._db.execute(q + " ORDER BY deadline, submitted_at, id")
         )
-        return [self.get(r[0]) for r in rows.fetchall()]
+        out = []
+        for row in rows.fetchall():
+            try:
+                out.append(_record(self._path, row[0], row[1:]))
+            except QueueDamaged as exc:
+                if damaged is None:
+                    raise
+                damaged[row[0]] = str(exc)
+        return out
 
     def claim(self, job_id: str, *, worker: str, now: float, lease_id: str) -> JobRecord | None:
         """Atomically move QUEUED ``job_id`` to RUNNING under ``lease_id``; None if it is not queued."""
@@ -194,8 +211,22 @@ class BatchJobQueue:
             raise
 
     def recover(self, *, now: float) -> list[str]:
-        """Requeue the RUNNING/PAUSED jobs a previous process left behind; returns their ids."""
-        ids = [r.spec.id for r in self.jobs() if r.state in (JobState.RUNNING, JobState.PAUSED)]
+        """Requeue the RUNNING/PAUSED jobs a previous process left behind; returns their ids. Only
+        the state column is read: a row whose spec is damaged is requeued too (and still named by
+        every read of it)."""
+        rows = self._db.execute(
+            "SELECT id FROM batch_jobs WHERE state IN (?, ?) ORDER BY deadline, submitted_at, id",
+            (JobState.RUNNING.value, JobState.PAUSED.value),
+        ).fetchall()
+        ids = [r[0] for r in rows]
         for job_id in ids:
-            self.transition(job_id, JobState.QUEUED, now=now, reason="recovered after restart: requeued")
+            with _refused(f"move {job_id} to {JobState.QUEUED.value}"):
+                self._transition(
+                    job_id,
+                    JobState.QUEUED,
+                    now=now,
+                    reason="recovered after restart: requeued",
+                    lease_id=None,
+                    returncode=None,
+                )
         return ids

@@ -17,6 +17,8 @@ One `step(now)`:
 Why a queued job does not start is kept in memory (`waiting`: the last refusal's code and reason,
 e.g. ``unresolvable: no healthy slice ... could ever hold 1000000 MiB``), not stored: the listing
 shows it, so a job the pool cannot hold does not wait in silence; it is recomputed every step.
+A queued row that is not a job (damaged on disk, a hand edit) is skipped, so the jobs after it
+still start; it is kept in ``damaged`` and reported once in the log (``skipped: ...``, naming it).
 The caller owns the clock (``now``) and the lease port (an `Allocator`, or the gateway's
 `LeaseController` through `ControllerLeases`, so job leases pass the same admission, the same
 durable store and the same events as every other lease); the runner never reads a clock itself.
@@ -123,6 +125,8 @@ class BatchRunner:
     stop_grace_s: float = 2.0
     waiting: dict[str, str] = field(default_factory=dict)
     """Queued job id -> why its last lease request was refused (``code: reason``); see the docstring."""
+    damaged: dict[str, str] = field(default_factory=dict)
+    """Queued job id -> why its stored row is not a job (skipped; reported once in the log)."""
     log: list[tuple[float, str, str]] = field(default_factory=list)
     max_running: Callable[[], int | None] = _no_limit
     on_path: Callable[[str, float], None] | None = None
@@ -264,7 +268,13 @@ class BatchRunner:
         """Every queued job in queue order that the pool can lease now (later ones may overtake
         a job that does not fit: work-conserving, still in the total order among those that fit)."""
         limit = self.max_running()
-        for rec in self.queue.jobs(JobState.QUEUED):
+        damaged: dict[str, str] = {}
+        queued = self.queue.jobs(JobState.QUEUED, damaged=damaged)
+        for job_id, why in damaged.items():
+            if job_id not in self.damaged:
+                self._event(now, job_id, f"skipped: {why}")
+        self.damaged = damaged
+        for rec in queued:
             if limit is not None and len(self.running) >= limit:
                 return
             spec = rec.spec

@@ -66,9 +66,13 @@ class BatchService:
         return out
 
     def counts(self) -> dict[str, int]:
+        """Jobs per state, and ``damaged``: rows that are not jobs (only when there are any)."""
         out = {s.value: 0 for s in JobState}
-        for r in self.queue.jobs():
+        damaged: dict[str, str] = {}
+        for r in self.queue.jobs(damaged=damaged):
             out[r.state.value] += 1
+        if damaged:
+            out["damaged"] = len(damaged)
         return out
 
     def step(self) -> None:

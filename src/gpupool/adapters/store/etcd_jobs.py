@@ -12,7 +12,9 @@ Invariants:
   if nobody changed the job since (else it reads again and checks again); a refused move changes
   nothing;
 - the store's fence (`EtcdLeaseStore.set_fence`) applies to job writes too;
-- `jobs(QUEUED)` is in the core's queue order (`queue_key`: deadline, submission time, id).
+- `jobs(QUEUED)` is in the core's queue order (`queue_key`: deadline, submission time, id);
+- a value that is not a job (a hand edit) raises `JobValueDamaged` naming the key and the job
+  (answered 503, never 500); ``jobs(damaged=...)`` skips it instead and names it there.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 from gpupool.adapters.fastjson import dumps
 from gpupool.adapters.store.etcd import EtcdLeaseStore, NotLeader
 from gpupool.adapters.store.etcd_client import KeyValue, compare, prefix_end, put_op, range_op
-from gpupool.core.errors import DuplicateId, UnknownId
+from gpupool.core.errors import DuplicateId, StoreDamaged, UnknownId
 from gpupool.core.tidal.jobs import (
     BatchJobSpec,
     JobRecord,
@@ -45,18 +47,32 @@ def _encode(rec: JobRecord, updated_at: float) -> bytes:
     return dumps(d, sort_keys=True)
 
 
-def _decode(value: bytes) -> JobRecord:
-    d = json.loads(value)
-    return JobRecord(
-        spec=spec_from_dict(d["spec"]),
-        state=JobState(d["state"]),
-        submitted_at=float(d["submitted_at"]),
-        attempts=int(d["attempts"]),
-        lease_id=str(d["lease_id"]),
-        worker=str(d["worker"]),
-        reason=str(d["reason"]),
-        returncode=None if d["returncode"] is None else int(d["returncode"]),
-    )
+class JobValueDamaged(StoreDamaged):
+    """A ``job/`` value that is not a job; the message names the key, the job and the problem."""
+
+    def __init__(self, key: bytes, job_id: str, problem: str) -> None:
+        super().__init__(
+            f"batch queue in etcd is damaged (key {key.decode(errors='replace')!r}, job {job_id!r}: "
+            f"{problem}); fix or delete that key with etcdctl"
+        )
+
+
+def _decode(key: bytes, job_id: str, value: bytes) -> JobRecord:
+    """The `JobRecord` of one value; `JobValueDamaged` when it is not one."""
+    try:
+        d = json.loads(value)
+        return JobRecord(
+            spec=spec_from_dict(d["spec"]),
+            state=JobState(d["state"]),
+            submitted_at=float(d["submitted_at"]),
+            attempts=int(d["attempts"]),
+            lease_id=str(d["lease_id"]),
+            worker=str(d["worker"]),
+            reason=str(d["reason"]),
+            returncode=None if d["returncode"] is None else int(d["returncode"]),
+        )
+    except (TypeError, ValueError, KeyError) as exc:  # (json's and the dataclass's refusals)
+        raise JobValueDamaged(key, job_id, f"{type(exc).__name__}: {exc}") from None
 
 
 class EtcdJobQueue:
@@ -74,7 +90,7 @@ class EtcdJobQueue:
         kvs, _ = self.client.range(self._key(job_id))
         if not kvs:
             raise UnknownId("job", job_id)
-        return _decode(kvs[0].value), kvs[0]
+        return _decode(kvs[0].key, job_id, kvs[0].value), kvs[0]
 
     def _cas(self, kv: KeyValue | None, key: bytes, value: bytes) -> bool:
         """Write ``value`` if the key is still as read (``kv`` None: still absent); fenced."""
@@ -101,10 +117,21 @@ class EtcdJobQueue:
     def get(self, job_id: str) -> JobRecord:
         return self._read(job_id)[0]
 
-    def jobs(self, state: JobState | None = None) -> list[JobRecord]:
+    def jobs(
+        self, state: JobState | None = None, *, damaged: dict[str, str] | None = None
+    ) -> list[JobRecord]:
+        """As ``BatchJobQueue.jobs``: a damaged value raises, or with ``damaged`` is skipped, named there."""
         start = self.store.prefix + b"job/"
         kvs, _ = self.client.range(start, prefix_end(start))
-        recs = [_decode(kv.value) for kv in kvs]
+        recs = []
+        for kv in kvs:
+            job_id = kv.key[len(start) :].decode(errors="replace")
+            try:
+                recs.append(_decode(kv.key, job_id, kv.value))
+            except JobValueDamaged as exc:
+                if damaged is None:
+                    raise
+                damaged[job_id] = str(exc)
         return sorted(
             (r for r in recs if state is None or r.state is state),
             key=lambda r: queue_key(r.spec, r.submitted_at),
@@ -159,10 +186,10 @@ class EtcdJobQueue:
 
     def recover(self, *, now: float) -> list[str]:
         """Requeue the RUNNING/PAUSED jobs a previous leader left behind; returns their ids."""
-        ids = [r.spec.id for r in self.jobs() if r.state in (JobState.RUNNING, JobState.PAUSED)]
+        ids = [r.spec.id for r in self.jobs(damaged={}) if r.state in (JobState.RUNNING, JobState.PAUSED)]
         for job_id in ids:
             self.transition(job_id, JobState.QUEUED, now=now, reason="recovered after restart: requeued")
         return ids
 
 
-__all__ = ["EtcdJobQueue", "JobRecord"]
+__all__ = ["EtcdJobQueue", "JobRecord", "JobValueDamaged"]
