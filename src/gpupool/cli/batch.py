@@ -106,7 +106,7 @@ def list_jobs(
     data_dir: Path = DATA_DIR,
 ) -> None:
     """The jobs in queue order."""
-    params = {"state": state} if state else {}
+    params = {} if state is None else {"state": state}  # (an empty value is refused, not ignored)
     jobs = _call("GET", url, _token(token, data_dir), "/v1/batch/jobs", params=params)["jobs"]
     if as_json:
         typer.echo(json.dumps(jobs))

@@ -186,3 +186,17 @@ def test_other_requests_are_answered_while_a_cancelled_job_that_ignores_sigterm_
     """Cancelling a job whose process ignores SIGTERM held the gateway's event loop for the whole
     grace period (the stop waited for the process on the loop): every other request waited too."""
     asyncio.run(_cancel_a_job_that_ignores_sigterm(tmp_path))
+
+
+def test_an_empty_state_filter_on_the_cli_is_refused_not_ignored(cl: httpx.Client) -> None:
+    """``gpupool batch list --state ''`` listed every job (the empty value was dropped as if not
+    given); it is now the server's 422 naming ``state``, exit 2 with one line."""
+    r = cl.post("/v1/batch/jobs", json={"id": "j", "command": JOB, "vram_mib": 1024})
+    assert r.status_code == 201, r.text
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", "batch", "list", "--url", str(cl.base_url),
+         "--token", TOK, "--state", ""],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    assert len(out.stderr.strip().splitlines()) == 1 and 'invalid state=""' in out.stderr, out.stderr
