@@ -61,7 +61,7 @@ class EngineScraper:
     ) -> None:
         self.engines = sorted(engines, key=lambda e: (e.gpu_id, e.endpoint))
         self.clock = clock
-        self.control = control or VllmControl(timeout_s=1.0)
+        self.control = control or VllmControl(timeout_s=1.0, deadline_s=2.0)
         self.period_s = period_s
         self._latest: dict[str, EngineMetrics] = {}
         self._lock = threading.Lock()

@@ -19,8 +19,10 @@
 
 Invariants:
 - All agent state is touched on the tick thread only; slow pausers (HTTP, cuda-checkpoint) run on a
-  worker pool and their `PauseResult` is applied at the next tick. ``inline_pausers`` (signals,
-  freezer: one syscall / one write) act inside the tick that saw the crossing.
+  worker pool and their `PauseResult` is applied at the next tick; the calls to one engine address
+  run one at a time (`gpupool.agent.workers`), so a slow engine holds one worker, not all of them.
+  ``inline_pausers`` (signals, freezer: one syscall / one write) act inside the tick that saw the
+  crossing.
 - The loop never waits for the gateway: enforcement is local, so an unreachable gateway changes
   nothing here (the reporter keeps an outbox and resynchronises).
 - Event sequence numbers increase by one per event, starting at 1.
@@ -34,7 +36,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +54,7 @@ from gpupool.agent.values import (
     NodeSnapshot,
     Observer,
 )
+from gpupool.agent.workers import KeyedPool, engine_key
 from gpupool.agent.workloads import Entry, RunState, WorkloadTable, workload_from_lease
 from gpupool.core.clock import Clock
 from gpupool.core.pausers import (
@@ -117,14 +120,14 @@ class NodeAgent:
         self._tick = 0
         self.last_tick_s: float | None = None
         self.tick_errors = 0
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: KeyedPool | None = None
         self._inflight: list[Future[PauseResult | _Probe]] = []
         self._last: NodeSnapshot = NodeSnapshot(config.node, clock.now(), 0, (), ())
         self.evictor: Evictor | None = (
             None
             if eviction is None
             else Evictor(
-                self.pausers, clock=clock, submit=self._submit_free, policy=eviction, evict_pod=evict_pod
+                self.pausers, clock=clock, submit=self._submit_any, policy=eviction, evict_pod=evict_pod
             )
         )
         self.engine_sleeps = EngineSleeps(
@@ -164,7 +167,7 @@ class NodeAgent:
         def probe() -> _Probe:
             return _Probe(w.lease_id, pauser.is_paused(w))
 
-        self._submit(probe)
+        self._submit(probe, w.endpoint)
 
     def _adopt(self, p: _Probe) -> None:
         e = self.workloads.get(p.lease_id)
@@ -254,7 +257,7 @@ class NodeAgent:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown()
             self._pool = None
 
     # ------------------------------------------------------------------ per GPU
@@ -342,14 +345,10 @@ class NodeAgent:
         if w.pauser in self.inline_pausers:
             self._apply(fn(w))
             return
-        self._submit(lambda: fn(w))
+        self._submit(lambda: fn(w), w.endpoint)
 
-    def _submit(self, fn: Callable[[], PauseResult | _Probe]) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self.config.workers, thread_name_prefix="gpupool-pauser"
-            )
-        self._inflight.append(self._pool.submit(fn))
+    def _submit(self, fn: Callable[[], PauseResult | _Probe], endpoint: str) -> None:
+        self._inflight.append(self._submit_any(fn, endpoint))
 
     def _freeing(self, gpu_id: str) -> bool:
         """Memory on ``gpu_id`` is still being freed (an eviction there is not confirmed yet)."""
@@ -360,21 +359,12 @@ class NodeAgent:
             )
         )
 
-    def _submit_any(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Run an engine directive's pauser calls off the tick thread (read back by `EngineSleeps`)."""
+    def _submit_any(self, fn: Callable[[], Any], endpoint: str = "") -> Future[Any]:
+        """Run a pauser call off the tick thread (for the loop, `EngineSleeps` and the evictor, which
+        read its future back). The calls to one engine address run one at a time (`KeyedPool`)."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self.config.workers, thread_name_prefix="gpupool-pauser"
-            )
-        return self._pool.submit(fn)
-
-    def _submit_free(self, fn: Callable[[], PauseResult]) -> Future[PauseResult]:
-        """Run a freeing pause for the evictor off the tick thread (its result is read by the evictor)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self.config.workers, thread_name_prefix="gpupool-pauser"
-            )
-        return self._pool.submit(fn)
+            self._pool = KeyedPool(self.config.workers)
+        return self._pool.submit(fn, engine_key(endpoint))
 
     def _harvest(self) -> None:
         if not self._inflight:
