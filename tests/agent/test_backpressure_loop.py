@@ -266,3 +266,32 @@ def test_a_persisting_failure_is_one_event_and_one_cleared_event_not_one_per_tic
         step(agent, clock)
     again = [e.reason for e in events if e.kind == "source_error"]
     assert len(again) == 2 and again[1].endswith("(still failing: 299 repeats in 60 s unreported)")
+
+
+def test_a_reading_with_more_vram_used_than_the_gpu_has_is_counted_full_and_reported() -> None:
+    from gpupool.agent.gateway_client import readings_json
+
+    clock = ManualClock()
+    agent, source, events = make_agent(clock)
+    source.set(GPU, vram_used_mib=12000)  # of 10000: a broken read
+    for _ in range(5):
+        step(agent, clock)
+    bad = [e for e in events if e.kind == "source_error"]
+    assert len(bad) == 1 and bad[0].gpu_id == GPU
+    assert "vram_used_mib=12000 > vram_total_mib=10000" in bad[0].reason
+    snap = agent.snapshot()
+    assert snap.gpus[0].sample.vram_used_mib == 10000 and snap.gpus[0].paused  # fail closed: full
+    assert readings_json(snap)["gpus"][0]["vram_used_mib"] == 10000
+    source.set(GPU, vram_used_mib=1000)
+    step(agent, clock)
+    assert kinds(events)[-2:] == ["failure_cleared", "watermark_resume"]
+
+    class Feed:  # a ledger granting more than the card has: the effective use is floored by it
+        def take_ledger(self) -> list[dict[str, object]]:
+            return [{"lease_id": "l", "gpu_id": GPU, "priority": 0, "vram_mib": 50000}]
+
+    agent.ledger = Feed()
+    step(agent, clock)
+    snap = agent.snapshot()
+    assert snap.gpus[0].reading.vram_used_mib == 50000  # type: ignore[union-attr]
+    assert readings_json(snap)["gpus"][0]["vram_used_mib"] == 10000  # never published above the total

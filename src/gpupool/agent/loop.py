@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupool.agent.evict import EvictionPolicy, Evictor, Freed, pid_map
-from gpupool.agent.pressure import health_problem, relief_candidates, to_reading
+from gpupool.agent.pressure import health_problem, relief_candidates, to_reading, within_capacity
 from gpupool.agent.repeats import Repeats
 from gpupool.agent.source import DeviceSource, GpuSample
 from gpupool.agent.standby import EngineSleeps
@@ -270,6 +270,8 @@ class NodeAgent:
     # ------------------------------------------------------------------ per GPU
     def _gpu_tick(self, s: GpuSample, now: float) -> GpuStatus:
         gpu = s.gpu_id
+        s, bad = within_capacity(s)
+        self.repeats.update(("reading", gpu), "source_error", now, bad, gpu_id=gpu)
         problem = health_problem(s)
         if problem and gpu not in self.unhealthy:
             self._mark_unhealthy(gpu, problem, now)
@@ -364,8 +366,7 @@ class NodeAgent:
         )
 
     def _submit_any(self, fn: Callable[[], Any], endpoint: str = "") -> Future[Any]:
-        """Run a pauser call off the tick thread (for the loop, `EngineSleeps` and the evictor, which
-        read its future back). The calls to one engine address run one at a time (`KeyedPool`)."""
+        """Run a pauser call off the tick thread; the calls to one engine address run one at a time."""
         if self._pool is None:
             self._pool = KeyedPool(self.config.workers)
         return self._pool.submit(fn, engine_key(endpoint))

@@ -61,6 +61,13 @@ class Repeats:
         o.said_s, o.quiet = now, 0
         self.emit(kind, now, **{**fields, "reason": reason})
 
+    def update(self, key: Hashable, kind: str, now: float, reason: str, **fields: object) -> None:
+        """`fail` when ``reason`` is not empty, else `clear`."""
+        if reason:
+            self.fail(key, kind, now, reason=reason, **fields)
+        else:
+            self.clear(key, now)
+
     def clear(self, key: Hashable, now: float) -> None:
         """The condition ``key`` is over: one ``failure_cleared`` event if it was open."""
         o = self._open.pop(key, None)
