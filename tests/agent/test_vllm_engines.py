@@ -157,6 +157,15 @@ def test_engine_metrics_decide_pressure_not_raw_nvml(engine: StandinEngine) -> N
     agent.close()
 
 
+@pytest.mark.parametrize("url", ["http://[::1", "http://h:99999", "http://a b:80", "http://:80"])
+def test_an_engine_url_that_does_not_parse_is_refused_by_name(url: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        parse_engine_spec(f"gpu={GPU},url={url}")
+    assert err.value.field == "engine.url" and err.value.value == url
+    ok, reason, _ = VllmControl(timeout_s=1).call("GET", f"{url}/is_sleeping")  # never raises
+    assert not ok and reason.startswith(f"GET {url}/is_sleeping: ")
+
+
 def test_parse_metrics_and_engine_spec() -> None:
     text = (
         "# TYPE vllm:kv_cache_usage_perc gauge\n"

@@ -133,7 +133,7 @@ class VllmControl:
                         return False, f"{method} {url}: answer over {self.max_body_bytes} bytes", None
                     if time.monotonic() > deadline:
                         return False, f"{method} {url}: no complete answer within {self.deadline_s:g} s", None
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # (InvalidURL: a gateway's bad directive)
             return False, f"{method} {url}: {type(exc).__name__}: {exc}", None
         if time.monotonic() > deadline:  # (headers or an empty body that came too late)
             return False, f"{method} {url}: no complete answer within {self.deadline_s:g} s", None
