@@ -84,3 +84,61 @@ class StandinEngine:
                     self._reply(404, {"detail": "not found"})
 
         return H
+
+
+class TrickleEngine:
+    """An engine that accepts every request and answers it one byte per ``every_s`` (a 200 with a
+    ``Content-Length`` it takes ``size`` bytes to reach), until `release`: then it ends each answer at
+    once."""
+
+    def __init__(self, *, every_s: float = 0.05, size: int = 10_000) -> None:
+        self.every_s = every_s
+        self.size = size
+        self.requests = 0
+        self.released = threading.Event()
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def release(self) -> None:
+        self.released.set()
+
+    def close(self) -> None:
+        self.release()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        eng = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+            def do_GET(self) -> None:
+                self._trickle()
+
+            def do_POST(self) -> None:
+                self._trickle()
+
+            def _trickle(self) -> None:
+                with eng._lock:
+                    eng.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(eng.size))
+                self.end_headers()
+                try:
+                    for sent in range(eng.size):
+                        if eng.released.is_set():
+                            self.wfile.write(b" " * (eng.size - sent))
+                            return
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                        eng.released.wait(eng.every_s)
+                except OSError:  # the client hung up
+                    return
+
+        return H

@@ -223,3 +223,75 @@ def test_restarted_agent_adopts_a_job_left_stopped_and_resumes_it(batch_job: sub
     step(agent, clock)
     assert kinds(events) == ["resumed"]
     assert wait_for(lambda: running(batch_job.pid))
+
+
+def test_a_persisting_failure_is_one_event_and_one_cleared_event_not_one_per_tick() -> None:
+    clock = ManualClock()
+    agent, source, events = make_agent(clock)
+    good = {"vram_high": 0.88, "vram_low": 0.70}
+    bad_pgid = {"gpupool.io/pauser": "signal", "gpupool.io/pgid": "zz"}
+
+    class Feed:  # the gateway's answers, handed to the loop at every tick
+        def __init__(self) -> None:
+            self.watermarks: dict[str, object] = {"vram_high": 0.5, "vram_low": 0.9}
+            self.leases: list[dict[str, object]] = [
+                {"lease_id": "bad", "gpu_id": GPU, "priority": -1, "vram_mib": 10, "labels": bad_pgid}
+            ]
+
+        def take_watermarks(self) -> dict[str, object]:
+            return self.watermarks
+
+        def take_ledger(self) -> list[dict[str, object]]:
+            return self.leases
+
+    class Broken:
+        def read(self) -> list[object]:
+            raise RuntimeError("NVML not initialised")
+
+    feed = Feed()
+    agent.ledger = feed
+    agent.source = Broken()  # type: ignore[assignment]
+    for _ in range(50):  # 10 s of ticks
+        step(agent, clock)
+    assert sorted(kinds(events)) == ["config_error", "pauser_failure", "source_error"]
+    events.clear()
+    agent.source, feed.watermarks, feed.leases = source, good, []
+    step(agent, clock)
+    step(agent, clock)
+    cleared = sorted(e.reason.split(" ", 1)[0] for e in events if e.kind == "failure_cleared")
+    assert cleared == ["config_error", "pauser_failure", "source_error"]
+    assert "seen 50 times" in events[0].reason and len(events) == 3
+    agent.source = Broken()  # type: ignore[assignment]
+    for _ in range(400):  # over a minute: one reminder, with the count of what it did not report
+        step(agent, clock)
+    again = [e.reason for e in events if e.kind == "source_error"]
+    assert len(again) == 2 and again[1].endswith("(still failing: 299 repeats in 60 s unreported)")
+
+
+def test_a_reading_with_more_vram_used_than_the_gpu_has_is_counted_full_and_reported() -> None:
+    from gpupool.agent.gateway_client import readings_json
+
+    clock = ManualClock()
+    agent, source, events = make_agent(clock)
+    source.set(GPU, vram_used_mib=12000)  # of 10000: a broken read
+    for _ in range(5):
+        step(agent, clock)
+    bad = [e for e in events if e.kind == "source_error"]
+    assert len(bad) == 1 and bad[0].gpu_id == GPU
+    assert "vram_used_mib=12000 > vram_total_mib=10000" in bad[0].reason
+    snap = agent.snapshot()
+    assert snap.gpus[0].sample.vram_used_mib == 10000 and snap.gpus[0].paused  # fail closed: full
+    assert readings_json(snap)["gpus"][0]["vram_used_mib"] == 10000
+    source.set(GPU, vram_used_mib=1000)
+    step(agent, clock)
+    assert kinds(events)[-2:] == ["failure_cleared", "watermark_resume"]
+
+    class Feed:  # a ledger granting more than the card has: the effective use is floored by it
+        def take_ledger(self) -> list[dict[str, object]]:
+            return [{"lease_id": "l", "gpu_id": GPU, "priority": 0, "vram_mib": 50000}]
+
+    agent.ledger = Feed()
+    step(agent, clock)
+    snap = agent.snapshot()
+    assert snap.gpus[0].reading.vram_used_mib == 50000  # type: ignore[union-attr]
+    assert readings_json(snap)["gpus"][0]["vram_used_mib"] == 10000  # never published above the total

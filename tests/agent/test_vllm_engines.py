@@ -3,6 +3,7 @@ feeding the watermarks, against a stand-in engine over real HTTP."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,7 +17,7 @@ from gpupool.agent.workloads import RunState
 from gpupool.core.clock import ManualClock
 from gpupool.core.errors import InvalidInput
 from gpupool.core.pausers import Workload
-from tests.agent.standin_vllm import StandinEngine
+from tests.agent.standin_vllm import StandinEngine, TrickleEngine
 
 GPU = "n1/0"
 
@@ -28,8 +29,15 @@ def engine() -> Iterator[StandinEngine]:
     e.close()
 
 
+@pytest.fixture
+def trickle() -> Iterator[TrickleEngine]:
+    e = TrickleEngine()
+    yield e
+    e.close()
+
+
 def build(
-    clock: ManualClock, engines: EngineScraper | None = None
+    clock: ManualClock, engines: EngineScraper | None = None, *, workers: int = 4
 ) -> tuple[NodeAgent, ScriptedSource, list[AgentEvent]]:
     source = ScriptedSource.uniform("n1", 1, vram_total_mib=10000)
     control = VllmControl(timeout_s=5)
@@ -37,7 +45,8 @@ def build(
         "vllm-sleep": VllmSleepPauser(control=control, clock=clock),
         "vllm-pause": VllmPausePauser(control=control, clock=clock),
     }
-    agent = NodeAgent(AgentConfig("n1", revoke_after_s=None), source, pausers, clock=clock, engines=engines)
+    config = AgentConfig("n1", revoke_after_s=None, workers=workers)
+    agent = NodeAgent(config, source, pausers, clock=clock, engines=engines)
     events: list[AgentEvent] = []
     agent.observers.append(lambda _s, evs: events.extend(evs))
     return agent, source, events
@@ -148,6 +157,15 @@ def test_engine_metrics_decide_pressure_not_raw_nvml(engine: StandinEngine) -> N
     agent.close()
 
 
+@pytest.mark.parametrize("url", ["http://[::1", "http://h:99999", "http://a b:80", "http://:80"])
+def test_an_engine_url_that_does_not_parse_is_refused_by_name(url: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        parse_engine_spec(f"gpu={GPU},url={url}")
+    assert err.value.field == "engine.url" and err.value.value == url
+    ok, reason, _ = VllmControl(timeout_s=1).call("GET", f"{url}/is_sleeping")  # never raises
+    assert not ok and reason.startswith(f"GET {url}/is_sleeping: ")
+
+
 def test_parse_metrics_and_engine_spec() -> None:
     text = (
         "# TYPE vllm:kv_cache_usage_perc gauge\n"
@@ -244,3 +262,37 @@ def test_sleep_mode_is_validated() -> None:
     with pytest.raises(ValueError, match="sleep mode 'drop'"):
         VllmSleepPauser(mode="drop")
     assert VllmSleepPauser(mode="wait").mode == "wait"
+
+
+def test_an_engine_that_trickles_its_answer_fails_the_call_at_the_deadline(trickle: TrickleEngine) -> None:
+    # Every read brings a byte well within timeout_s: only a deadline on the whole call ends it.
+    control = VllmControl(timeout_s=1.0, deadline_s=1.0)
+    ok, reason, body = control.call("POST", f"{trickle.url}/sleep", level=1)
+    assert (ok, body) == (False, None)
+    assert reason == f"POST {trickle.url}/sleep: no complete answer within 1 s"
+    assert not trickle.released.is_set()  # it was still answering
+    control.close()
+    with pytest.raises(ValueError, match="timeout_s=5 must be > 0 and <= deadline_s=1"):
+        VllmControl(timeout_s=5, deadline_s=1)
+
+
+def test_a_slow_engine_holds_one_worker_and_the_others_are_paused(
+    trickle: TrickleEngine, engine: StandinEngine
+) -> None:
+    clock = ManualClock()
+    agent, source, _ = build(clock, workers=2)
+    for i in range(3):  # three leases served by the slow engine: each is probed on registration
+        agent.register(Workload(f"slow-{i}", GPU, "vllm-sleep", vram_mib=1000, endpoint=trickle.url))
+    agent.register(Workload("quick", GPU, "vllm-sleep", vram_mib=4000, endpoint=engine.url))
+    source.set_used_ratio(GPU, 0.93)
+    for _ in range(100):  # liveness bound; no drain: it would wait for the slow engine
+        clock.advance(0.2)
+        agent.tick()
+        if agent.workloads.get("quick").state is RunState.PAUSED:  # type: ignore[union-attr]
+            break
+        time.sleep(0.05)
+    assert engine.sleeping == 1 and agent.workloads.get("quick").state is RunState.PAUSED  # type: ignore[union-attr]
+    assert trickle.requests == 1 and not trickle.released.is_set()  # one call at a time to it
+    trickle.release()
+    agent.drain()
+    agent.close()

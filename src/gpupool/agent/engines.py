@@ -9,7 +9,8 @@ Invariants:
   never scraped successfully has ``kv_usage=None`` (fail closed), and ``age_s`` is measured on the
   agent's clock from the last good scrape.
 - `parse_engine_spec` accepts ``gpu=<id>,url=<http url>[,reserved_mib=<int>]`` and names the bad
-  field otherwise.
+  field otherwise (a URL that does not parse, with its host and port, is refused here, not at the
+  first scrape).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from gpupool.adapters.pause.vllm import EngineMetrics, VllmControl
 from gpupool.agent.pressure import EngineView
@@ -44,6 +46,12 @@ def parse_engine_spec(spec: str) -> Engine:
         raise InvalidInput("engine.gpu", gpu, "must name the GPU the engine runs on")
     if not url.startswith(("http://", "https://")):
         raise InvalidInput("engine.url", url, "must be an http(s) URL")
+    try:
+        host, _port = urlsplit(url).hostname, urlsplit(url).port  # (.port raises for a bad one)
+    except ValueError as exc:
+        raise InvalidInput("engine.url", url, f"not a valid URL: {exc}") from None
+    if not host or any(c.isspace() or not c.isprintable() for c in url):
+        raise InvalidInput("engine.url", url, "not a valid URL: needs a host and no spaces")
     raw = fields.get("reserved_mib", "0")
     if not (raw.isascii() and raw.isdigit()):  # isdigit alone takes '²', which int() refuses
         raise InvalidInput("engine.reserved_mib", raw, "must be an integer >= 0")
@@ -61,7 +69,7 @@ class EngineScraper:
     ) -> None:
         self.engines = sorted(engines, key=lambda e: (e.gpu_id, e.endpoint))
         self.clock = clock
-        self.control = control or VllmControl(timeout_s=1.0)
+        self.control = control or VllmControl(timeout_s=1.0, deadline_s=2.0)
         self.period_s = period_s
         self._latest: dict[str, EngineMetrics] = {}
         self._lock = threading.Lock()

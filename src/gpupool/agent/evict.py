@@ -120,7 +120,7 @@ class Evictor:
         pausers: Mapping[str, Pauser],
         *,
         clock: Clock,
-        submit: Callable[[Callable[[], PauseResult]], Future[PauseResult]],
+        submit: Callable[[Callable[[], PauseResult], str], Future[PauseResult]],
         policy: EvictionPolicy | None = None,
         evict_pod: Callable[[str, str], object] | None = None,
     ) -> None:
@@ -172,7 +172,7 @@ class Evictor:
         if freeing and pauser is not None:
             ev.path = workload.pauser
             fn = pauser.pause
-            ev.future = self.submit(lambda: fn(workload))
+            ev.future = self.submit(lambda: fn(workload), workload.endpoint)
         else:
             self._term(ev, now)
         self._active[workload.lease_id] = ev

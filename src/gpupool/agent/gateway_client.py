@@ -11,8 +11,9 @@ Wire protocol (JSON over HTTP, ``Authorization: Bearer <token>``; the token need
 
    ``vram_used_mib`` is the *effective* use the agent's watermarks see (NVML minus unused engine KV
    reservations, floored by the ledger; `gpupool.agent.pressure`), so the gateway's watermark bank
-   and the agent's agree. ``health`` is ``failed`` once the agent saw an NVML error or a device XID:
-   the gateway then revokes the GPU's leases. Readings are state, not deltas: the first post after
+   and the agent's agree; it is never more than ``vram_total_mib`` (the gateway refuses that).
+   ``health`` is ``failed`` once the agent saw an NVML error or a device XID: the gateway then
+   revokes the GPU's leases. Readings are state, not deltas: the first post after
    an outage resynchronises the gateway by itself.
 2. Events, when the outbox is not empty: ``POST {gateway}/v1/nodes/{node}/events`` with
    ``{"resync": bool, "dropped_events": int, "workloads": [{"lease_id", "gpu_id", "state"}],
@@ -81,7 +82,7 @@ def readings_json(snap: NodeSnapshot) -> dict[str, Any]:
         gpus.append(
             {
                 "gpu_id": s.gpu_id,
-                "vram_used_mib": max(0, used),
+                "vram_used_mib": min(max(0, used), max(1, s.vram_total_mib)),  # (more is refused)
                 "vram_total_mib": max(1, s.vram_total_mib),
                 "temperature_c": _clamp(s.temperature_c, -50, 200),
                 "util_pct": _clamp(s.util_pct, 0, 100),

@@ -19,11 +19,16 @@
 
 Invariants:
 - All agent state is touched on the tick thread only; slow pausers (HTTP, cuda-checkpoint) run on a
-  worker pool and their `PauseResult` is applied at the next tick. ``inline_pausers`` (signals,
-  freezer: one syscall / one write) act inside the tick that saw the crossing.
+  worker pool and their `PauseResult` is applied at the next tick; the calls to one engine address
+  run one at a time (`gpupool.agent.workers`), so a slow engine holds one worker, not all of them.
+  ``inline_pausers`` (signals, freezer: one syscall / one write) act inside the tick that saw the
+  crossing.
 - The loop never waits for the gateway: enforcement is local, so an unreachable gateway changes
   nothing here (the reporter keeps an outbox and resynchronises).
 - Event sequence numbers increase by one per event, starting at 1.
+- A failure seen again at every tick, ledger read or retry (source, watermarks, an unreadable lease,
+  MPS limits, a failing pause) is reported when it starts and when it clears, with a reminder at
+  most once a minute in between (`gpupool.agent.repeats`), not once per occurrence.
 - `run` outlives a tick that raises: the thread that enforces the watermarks never ends silently
   while the process (and its reporter) live on.
 """
@@ -34,12 +39,13 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from gpupool.agent.evict import EvictionPolicy, Evictor, Freed, pid_map
-from gpupool.agent.pressure import health_problem, relief_candidates, to_reading
+from gpupool.agent.pressure import health_problem, relief_candidates, to_reading, within_capacity
+from gpupool.agent.repeats import Repeats
 from gpupool.agent.source import DeviceSource, GpuSample
 from gpupool.agent.standby import EngineSleeps
 from gpupool.agent.values import (
@@ -52,6 +58,7 @@ from gpupool.agent.values import (
     NodeSnapshot,
     Observer,
 )
+from gpupool.agent.workers import KeyedPool, engine_key
 from gpupool.agent.workloads import Entry, RunState, WorkloadTable, workload_from_lease
 from gpupool.core.clock import Clock
 from gpupool.core.pausers import (
@@ -114,17 +121,19 @@ class NodeAgent:
         """lease id -> why its last pause failed (then relief no longer trusts its pauser)."""
         self._events: list[AgentEvent] = []
         self._seq = 0
+        self.repeats = Repeats(self._emit)
+        """Failures seen at every tick, ledger read or retry: reported when they start and clear."""
         self._tick = 0
         self.last_tick_s: float | None = None
         self.tick_errors = 0
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: KeyedPool | None = None
         self._inflight: list[Future[PauseResult | _Probe]] = []
         self._last: NodeSnapshot = NodeSnapshot(config.node, clock.now(), 0, (), ())
         self.evictor: Evictor | None = (
             None
             if eviction is None
             else Evictor(
-                self.pausers, clock=clock, submit=self._submit_free, policy=eviction, evict_pod=evict_pod
+                self.pausers, clock=clock, submit=self._submit_any, policy=eviction, evict_pod=evict_pod
             )
         )
         self.engine_sleeps = EngineSleeps(
@@ -164,7 +173,7 @@ class NodeAgent:
         def probe() -> _Probe:
             return _Probe(w.lease_id, pauser.is_paused(w))
 
-        self._submit(probe)
+        self._inflight.append(self._submit_any(probe, w.endpoint))
 
     def _adopt(self, p: _Probe) -> None:
         e = self.workloads.get(p.lease_id)
@@ -181,8 +190,9 @@ class NodeAgent:
         self._sync_ledger(now)
         try:
             samples = self.source.read()
+            self.repeats.clear(("source",), now)
         except Exception as exc:  # a broken source must not kill the loop; report and retry
-            self._emit("source_error", now, reason=f"{type(exc).__name__}: {exc}")
+            self.repeats.fail(("source",), "source_error", now, reason=f"{type(exc).__name__}: {exc}")
             samples = ()
         statuses: list[GpuStatus] = []
         for s in samples:
@@ -254,12 +264,14 @@ class NodeAgent:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown()
             self._pool = None
 
     # ------------------------------------------------------------------ per GPU
     def _gpu_tick(self, s: GpuSample, now: float) -> GpuStatus:
         gpu = s.gpu_id
+        s, bad = within_capacity(s)
+        self.repeats.update(("reading", gpu), "source_error", now, bad, gpu_id=gpu)
         problem = health_problem(s)
         if problem and gpu not in self.unhealthy:
             self._mark_unhealthy(gpu, problem, now)
@@ -342,14 +354,7 @@ class NodeAgent:
         if w.pauser in self.inline_pausers:
             self._apply(fn(w))
             return
-        self._submit(lambda: fn(w))
-
-    def _submit(self, fn: Callable[[], PauseResult | _Probe]) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self.config.workers, thread_name_prefix="gpupool-pauser"
-            )
-        self._inflight.append(self._pool.submit(fn))
+        self._inflight.append(self._submit_any(lambda: fn(w), w.endpoint))
 
     def _freeing(self, gpu_id: str) -> bool:
         """Memory on ``gpu_id`` is still being freed (an eviction there is not confirmed yet)."""
@@ -360,21 +365,11 @@ class NodeAgent:
             )
         )
 
-    def _submit_any(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Run an engine directive's pauser calls off the tick thread (read back by `EngineSleeps`)."""
+    def _submit_any(self, fn: Callable[[], Any], endpoint: str = "") -> Future[Any]:
+        """Run a pauser call off the tick thread; the calls to one engine address run one at a time."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self.config.workers, thread_name_prefix="gpupool-pauser"
-            )
-        return self._pool.submit(fn)
-
-    def _submit_free(self, fn: Callable[[], PauseResult]) -> Future[PauseResult]:
-        """Run a freeing pause for the evictor off the tick thread (its result is read by the evictor)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self.config.workers, thread_name_prefix="gpupool-pauser"
-            )
-        return self._pool.submit(fn)
+            self._pool = KeyedPool(self.config.workers)
+        return self._pool.submit(fn, engine_key(endpoint))
 
     def _harvest(self) -> None:
         if not self._inflight:
@@ -406,7 +401,8 @@ class NodeAgent:
             self._retry_at[r.lease_id] = math.inf if r.refused else now + self.config.retry_s
             if r.action is PauseAction.PAUSE:
                 self._failed[r.lease_id] = f"last pause failed: {r.reason}"
-            self._emit(
+            self.repeats.fail(
+                ("pauser", r.lease_id),
                 "pauser_failure",
                 now,
                 gpu_id=gpu,
@@ -419,6 +415,7 @@ class NodeAgent:
             return
         self._retry_at.pop(r.lease_id, None)
         self._failed.pop(r.lease_id, None)
+        self.repeats.clear(("pauser", r.lease_id), now)
         if r.action is PauseAction.PAUSE:
             self.workloads.set_state(r.lease_id, RunState.PAUSED, at_s=now, vram_freed=r.frees.frees_vram)
         else:
@@ -442,6 +439,7 @@ class NodeAgent:
         pauser = self.pausers.get(w.pauser)
         result = pauser.terminate(w) if pauser is not None else None
         self.workloads.set_state(w.lease_id, RunState.REVOKED, at_s=now)
+        self.repeats.forget(("pauser", w.lease_id))
         detail = reason if result is None or result.ok else f"{reason} (terminate: {result.reason})"
         self._emit("revoke", now, gpu_id=w.gpu_id, lease_id=w.lease_id, pauser=w.pauser, reason=detail)
 
@@ -462,6 +460,7 @@ class NodeAgent:
             return
         mib: dict[str, int] = {}
         seen: set[str] = set()
+        bad: set[object] = set()
         for lease in leases:
             gpu = str(lease.get("gpu_id", ""))
             vram = lease.get("vram_mib", 0)
@@ -469,12 +468,15 @@ class NodeAgent:
                 mib[gpu] = mib.get(gpu, 0) + vram
             try:
                 w = workload_from_lease(lease)
-            except ValueError as exc:
-                self._emit("pauser_failure", now, lease_id=str(lease.get("lease_id", "")), reason=str(exc))
+            except ValueError as exc:  # reported once while the ledger keeps the lease so
+                lid = str(lease.get("lease_id", ""))
+                bad.add(("ledger", lid))
+                self.repeats.fail(("ledger", lid), "pauser_failure", now, lease_id=lid, reason=str(exc))
                 continue
             if w is not None and w.priority < 0:
                 seen.add(w.lease_id)
                 self._register(w, source="ledger", now=now)
+        self.repeats.clear_all(now, kind_of_key="ledger", keep=bad)
         self.ledger_mib = mib
         for lease_id in self.workloads.ledger_ids() - seen:
             if self.evictor is None:
@@ -485,6 +487,10 @@ class NodeAgent:
             self._hold_new_grants(leases, now)
         if self.mps is not None:
             for kind, gpu, detail in self.mps.sync(leases):
+                if kind == "mps_failure":  # retried with every ledger read
+                    self.repeats.fail(("mps", gpu), kind, now, gpu_id=gpu, reason=detail)
+                    continue
+                self.repeats.clear(("mps", gpu), now)
                 self._emit(kind, now, gpu_id=gpu, reason=detail)
 
     # ------------------------------------------------------------------ eviction
@@ -577,8 +583,10 @@ class NodeAgent:
         try:
             cfg = WatermarkConfig(**{k: raw[k] for k in fields if k in raw})  # type: ignore[arg-type]
         except (TypeError, ValueError) as exc:
-            self._emit("config_error", now, reason=f"gateway watermarks {dict(raw)!r}: {exc}")
+            why = f"gateway watermarks {dict(raw)!r}: {exc}"
+            self.repeats.fail(("watermarks",), "config_error", now, reason=why)
             return
+        self.repeats.clear(("watermarks",), now)
         if cfg != self.bank.config:
             self.bank.reconfigure(cfg)
             if self.config.relief_target is None:

@@ -14,14 +14,15 @@ source of truth for granted VRAM) is a floor. An engine with ``num_requests_wait
 ``engine_max_age_s`` fail closed: that engine's reservation counts as fully used.
 
 Invariants: results are integers in MiB, ``0 <= effective_used_mib``; the temperature is passed
-through unchanged.
+through unchanged. A sample with more VRAM used than the GPU has is refused by `within_capacity`
+(the loop counts it as full and reports it).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpupool.agent.source import GpuSample
 from gpupool.agent.workloads import Entry
@@ -86,6 +87,18 @@ def to_reading(
         temperature_c=sample.temperature_c,
         util_pct=sample.util_pct,
     )
+
+
+def within_capacity(sample: GpuSample) -> tuple[GpuSample, str]:
+    """(the sample, '') when its memory is plausible; else the sample counted as full (used = total:
+    fail closed) and why (a GPU cannot use more memory than it has: a broken or forged read)."""
+    if sample.error or sample.vram_used_mib <= sample.vram_total_mib:
+        return sample, ""
+    why = (
+        f"GPU {sample.gpu_id}: invalid reading vram_used_mib={sample.vram_used_mib} >"
+        f" vram_total_mib={sample.vram_total_mib}: counted as full"
+    )
+    return replace(sample, vram_used_mib=sample.vram_total_mib), why
 
 
 def health_problem(sample: GpuSample, *, app_xids: frozenset[int] = APP_LEVEL_XIDS) -> str:

@@ -50,9 +50,11 @@ LOGGED_KINDS = frozenset(
         "engine_sleep_failed",
         "engine_wake_failed",
         "mps_failure",
+        "failure_cleared",
     }
 )
-"""Event kinds the agent also logs (warnings of ``gpupool.agent``): the failures an operator acts on."""
+"""Event kinds the agent also logs (warnings of ``gpupool.agent``): the failures an operator acts on,
+and the end of one that persisted."""
 LOG_REPEAT_S = 60.0
 """The same failure (kind, GPU, lease, reason) is logged again only after this long."""
 

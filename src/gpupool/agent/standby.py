@@ -11,9 +11,9 @@ agent is still freeing memory on that GPU (evictions of the batch work that had 
 engine never loads its weights back onto memory another process still holds.
 
 Invariants: all state is touched on the agent's tick thread; the pauser calls run on the agent's
-worker pool (`submit`) and their outcome is read in a later `step`; at most one action per engine is
-in flight; an engine absent from a newer directive list is forgotten (left as it is); a bad directive
-is reported once for as long as it stays in the lists.
+worker pool (`submit`, given the engine's endpoint) and their outcome is read in a later `step`; at
+most one action per engine is in flight; an engine absent from a newer directive list is forgotten
+(left as it is); a bad directive is reported once for as long as it stays in the lists.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class EngineSleeps:
         pausers: Mapping[str, Pauser],
         *,
         submit: Callable[
-            [Callable[[], tuple[PauseResult, bool | None]]], Future[tuple[PauseResult, bool | None]]
+            [Callable[[], tuple[PauseResult, bool | None]], str], Future[tuple[PauseResult, bool | None]]
         ],
         emit: Callable[..., None],
         retry_s: float = 2.0,
@@ -144,7 +144,7 @@ class EngineSleeps:
             return r, (pauser.is_paused(w) if r.ok else None)
 
         e.doing = d.state
-        e.future = self.submit(work)
+        e.future = self.submit(work, d.endpoint)
 
     def _harvest(self, e: _Engine, now: float) -> None:
         assert e.future is not None

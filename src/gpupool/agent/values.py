@@ -56,7 +56,8 @@ class AgentEvent:
     seq: int
     kind: str
     """watermark_pause | watermark_resume | paused | resumed | pauser_failure | revoke | unhealthy |
-    source_error | mps_applied | mps_failure | watermarks | config_error"""
+    source_error | mps_applied | mps_failure | watermarks | config_error | failure_cleared (the end of
+    a persisting failure, see `gpupool.agent.repeats`) ..."""
     at_s: float
     gpu_id: str = ""
     lease_id: str = ""

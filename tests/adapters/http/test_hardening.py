@@ -140,6 +140,20 @@ def test_node_readings_refuse_a_gpu_twice_and_xids_below_1(gw: tuple[str, LeaseC
         assert cl.post("/v1/nodes/gpu-a/readings", json={"gpus": [{**ok, "xids": [79]}]}).status_code == 200
 
 
+def test_node_readings_refuse_more_vram_used_than_the_gpu_has(gw: tuple[str, LeaseController]) -> None:
+    """A reading with vram_used_mib > vram_total_mib (a broken NVML read, a buggy agent) was taken as
+    is and drove the watermarks past 100 %; it is 422 naming the field and both values, nothing read."""
+    url, c = gw
+    ok = {"gpu_id": "gpu-a/0", "vram_used_mib": 100, "vram_total_mib": 81920}
+    with httpx.Client(base_url=url, timeout=10, headers=h(ADMIN)) as cl:
+        r = cl.post("/v1/nodes/gpu-a/readings", json={"gpus": [{**ok, "vram_used_mib": 81921}]})
+        assert r.status_code == 422, r.text
+        assert "vram_used_mib" in r.json()["field"] and "81921" in r.text and "81920" in r.text, r.text
+        assert "gpu-a/0" not in c.readings
+        full = {**ok, "vram_used_mib": 81920}
+        assert cl.post("/v1/nodes/gpu-a/readings", json={"gpus": [full]}).status_code == 200
+
+
 ROUTES = [
     ("POST", "/v1/leases"),
     ("POST", "/v1/noop"),

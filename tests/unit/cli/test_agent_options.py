@@ -27,6 +27,7 @@ AGENT = ("agent", "--node", "n", "--metrics-port", "-1", "--duration-s", "0.1")
         (["--engine", "gpu=0"], "invalid --engine url='': must be an http(s) URL"),
         (["--engine", "nonsense"], "invalid --engine='nonsense': expected gpu=<id>,url="),
         (["--engine", "gpu=0,url=http://e,reserved_mib=\u00b2"], "invalid --engine reserved_mib="),
+        (["--engine", "gpu=0,url=http://[::1"], "invalid --engine url='http://[::1': not a valid URL"),
         (["--mps", "gpu=0"], "invalid --mps pipe='': must be an absolute directory"),
         (["--mps-pipe-dir", "rel/pipes"], "invalid --mps-pipe-dir='rel/pipes': must be an absolute"),
         (

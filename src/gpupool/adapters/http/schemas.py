@@ -17,6 +17,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     StringConstraints,
+    ValidationInfo,
     field_validator,
 )
 
@@ -212,12 +213,21 @@ class SliceHealthOut(BaseModel):
 
 class GpuReadingIn(_Strict):
     gpu_id: StrictStr = Field(..., min_length=1, max_length=256)
-    vram_used_mib: StrictInt = Field(..., ge=0, le=MAX_VRAM_MIB)
     vram_total_mib: StrictInt = Field(..., ge=1, le=MAX_VRAM_MIB)
+    vram_used_mib: StrictInt = Field(..., ge=0, le=MAX_VRAM_MIB)
+    """At most ``vram_total_mib`` (validated after it: fields validate in declaration order)."""
     temperature_c: StrictInt | None = Field(None, ge=-50, le=200)
     util_pct: StrictInt | None = Field(None, ge=0, le=100)
     health: Literal["ok", "degraded", "failed"] = "ok"
     xids: list[Annotated[StrictInt, Field(ge=1, le=2**31 - 1)]] = Field(default_factory=list, max_length=64)
+
+    @field_validator("vram_used_mib")
+    @classmethod
+    def _within_the_gpu(cls, used: int, info: ValidationInfo) -> int:
+        total = info.data.get("vram_total_mib")
+        if total is not None and used > total:  # a GPU cannot use more than it has: a broken read
+            raise ValueError(f"must be <= vram_total_mib={total}")
+        return used
 
 
 class ReadingsIn(_Strict):

@@ -14,6 +14,9 @@ as full (``kv_usage`` 1.0): fail closed, the reservation counts as used.
 Invariants:
 - ``workload.endpoint`` is the engine's base URL (``http://host:port``); every call has a timeout
   and an HTTP or transport failure becomes ``ok=False`` with the reason, never an exception.
+- One call holds its thread at most ``deadline_s`` (connect, send and the whole answer; plus at most
+  one read's ``timeout_s``) and reads at most ``max_body_bytes``: an engine that answers slowly or
+  trickles its answer fails the call (``ok=False``) instead of holding an agent worker for good.
 - httpx is imported lazily; one pooled client per pauser (thread-safe).
 - `parse_engine_metrics` sums the gauges over label sets (several model names on one engine) and
   ignores every other family.
@@ -22,6 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,11 +82,26 @@ def parse_engine_metrics(text: str, *, endpoint: str, at_s: float) -> EngineMetr
     return EngineMetrics(endpoint, min(max(usage, 0.0), 1.0), int(waiting), int(running), at_s)
 
 
+def _plain_headers(resp: httpx.Response) -> list[tuple[str, str]]:
+    """The answer's headers without those describing the encoded body (it is decoded already)."""
+    drop = ("content-encoding", "content-length", "transfer-encoding")
+    return [(k, v) for k, v in resp.headers.multi_items() if k.lower() not in drop]
+
+
 class VllmControl:
     """A small pooled httpx client for one or many engines."""
 
-    def __init__(self, *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, *, timeout_s: float = 5.0, deadline_s: float = 10.0, max_body_bytes: int = 4 * 2**20
+    ) -> None:
+        if not 0 < timeout_s <= deadline_s:
+            raise ValueError(
+                f"vllm control: timeout_s={timeout_s!r} must be > 0 and <= deadline_s={deadline_s!r}"
+            )
         self._timeout_s = timeout_s
+        self.deadline_s = deadline_s
+        """Bound of one whole call: connect, send and the answer fully read."""
+        self.max_body_bytes = max_body_bytes
         self._client: httpx.Client | None = None
         self._lock = threading.Lock()
 
@@ -104,10 +123,21 @@ class VllmControl:
         """(ok, reason, decoded JSON or text). Never raises for HTTP/transport failures."""
         import httpx
 
+        deadline = time.monotonic() + self.deadline_s
         try:
-            resp = self.client().request(method, url, params=params or None)
-        except httpx.HTTPError as exc:
+            with self.client().stream(method, url, params=params or None) as resp:
+                raw = bytearray()
+                for chunk in resp.iter_bytes():  # each read is bounded by timeout_s only
+                    raw += chunk
+                    if len(raw) > self.max_body_bytes:
+                        return False, f"{method} {url}: answer over {self.max_body_bytes} bytes", None
+                    if time.monotonic() > deadline:
+                        return False, f"{method} {url}: no complete answer within {self.deadline_s:g} s", None
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # (InvalidURL: a gateway's bad directive)
             return False, f"{method} {url}: {type(exc).__name__}: {exc}", None
+        if time.monotonic() > deadline:  # (headers or an empty body that came too late)
+            return False, f"{method} {url}: no complete answer within {self.deadline_s:g} s", None
+        resp = httpx.Response(resp.status_code, headers=_plain_headers(resp), content=bytes(raw))
         if resp.status_code >= 400:
             return False, f"{method} {url}: HTTP {resp.status_code} {resp.text[:200]}", None
         ctype = resp.headers.get("content-type", "")
