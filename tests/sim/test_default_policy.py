@@ -1,6 +1,7 @@
-"""The simulator's default policy, ``fgd-balance`` (``fgd-reserve-servable`` where CPU does not bind; rank
-matching without the whole-card reserve while it does, tested in test_balance_policy.py): its choice,
-its mechanisms, its shortcut.
+"""The simulator's default policy, ``fgd-balance-mem`` (``fgd-balance`` whose FGD key asks for memory too,
+tested in test_memory_fit.py; ``fgd-balance`` is ``fgd-reserve-servable`` where CPU does not bind and
+rank matching without the whole-card reserve while it does, tested in test_balance_policy.py): its
+choice, its mechanisms, its shortcut.
 
 Proves: the default is one registered policy, the one ``gpupool sim policies`` marks and
 ``gpupool sim fgd`` runs without ``--policy``; the servable cap (hand-worked numbers below) drops
@@ -35,7 +36,7 @@ GOLDEN = Path(__file__).with_name("golden")
 
 
 def test_one_default_named_by_sim_policies_and_run_by_sim_fgd() -> None:
-    assert DEFAULT_SIM_POLICY == "fgd-balance" == sim_cli.DEFAULT_SIM_POLICY_NAME
+    assert DEFAULT_SIM_POLICY == "fgd-balance-mem" == sim_cli.DEFAULT_SIM_POLICY_NAME
     assert DEFAULT_SIM_POLICY in SIM_POLICIES
     lines = CliRunner().invoke(app, ["sim", "policies"]).stdout.splitlines()
     assert [line for line in lines if line.endswith(" (default)")] == [f"{DEFAULT_SIM_POLICY} (default)"]

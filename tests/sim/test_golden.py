@@ -46,6 +46,7 @@ RESERVE_TRACE = ("reserve_pods.csv", "reserve_nodes.csv")
         "fgd-reserve-servable",
         "fgd-reserve-balance",
         "fgd-balance",
+        "fgd-balance-mem",
     ],
 )
 def test_golden_reserve_trace(policy: str) -> None:

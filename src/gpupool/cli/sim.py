@@ -19,9 +19,9 @@ app = typer.Typer(
 app.command("tidal")(tidal.sim_tidal)
 
 DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,seed-bestfit,fgd-capacity,fgd-reserve"
-VARIANT_POLICIES = "fgd,fgd-balance"
+VARIANT_POLICIES = "fgd,fgd-balance-mem"
 VARIANT_STOP_PCT = 101  # variant runs end past 101.5 % arrived: the table needs the value at 100 %
-DEFAULT_SIM_POLICY_NAME = "fgd-balance"  # = gpupool.sim.policies.DEFAULT_SIM_POLICY (a test checks)
+DEFAULT_SIM_POLICY_NAME = "fgd-balance-mem"  # = gpupool.sim.policies.DEFAULT_SIM_POLICY (a test checks)
 
 
 def _seeds(text: str) -> list[int]:

@@ -84,8 +84,9 @@ class CapacityFragTable:
         )[0]
 
     def after_shared(
-        self, nodes: np.ndarray, values: np.ndarray, gpu_milli: int, cpu_milli: int
+        self, nodes: np.ndarray, values: np.ndarray, gpu_milli: int, cpu_milli: int, memory_mib: int = 0
     ) -> np.ndarray:
+        """(``memory_mib`` is ignored: memory plays no part in this measure.)"""
         lv = self.levels[None, :]
         v = values[:, None]
         slots = self.slots[nodes] - v // lv + (v - gpu_milli) // lv
@@ -94,7 +95,7 @@ class CapacityFragTable:
             slots, self.free_total[nodes] - gpu_milli, m.cpu_free[nodes] - cpu_milli, m.model[nodes]
         )
 
-    def after_whole(self, nodes: np.ndarray, num_gpu: int, cpu_milli: int) -> np.ndarray:
+    def after_whole(self, nodes: np.ndarray, num_gpu: int, cpu_milli: int, memory_mib: int = 0) -> np.ndarray:
         slots = self.slots[nodes] - num_gpu * (MILLI_PER_GPU // self.levels)[None, :]
         m = self.mirror
         return self.numerators(

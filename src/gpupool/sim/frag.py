@@ -6,7 +6,12 @@ count k_s, allowed models):
   or the node lacks cpu_s: ALL idle GPU milli of the node is fragment for s;
 - otherwise only the idle milli on GPUs with free < m_s is fragment for s.
 Node fragmentation = sum_s weight_s x fragment_s; cluster fragmentation = sum over nodes.
-Memory plays no part.
+Memory plays no part (the artifact's measure, used by ``fgd`` and for every reported fragmentation
+rate), except in a model built with ``memory=True``: there a node whose free memory is below the
+smallest memory request among the pods of s (`TargetWorkload.min_memory_mib`) cannot host s either,
+exactly as for CPU (memory is not part of the artifact's shape key, so "one pod of s fits" is asked
+of its smallest pod). Our default policy scores with that model; see
+`gpupool.sim.policies.balance`, "Memory".
 
 Arithmetic is exact: weights are the integer shape counts of the target workload, so a node's value
 is an integer "numerator" (milli x pods); divide by ``total`` for expected milli and by 1000 more
@@ -34,13 +39,16 @@ from gpupool.sim.workload import TargetWorkload
 class FragModel:
     """The target workload compiled to arrays for one cluster's model list."""
 
-    def __init__(self, target: TargetWorkload, models: Sequence[str]) -> None:
+    def __init__(self, target: TargetWorkload, models: Sequence[str], *, memory: bool = False) -> None:
         gpu_shapes = [s.gpu_milli for s in target.shapes if s.num_gpu > 0]
         self.levels = np.array(sorted(set(gpu_shapes)) or [1000], dtype=np.int64)
         level_index = {int(v): i for i, v in enumerate(self.levels)}
         self.shape_level = np.array([level_index.get(s.gpu_milli, 0) for s in target.shapes], dtype=np.int64)
         self.shape_k = np.array([s.num_gpu for s in target.shapes], dtype=np.int64)
         self.shape_cpu = np.array([s.cpu_milli for s in target.shapes], dtype=np.int64)
+        self.memory = memory
+        least = target.min_memory_mib or (0,) * len(target.shapes)
+        self.shape_mem = np.array(least, dtype=np.int64)
         self.weights = np.array(target.counts, dtype=np.float64)
         self.total = float(target.total)
         ok = np.zeros((len(models), len(target.shapes)), dtype=bool)
@@ -61,12 +69,22 @@ class FragModel:
         return ge, lt
 
     def numerators(
-        self, ge: np.ndarray, lt: np.ndarray, free_total: np.ndarray, cpu_free: np.ndarray, model: np.ndarray
+        self,
+        ge: np.ndarray,
+        lt: np.ndarray,
+        free_total: np.ndarray,
+        cpu_free: np.ndarray,
+        model: np.ndarray,
+        *,
+        mem_free: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Fragmentation numerators (float64, exact integers) of hypothetical node states."""
+        """Fragmentation numerators (float64, exact integers) of hypothetical node states
+        (``mem_free`` is read only by a ``memory=True`` model)."""
         ge_s = ge[:, self.shape_level]
         lt_s = lt[:, self.shape_level]
         fits = (ge_s >= self.shape_k) & (cpu_free[:, None] >= self.shape_cpu) & self.model_ok[model]
+        if self.memory and mem_free is not None:
+            fits &= mem_free[:, None] >= self.shape_mem
         usable = np.where(fits, free_total[:, None] - lt_s, 0).astype(np.float64)
         return self.total * free_total.astype(np.float64) - usable @ self.weights
 
@@ -79,7 +97,9 @@ class FragTable:
         self.mirror = mirror
         self.ge, self.lt = model.stats(mirror.gpu_free)
         self.free_total = mirror.free_total()
-        self.node_frag = model.numerators(self.ge, self.lt, self.free_total, mirror.cpu_free, mirror.model)
+        self.node_frag = model.numerators(
+            self.ge, self.lt, self.free_total, mirror.cpu_free, mirror.model, mem_free=mirror.mem_free
+        )
         self.cluster_frag = float(self.node_frag.sum())
 
     def refresh(self, node: int) -> None:
@@ -90,7 +110,12 @@ class FragTable:
         self.lt[node] = lt[0]
         self.free_total[node] = int(row.sum())
         new = self.model.numerators(
-            ge, lt, self.free_total[node : node + 1], m.cpu_free[node : node + 1], m.model[node : node + 1]
+            ge,
+            lt,
+            self.free_total[node : node + 1],
+            m.cpu_free[node : node + 1],
+            m.model[node : node + 1],
+            mem_free=m.mem_free[node : node + 1],
         )[0]
         self.cluster_frag += float(new - self.node_frag[node])
         self.node_frag[node] = new
@@ -100,7 +125,7 @@ class FragTable:
         return self.cluster_frag / self.model.total
 
     def after_shared(
-        self, nodes: np.ndarray, values: np.ndarray, gpu_milli: int, cpu_milli: int
+        self, nodes: np.ndarray, values: np.ndarray, gpu_milli: int, cpu_milli: int, memory_mib: int = 0
     ) -> np.ndarray:
         """Numerators after placing a 1-GPU share of ``gpu_milli`` on a GPU with ``values`` free."""
         lv = self.model.levels[None, :]
@@ -110,14 +135,24 @@ class FragTable:
         lt = self.lt[nodes] - np.where(v < lv, v, 0) + np.where(w < lv, w, 0)
         m = self.mirror
         return self.model.numerators(
-            ge, lt, self.free_total[nodes] - gpu_milli, m.cpu_free[nodes] - cpu_milli, m.model[nodes]
+            ge,
+            lt,
+            self.free_total[nodes] - gpu_milli,
+            m.cpu_free[nodes] - cpu_milli,
+            m.model[nodes],
+            mem_free=m.mem_free[nodes] - memory_mib,
         )
 
-    def after_whole(self, nodes: np.ndarray, num_gpu: int, cpu_milli: int) -> np.ndarray:
+    def after_whole(self, nodes: np.ndarray, num_gpu: int, cpu_milli: int, memory_mib: int = 0) -> np.ndarray:
         """Numerators after taking ``num_gpu`` fully free GPUs (0 for a CPU-only pod) on each node."""
         m = self.mirror
         ge = self.ge[nodes] - num_gpu  # every level is <= 1000, so each taken card leaves every ge
         lt = self.lt[nodes]  # a card at 0 free adds nothing below any level
         return self.model.numerators(
-            ge, lt, self.free_total[nodes] - 1000 * num_gpu, m.cpu_free[nodes] - cpu_milli, m.model[nodes]
+            ge,
+            lt,
+            self.free_total[nodes] - 1000 * num_gpu,
+            m.cpu_free[nodes] - cpu_milli,
+            m.model[nodes],
+            mem_free=m.mem_free[nodes] - memory_mib,
         )

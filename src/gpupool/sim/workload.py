@@ -49,6 +49,10 @@ class TargetWorkload:
     shapes: tuple[Shape, ...]
     counts: tuple[int, ...]
     """Integer weight of each shape (its number of pods in the original list)."""
+    min_memory_mib: tuple[int, ...] = ()
+    """Per shape, the smallest memory request among its pods (empty: unknown, taken as 0). Memory is
+    not part of the shape (the artifact's key); this is what "one pod of the shape fits a node's free
+    memory" needs (`gpupool.sim.frag`, ``memory=True``)."""
 
     @property
     def total(self) -> int:
@@ -65,6 +69,10 @@ def shape_of(p: PodSpec) -> Shape:
 
 def target_workload(pods: Sequence[PodSpec], *, popularity: float = POPULARITY) -> TargetWorkload:
     counts = Counter(shape_of(p) for p in pods)
+    least_mib: dict[Shape, int] = {}
+    for p in pods:
+        key = shape_of(p)
+        least_mib[key] = min(least_mib.get(key, p.memory_mib), p.memory_mib)
     ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
     need = popularity * len(pods)
     kept: list[tuple[Shape, int]] = []
@@ -74,7 +82,11 @@ def target_workload(pods: Sequence[PodSpec], *, popularity: float = POPULARITY) 
             break
         kept.append((shape, n))
         cum += n
-    return TargetWorkload(shapes=tuple(s for s, _ in kept), counts=tuple(n for _, n in kept))
+    return TargetWorkload(
+        shapes=tuple(s for s, _ in kept),
+        counts=tuple(n for _, n in kept),
+        min_memory_mib=tuple(least_mib[s] for s, _ in kept),
+    )
 
 
 def streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpupool.core.errors import InvalidInput
-from gpupool.sim.policies.balance import FGDBalancePolicy, FGDReserveBalancePolicy
+from gpupool.sim.policies.balance import FGDBalanceMemPolicy, FGDBalancePolicy, FGDReserveBalancePolicy
 from gpupool.sim.policies.base import SimPolicy
 from gpupool.sim.policies.baselines import (
     BestFitPolicy,
@@ -43,11 +43,12 @@ SIM_POLICIES: dict[str, Callable[[], SimPolicy]] = {
     FGDReserveServablePolicy.name: FGDReserveServablePolicy,
     FGDReserveBalancePolicy.name: FGDReserveBalancePolicy,
     FGDBalancePolicy.name: FGDBalancePolicy,
+    FGDBalanceMemPolicy.name: FGDBalanceMemPolicy,
     CoreFragGradientPolicy.name: CoreFragGradientPolicy,
 }
 
 
-DEFAULT_SIM_POLICY = FGDBalancePolicy.name
+DEFAULT_SIM_POLICY = FGDBalanceMemPolicy.name
 """The simulator's default (``gpupool sim fgd``, the variant report); see `gpupool.sim.policies.balance`."""
 
 

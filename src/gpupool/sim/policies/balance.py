@@ -1,4 +1,8 @@
-"""``fgd-balance`` (the default) and ``fgd-reserve-balance``: CPU-per-GPU rank matching while CPU binds.
+"""``fgd-balance-mem`` (the default), ``fgd-balance`` and ``fgd-reserve-balance``: CPU-per-GPU rank
+matching while CPU binds, and memory in FGD's "does a pod fit" test.
+
+``fgd-balance-mem`` is ``fgd-balance`` whose FGD score key also asks for memory (section "Memory",
+at the end).
 
 ``fgd-reserve-balance`` is `fgd-reserve-servable` plus rank matching while CPU binds (below);
 ``fgd-balance`` is the same without the whole-card reserve while CPU binds (last section).
@@ -48,6 +52,19 @@ choice is FGD's best score, then the capacity gain, and rank matching looks at e
 where CPU does not bind nothing changes. Measured (median of seeds 42-51): ``cpu300`` 52.06 against
 FGD's 52.15 (``fgd-reserve-balance`` 52.18: the reserve cost it the tie), ``cpu200`` 31.61
 (32.04), ``cpu200-multi40`` 30.81 (31.06); docs/fgd/README.md, item 5.
+
+Memory (``fgd-balance-mem``): FGD's measure, as the artifact computes it, ignores node memory, so
+a placement that leaves a node too little memory for any further pod scores as if its idle cards
+were still usable. Where the GPU pods ask little CPU, memory is what strands cards: on the
+``cpu0`` variant (GPU pods ask no CPU, 1,088 CPU-only pods ask about 50 GiB each, an 8-card node
+has 48 GiB per card) FGD ends with 9 fully free cards behind exhausted memory (seed 42; 13 and 14
+at seeds 43 and 44) while 1-GPU pods fail for want of a card. So the default's FGD key uses the
+measure with memory in its fit test (`gpupool.sim.frag`, ``memory=True``): a node whose free
+memory is below the smallest memory request of a shape's pods cannot host that shape, exactly as
+FGD treats CPU. Memory is not part of the artifact's shape key, so "one pod of the shape fits"
+is asked of the shape's smallest pod: the test is exact for "no pod of the shape fits" and
+needs no constant. Everything else is ``fgd-balance``'s; the reported fragmentation rates stay
+the artifact's measure. Measured: docs/fgd/README.md, item 6.
 """
 
 from __future__ import annotations
@@ -56,6 +73,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from gpupool.sim.frag import FragModel, FragTable
 from gpupool.sim.policies.base import Choice, PodView, SimContext
 from gpupool.sim.policies.fgd import finish, placements
 from gpupool.sim.policies.ours import FGDReserveServablePolicy, _fgd_best
@@ -145,13 +163,15 @@ class FGDReserveBalancePolicy(FGDReserveServablePolicy):
             self._ranks = PodRatioRanks(ctx)
         distance = np.abs(node_ranks(ctx.frag.free_total, ctx.mirror.cpu_free)[rows] - self._ranks.rank(pod))
         keep = np.flatnonzero(distance == distance.min())
-        rows, gpus, values = _fgd_best(ctx, pod, rows[keep], gpus[keep], values[keep])
+        rows, gpus, values = _fgd_best(
+            ctx, pod, rows[keep], gpus[keep], values[keep], table=self._fgd_table(ctx)
+        )
         best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
     def _capacity_choice(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
         """FGD's best integer score, then the capacity gain, then node order (no reserve)."""
-        rows, gpus, values = _fgd_best(ctx, pod, *placements(ctx, pod, feasible))
+        rows, gpus, values = _fgd_best(ctx, pod, *placements(ctx, pod, feasible), table=self._fgd_table(ctx))
         best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
@@ -182,3 +202,23 @@ class FGDBalancePolicy(FGDReserveBalancePolicy):
 
     name: ClassVar[str] = "fgd-balance"
     reserve_while_cpu_binds: ClassVar[bool] = False
+
+
+class FGDBalanceMemPolicy(FGDBalancePolicy):
+    """`FGDBalancePolicy` whose FGD score key asks for memory too (the default; module docstring,
+    "Memory"). Keeps its own memory-aware table, refreshed after every placement."""
+
+    name: ClassVar[str] = "fgd-balance-mem"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mem_frag: FragTable | None = None
+
+    def _fgd_table(self, ctx: SimContext) -> FragTable:
+        if self._mem_frag is None or self._mem_frag.mirror is not ctx.mirror:
+            self._mem_frag = FragTable(FragModel(ctx.target, ctx.mirror.models, memory=True), ctx.mirror)
+        return self._mem_frag
+
+    def placed(self, ctx: SimContext, pod: PodView, choice: Choice) -> None:
+        super().placed(ctx, pod, choice)
+        self._fgd_table(ctx).refresh(choice[0])

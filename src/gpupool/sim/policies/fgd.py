@@ -19,6 +19,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from gpupool.sim.frag import FragTable
 from gpupool.sim.policies.base import MAX_SCORE, Choice, PodView, SimContext, StatelessPolicy, exclusive_gpus
 
 
@@ -28,10 +29,12 @@ class FragLike(Protocol):
     node_frag: np.ndarray
 
     def after_shared(
-        self, nodes: np.ndarray, values: np.ndarray, gpu_milli: int, cpu_milli: int
+        self, nodes: np.ndarray, values: np.ndarray, gpu_milli: int, cpu_milli: int, memory_mib: int = 0
     ) -> np.ndarray: ...
 
-    def after_whole(self, nodes: np.ndarray, num_gpu: int, cpu_milli: int) -> np.ndarray: ...
+    def after_whole(
+        self, nodes: np.ndarray, num_gpu: int, cpu_milli: int, memory_mib: int = 0
+    ) -> np.ndarray: ...
 
 
 def placements(
@@ -60,8 +63,8 @@ def placements(
 def after(table: FragLike, pod: PodView, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
     """The node fragmentation numerator of each placement from `placements`, under ``table``."""
     if pod.is_sharing:
-        return table.after_shared(rows, values, pod.gpu_milli, pod.cpu_milli)
-    return table.after_whole(rows, pod.num_gpu, pod.cpu_milli)
+        return table.after_shared(rows, values, pod.gpu_milli, pod.cpu_milli, pod.memory_mib)
+    return table.after_whole(rows, pod.num_gpu, pod.cpu_milli, pod.memory_mib)
 
 
 def candidates(
@@ -72,8 +75,12 @@ def candidates(
     return rows, gpus, after(ctx.frag, pod, rows, values)
 
 
-def fgd_scores(ctx: SimContext, rows: np.ndarray, after: np.ndarray) -> np.ndarray:
-    delta_gpu = (ctx.frag.node_frag[rows] - after) / ctx.frag.model.total / 1000.0
+def fgd_scores(
+    ctx: SimContext, rows: np.ndarray, after: np.ndarray, table: FragTable | None = None
+) -> np.ndarray:
+    """FGD's integer score of each placement; ``after`` under ``table`` (default ``ctx.frag``)."""
+    t = table if table is not None else ctx.frag
+    delta_gpu = (t.node_frag[rows] - after) / t.model.total / 1000.0
     out: np.ndarray = np.floor(MAX_SCORE / (1.0 + np.exp(-delta_gpu)))
     return out
 

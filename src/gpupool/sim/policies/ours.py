@@ -1,8 +1,9 @@
 """Our policies, built on FGD's fragmentation gradient.
 
-``fgd-reserve-servable`` (an earlier default; the default ``fgd-balance`` in
-`gpupool.sim.policies.balance` is this policy where CPU does not bind, and FGD, the capacity gain
-and rank matching, without the reserve, while it binds):
+``fgd-reserve-servable`` (an earlier default; ``fgd-balance`` in `gpupool.sim.policies.balance` is
+this policy where CPU does not bind, and FGD, the capacity gain and rank matching, without the
+reserve, while it binds; the default ``fgd-balance-mem`` is ``fgd-balance`` with memory in FGD's
+fit test):
 ``fgd-reserve-cpu`` below whose reserve plans only for the demand the cluster can serve: each
 whole-card group's share of the future demand is capped at the share its slots served on the empty
 cluster (`gpupool.sim.reserve`, "Servable demand"). Where every group fits the empty cluster (all
@@ -64,6 +65,7 @@ from typing import ClassVar
 import numpy as np
 
 from gpupool.sim.capfrag import CapacityFragTable
+from gpupool.sim.frag import FragTable
 from gpupool.sim.policies.base import Choice, PodView, SimContext, StatelessPolicy
 from gpupool.sim.policies.fgd import after, candidates, fgd_scores, finish, placements
 from gpupool.sim.reserve import WholeCardReserve
@@ -83,10 +85,18 @@ class FragBestFitPolicy(StatelessPolicy):
 
 
 def _fgd_best(
-    ctx: SimContext, pod: PodView, rows: np.ndarray, gpus: np.ndarray, values: np.ndarray
+    ctx: SimContext,
+    pod: PodView,
+    rows: np.ndarray,
+    gpus: np.ndarray,
+    values: np.ndarray,
+    *,
+    table: FragTable | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The placements among (rows, gpus, values) with FGD's best integer score, order kept."""
-    score = fgd_scores(ctx, rows, after(ctx.frag, pod, rows, values))
+    """The placements among (rows, gpus, values) with FGD's best integer score (under ``table``,
+    default ``ctx.frag``), order kept."""
+    t = table if table is not None else ctx.frag
+    score = fgd_scores(ctx, rows, after(t, pod, rows, values), t)
     top = np.flatnonzero(score == score.max())  # only FGD's ties need the second opinion
     return rows[top], gpus[top], values[top]
 
@@ -125,11 +135,15 @@ class FGDCapacityPolicy:
             memo[rows[miss], cols[miss]] = got[miss]
         return got
 
+    def _fgd_table(self, ctx: SimContext) -> FragTable:
+        """The fragmentation table FGD's score key reads: the engine's (the artifact's measure)."""
+        return ctx.frag
+
     def _fgd_ties(
         self, ctx: SimContext, pod: PodView, feasible: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The placements (rows, gpus, values) with FGD's best score, in node order."""
-        return _fgd_best(ctx, pod, *placements(ctx, pod, feasible))
+        return _fgd_best(ctx, pod, *placements(ctx, pod, feasible), table=self._fgd_table(ctx))
 
     def _cap_gain(
         self, ctx: SimContext, pod: PodView, rows: np.ndarray, gpus: np.ndarray, values: np.ndarray
@@ -174,7 +188,7 @@ class FGDReservePolicy(FGDCapacityPolicy):
             short = reserve.shortfall_after(rows, taken, pod.total_gpu_milli, pod.cpu_milli)
             keep = np.flatnonzero(short == short.min())
             rows, gpus, values = rows[keep], gpus[keep], values[keep]
-        rows, gpus, values = _fgd_best(ctx, pod, rows, gpus, values)
+        rows, gpus, values = _fgd_best(ctx, pod, rows, gpus, values, table=self._fgd_table(ctx))
         best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))  # first = node order
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
