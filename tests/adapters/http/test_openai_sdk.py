@@ -175,6 +175,8 @@ def test_wrong_task_missing_fields_and_context_are_400(stack: Stack) -> None:
             ("/v1/completions", {"model": CHAT, "prompt": "x", "stop": 7}, "stop"),
             ("/v1/embeddings", {"model": EMBED, "input": "x", "encoding_format": "hex"}, "encoding_format"),
             ("/v1/embeddings", {"model": EMBED, "input": "x", "stream": True}, "stream"),
+            ("/v1/chat/completions", {"model": 5, "messages": MSG}, "model"),
+            ("/v1/embeddings", {"model": [EMBED], "input": "x"}, "model"),
             ("/v1/embeddings", {"model": EMBED, "input": "x", "stream": "yes"}, "stream"),
             ("/v1/embeddings", {"model": EMBED, "input": "x", "stream_options": {}}, "stream_options"),
             ("/v1/completions", {"model": CHAT, "prompt": "x", "max_tokens": 0}, "max_tokens"),

@@ -146,6 +146,16 @@ def _message_chars(msgs: Any) -> int:
     return chars
 
 
+def model_of(body: Mapping[str, Any]) -> str:
+    """The body's ``model``: a string (missing, or of another type: an `OpenAIError` naming it)."""
+    model = body.get("model")
+    if model is None:
+        raise _missing("model")
+    if not isinstance(model, str):
+        raise _bad("model", model, "must be a string")
+    return model
+
+
 def inspect(body: Mapping[str, Any], kind: str) -> Shape:
     """Validate ``body`` for a ``kind`` (CHAT, COMPLETIONS, EMBEDDINGS) call and return its shape."""
     if kind == EMBEDDINGS:
