@@ -4,6 +4,7 @@ tidal-lending (SLO-guarded day lending), on the Alibaba arrival shape and Azure-
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import typer
@@ -16,6 +17,7 @@ OPTIONS = {
     "backlog_scale": "--backlog-scale",
     "main_model": "--main-model",
     "lending_target": "--lending-target",
+    "first_day": "--first-day",
 }
 """`RunConfig`'s fields -> the options that set them (its errors name the option)."""
 
@@ -24,7 +26,18 @@ OPTIONS = {
 def sim_tidal(
     *,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every metric."),
-    days: int = typer.Option(7, help="Simulated days (1-9) of the trace week, after one warm-up day."),
+    days: int = typer.Option(
+        7,
+        help="Simulated days from --first-day, after one warm-up day (the arrival trace must cover them).",
+    ),
+    first_day: datetime = typer.Option(
+        "2024-11-30",
+        "--first-day",
+        formats=["%Y-%m-%d"],
+        help="First simulated local day (YYYY-MM-DD, after the trace's phase shift); the day before is "
+        "the warm-up day. Default: a Saturday of the bundled Alibaba GenAI trace, which covers 9 days "
+        "from it; another GenAI-format trace (GPUPOOL_DATA_DIR) needs days it covers.",
+    ),
     scale: float = typer.Option(1.0, help="Multiplier on online load and batch backlog (CI: 0.1)."),
     backlog_scale: float = typer.Option(
         1.0, help="Multiplier on the nightly batch backlog only (20 saturates every strategy)."
@@ -50,9 +63,9 @@ def sim_tidal(
 ) -> None:
     """Dedicated vs static slicing vs tidal vs tidal-lending (Alibaba arrival shape, Azure token sizes)."""
     from gpupool.sim.tidal import report
-    from gpupool.sim.tidal.run import RunConfig, run
+    from gpupool.sim.tidal.run import MAX_DAYS, RunConfig, run
 
-    check_range("--days", days, lo=1, hi=9)
+    check_range("--days", days, lo=1, hi=MAX_DAYS)
     check_range("--scale", scale, lo=0, hi=10, lo_open=True)
     check_range("--backlog-scale", backlog_scale, lo=0, hi=1000)
     try:
@@ -66,6 +79,7 @@ def sim_tidal(
                 what_if=what_if,
                 trace=str(trace) if trace is not None else None,
                 lending_target=lending_target,
+                first_day=first_day,
             )
     except ValueError as exc:
         raise UserError(str(exc)) from None
@@ -78,7 +92,10 @@ def sim_tidal(
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-        title = f"sim tidal results ({days} days, scale {scale}, backlog x{backlog_scale}, {main_model})"
+        title = (
+            f"sim tidal results ({days} days from {first_day:%Y-%m-%d}, scale {scale}, "
+            f"backlog x{backlog_scale}, {main_model})"
+        )
         (out / "results.md").write_text(report.markdown(result, title))
         report.plot(result, out)
     if as_json:

@@ -199,15 +199,10 @@ class TidalRuntime:
     def _hand_over(self, bid: str) -> None:
         """Lend a sleeping standby's slice to P2 (its placement lease given back), or take it back
         before the wake (P2 leases there revoked, the placement lease placed again)."""
-        from gpupool.cli.instances import SYSTEM_TENANT
-
-        sl, c = self.standby, self.bundle.controller
-        assert sl is not None
+        sl, c, keeper = self.standby, self.bundle.controller, self.bundle.keeper
+        assert sl is not None and keeper is not None  # (standbys are registered backends: kept placed)
         if sl.lendable(bid):
-            lease = next(
-                (x for x in c.leases(tenant=SYSTEM_TENANT) if dict(x.request.labels).get("instance") == bid),
-                None,
-            )
+            lease = keeper.held().get(bid)
             if lease is not None:
                 self.lent[bid] = (lease.request, lease.slice_ids)
                 c.release(lease.id, reason=f"tidal: standby {bid} asleep, its slice lent to P2 work")

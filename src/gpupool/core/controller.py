@@ -59,7 +59,7 @@ from gpupool.core.ids import LeaseIdFactory, random_lease_id
 from gpupool.core.kvbackends import KV_PREFIX, KvBackends
 from gpupool.core.kvlane import KvLane
 from gpupool.core.model import Lease, LeaseState, Request, validate_request
-from gpupool.core.outcome import Outcome, OutcomeCode
+from gpupool.core.outcome import Outcome, OutcomeCode, Refusal, shed
 from gpupool.core.ports import (
     Backend,
     Batch,
@@ -80,10 +80,10 @@ from gpupool.hardware.slices import Slice
 
 
 class AdmissionHook(Protocol):
-    """Asked before every admission (a reason string refuses it as SHED: HTTP 429 + reason) and told
-    its outcome right after (`gpupool.core.tidal.plane`)."""
+    """Asked before every admission (a reason string, or a `Refusal` with its wait, refuses it as SHED:
+    HTTP 429 + reason + Retry-After) and told its outcome right after (`gpupool.core.tidal.plane`)."""
 
-    def before_admit(self, request: Request, *, kv: bool) -> str | None: ...
+    def before_admit(self, request: Request, *, kv: bool) -> str | Refusal | None: ...
 
     def after_admit(self, request: Request, out: Outcome) -> None: ...
 
@@ -506,8 +506,8 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, QueuePump, TicketBoo
         )
         return self._count(request, queued)
 
-    def _shed(self, reason: str) -> Outcome:
-        return Outcome(OutcomeCode.SHED, reason=reason, retry_after_s=self.config.retry_after_s)
+    def _shed(self, why: str | Refusal) -> Outcome:
+        return shed(why, self.config.retry_after_s)
 
     def _count(self, request: Request, out: Outcome) -> Outcome:
         self.outcomes[(band(request.priority), out.code.value)] += 1

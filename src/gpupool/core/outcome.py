@@ -52,3 +52,19 @@ class Outcome:
     @property
     def granted(self) -> bool:
         return self.code.granted
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An admission hook's refusal that knows how long the wait lasts (e.g. until the tidal NIGHT)."""
+
+    reason: str
+    retry_after_s: float
+    """Real seconds until retrying can succeed (the ``Retry-After`` a server sends)."""
+
+
+def shed(why: str | Refusal, retry_after_s: float) -> Outcome:
+    """SHED with ``why``'s reason, retrying after ``why``'s own wait, else after ``retry_after_s``."""
+    if isinstance(why, Refusal):
+        return Outcome(OutcomeCode.SHED, reason=why.reason, retry_after_s=why.retry_after_s)
+    return Outcome(OutcomeCode.SHED, reason=why, retry_after_s=retry_after_s)

@@ -174,12 +174,19 @@ def test_wrong_task_missing_fields_and_context_are_400(stack: Stack) -> None:
             ("/v1/chat/completions", {"model": CHAT, "messages": [], "max_tokens": 2}, "messages"),
             ("/v1/completions", {"model": CHAT, "prompt": "x", "stop": 7}, "stop"),
             ("/v1/embeddings", {"model": EMBED, "input": "x", "encoding_format": "hex"}, "encoding_format"),
+            ("/v1/embeddings", {"model": EMBED, "input": "x", "stream": True}, "stream"),
+            ("/v1/chat/completions", {"model": 5, "messages": MSG}, "model"),
+            ("/v1/embeddings", {"model": [EMBED], "input": "x"}, "model"),
+            ("/v1/embeddings", {"model": EMBED, "input": "x", "stream": "yes"}, "stream"),
+            ("/v1/embeddings", {"model": EMBED, "input": "x", "stream_options": {}}, "stream_options"),
             ("/v1/completions", {"model": CHAT, "prompt": "x", "max_tokens": 0}, "max_tokens"),
         ):
             r = cl.post(path, json=body)
             assert r.status_code == 400, (path, body, r.text)
             err = r.json()["error"]
             assert err["param"] == param and set(err) == {"message", "type", "param", "code"}
+            if param in body:  # the value as sent is named too
+                assert repr(body[param]) in err["message"] or f'"{body[param]}"' in err["message"], err
 
 
 def test_errors_have_openai_shape_and_status(stack: Stack) -> None:

@@ -216,6 +216,42 @@ def test_day_lending_is_fed_the_p0_models_ttft_from_the_proxy(tmp_path: Path) ->
     assert "gpupool_proxy_requests_total" in metrics.render()[0].decode()  # the wrapped call still counts
 
 
+def test_a_day_strict_refusal_says_how_long_until_night(tmp_path: Path) -> None:
+    """A P2 request to an online engine by DAY (strict) waits for NIGHT: its 429 says when the night
+    window opens and Retry-After is that wait (at most an hour), not 1 s all day long. Before: 1."""
+    from gpupool.core.ports import Backend
+    from gpupool.core.tidal.plane import MAX_RETRY_AFTER_S, plane_config
+    from tests.adapters.http.servers import running
+
+    bundle = build(data_dir=tmp_path, extra_tokens=[(TOKEN, "ops", "admin")])
+    model = "qwen2.5-0.5b"  # refused before any backend is asked: none needs to run
+    be = Backend("be", model, "http://127.0.0.1:9", node="gpu-a", gpu_id="gpu-a/0", kv_budget_mib=4096)
+    bundle.controller.register_backend(be)
+    clock = ManualClock(at(19, 50))
+    attach_tidal(
+        bundle, config=plane_config({"timezone": "UTC"}), data_dir=tmp_path, clock=clock, batch=False
+    )
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    p2 = {**HDR, "x-gpupool-priority": "P2"}
+    with running(bundle.app) as url, httpx.Client(base_url=url, timeout=10) as cl:
+        r = cl.post("/v1/chat/completions", json=chat, headers=p2)
+        assert r.status_code == 429 and r.headers["retry-after"] == "600", (r.headers, r.text)
+        msg = r.json()["error"]["message"]
+        assert "DAY (strict)" in msg and "2026-03-02T20:00" in msg and "in 600 s" in msg, msg
+        r = cl.post("/v1/leases", json={"priority": "P2", "model": model, "prompt_tokens": 10}, headers=HDR)
+        assert r.status_code == 429 and r.headers["retry-after"] == "600", r.text
+        assert r.json()["retry_after_s"] == 600 and "in 600 s" in r.json()["error"]
+        clock.advance(at(12, day=3) - clock.now())  # noon: eight hours to the night window
+        r = cl.post("/v1/chat/completions", json=chat, headers=p2)
+        assert r.status_code == 429 and r.headers["retry-after"] == str(MAX_RETRY_AFTER_S)
+        assert "2026-03-03T20:00" in r.json()["error"]["message"] and "in 28800 s" in r.text
+        clock.advance(at(20, 5, day=3) - clock.now())  # in the window, still DAY: the low stretch is due
+        r = cl.post("/v1/chat/completions", json=chat, headers=p2)
+        assert r.status_code == 429 and "the night window is open" in r.json()["error"]["message"]
+        assert 1 <= int(r.headers["retry-after"]) <= 1800  # at most the 30-minute low stretch
+    assert bundle.controller.request_lease_count() == 0 and not bundle.controller.leases()
+
+
 def test_a_job_lease_a_crash_kept_after_its_job_ended_is_released_at_the_next_start(tmp_path: Path) -> None:
     """The runner records a job's end, then releases its lease; a gateway killed between the two
     (the lease store commits in batches) leaves an active P2 lease that no job holds. The next

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
@@ -252,7 +252,7 @@ def _genai_dir(tmp_path, name: str, data: bytes):
 
 def test_a_genai_trace_is_read_whatever_its_layout_and_a_bad_one_is_named(tmp_path, monkeypatch):
     # a day of requests around the simulated warm-up day, hourly, in a reordered CRLF file with a BOM
-    hours = [traces.FIRST_DAY - timedelta(days=1, hours=16) + timedelta(hours=h) for h in range(48)]
+    hours = [traces.FIRST_DAY - timedelta(days=1, hours=16) + timedelta(hours=h) for h in range(72)]
     rows = "".join(f'"x, {i}",{t:%Y-%m-%d %H:%M:%S},7\r\n' for i, t in enumerate(reversed(hours)))
     good = b"\xef\xbb\xbf" + ("groupId,gmt_create,num_lora\r\n" + rows + "\r\n").encode()
     tr = traces.load(1, base=_genai_dir(tmp_path, "good", good))
@@ -284,9 +284,42 @@ def test_a_genai_trace_is_read_whatever_its_layout_and_a_bad_one_is_named(tmp_pa
 
 
 def test_an_azure_trace_names_the_bad_column_and_line(tmp_path, monkeypatch):
-    day = "".join(f"{traces.FIRST_DAY - timedelta(hours=h):%Y-%m-%d %H:%M:%S}\n" for h in range(30))
+    day = "".join(f"{traces.FIRST_DAY + timedelta(hours=h - 48):%Y-%m-%d %H:%M:%S}\n" for h in range(96))
     monkeypatch.setenv("GPUPOOL_DATA_DIR", str(_genai_dir(tmp_path, "d", ("gmt_create\n" + day).encode())))
     crlf = tmp_path / "crlf.csv"
     crlf.write_bytes(b"GeneratedTokens,TIMESTAMP,ContextTokens\r\n20,0,50\r\n\r\n5, 0 ,x\r\n")
     out = CliRunner().invoke(app, ["sim", "tidal", "--days", "1", "--trace", str(crlf)])
     assert out.exit_code == 2 and "line 4: column ContextTokens='x'" in out.output, out.output
+
+
+def test_the_simulated_days_follow_first_day_and_lie_in_the_trace(tmp_path, monkeypatch):
+    """The window was fixed at 2024-11-29 (warm-up) .. : a GenAI-format trace of other dates could
+    not be simulated at all, and days past a trace's end were simulated without traffic, silently.
+    Now ``--first-day`` picks the days, and the trace must cover every one of them."""
+    day = datetime(2025, 3, 8)
+    hours = [day + timedelta(hours=h - 48) for h in range(96)]  # 2025-03-06 .. 03-09, busy by day only
+    rows = "".join(f"{t:%Y-%m-%d %H:%M:%S}\n" * (10 if 9 <= t.hour < 19 else 0) for t in hours)
+    root = _genai_dir(tmp_path, "d", ("gmt_create\n" + rows).encode())
+    (root / traces.AZURE).write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n0,7000,20\n0,6000,10\n"
+    )  # few req/s
+    monkeypatch.setenv("GPUPOOL_DATA_DIR", str(root))
+    sim = ["sim", "tidal", "--scale", "0.05", "--json"]
+    out = CliRunner().invoke(app, [*sim, "--days", "1", "--first-day", "2025-03-08"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.output)
+    assert result["first_day"] == "2025-03-08"
+    modes = result["mode_transitions"]  # the quiet night of the simulated day, in its local time
+    assert [m["at"][:13] for m in modes if m["to"] == "night"] == ["2025-03-08T20"], modes
+    for argv, says in (
+        ([], "--first-day 2024-11-30 --days 7"),  # the default days are not in this trace
+        (
+            ["--days", "2", "--first-day", "2025-03-08"],
+            "local 2025-03-07 00:00 (the warm-up day) .. 2025-03-10",
+        ),
+    ):
+        out = CliRunner().invoke(app, [*sim, *argv])
+        assert out.exit_code == 2 and says in out.output and "the trace covers local 2025-03-06" in out.output
+        assert len(out.output.strip().splitlines()) == 1, out.output
+    out = CliRunner().invoke(app, [*sim, "--first-day", "2025-02-30"])
+    assert out.exit_code == 2 and "--first-day" in out.output and "2025-02-30" in out.output, out.output

@@ -15,10 +15,19 @@ from hypothesis import strategies as st
 
 from gpupool.adapters.store import MemoryLeaseStore
 from gpupool.core import P0, P2, ManualClock, OutcomeCode
+from gpupool.core.clock import Clock
 from gpupool.core.controller import Backend, LeaseController
 from gpupool.core.errors import InvalidInput
 from gpupool.core.tidal.lending import GuardConfig, LendingGuard
-from gpupool.core.tidal.plane import PlaneConfig, TidalPlane, kv_usage_of, p2_usage_of, plane_config
+from gpupool.core.tidal.modes import CompressedClock
+from gpupool.core.tidal.plane import (
+    MAX_RETRY_AFTER_S,
+    PlaneConfig,
+    TidalPlane,
+    kv_usage_of,
+    p2_usage_of,
+    plane_config,
+)
 from tests.builders import a_request, a_slice
 
 W = 300.0
@@ -103,6 +112,10 @@ ZONE = "UTC"
 
 def a_plane(policy: str) -> tuple[LeaseController, TidalPlane, ManualClock]:
     clock = ManualClock(datetime(2026, 3, 2, 12, tzinfo=ZoneInfo(ZONE)).timestamp())
+    return (*wired(policy, clock), clock)
+
+
+def wired(policy: str, clock: Clock) -> tuple[LeaseController, TidalPlane]:
     c = LeaseController([a_slice("g0", gpu="g0")], clock=clock, store=MemoryLeaseStore())
     c.register_backend(Backend("be", "m", "http://x", node="n0", gpu_id="g0", kv_budget_mib=10_000))
     cfg = plane_config(
@@ -110,7 +123,7 @@ def a_plane(policy: str) -> tuple[LeaseController, TidalPlane, ManualClock]:
     )
     plane = TidalPlane(cfg, clock=clock, p2_usage=p2_usage_of(c.allocator))
     c.admission_hook = plane
-    return c, plane, clock
+    return c, plane
 
 
 def req(rid: str, prio: int) -> object:
@@ -123,6 +136,21 @@ def test_strict_day_keeps_p2_requests_out_of_online_engines() -> None:
     assert out.code is OutcomeCode.SHED and "strict" in out.reason
     assert c.acquire(req("p0", P0)).granted  # type: ignore[arg-type]
     assert plane.refusals["day-strict"] == 1
+
+
+def test_a_strict_refusal_retries_when_night_can_begin_in_real_seconds() -> None:
+    """Retry-After is the wait for the night window (20:00), bounded by an hour; on `gpupool run`'s
+    compressed schedule clock it is in real seconds. A NIGHT holdback's is the rest of the holdback."""
+    c, _, _ = a_plane("strict")  # 12:00: eight hours to 20:00
+    out = c.acquire(req("noon", P2))  # type: ignore[arg-type]
+    assert out.retry_after_s == MAX_RETRY_AFTER_S and "in 28800 s" in out.reason
+    base = ManualClock(0.0)
+    day = datetime(2026, 3, 2, 19, 50, tzinfo=ZoneInfo(ZONE)).timestamp()
+    c, plane = wired("strict", CompressedClock(base, origin_s=day, speed=60.0))
+    out = c.acquire(req("evening", P2))  # type: ignore[arg-type]
+    assert out.code is OutcomeCode.SHED and out.retry_after_s == 10.0  # 600 schedule s / 60
+    assert "2026-03-02T20:00" in out.reason and "in 10 s" in out.reason
+    assert plane.refusals["day-strict"] == 1 and not c.leases()
 
 
 def test_lending_day_lets_p2_requests_in_at_the_guards_level() -> None:

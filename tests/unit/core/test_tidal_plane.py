@@ -131,6 +131,7 @@ def test_a_p0_arrival_at_night_arms_the_holdback_and_is_classified() -> None:
     assert plane.paths["free"].count == 1
     refused = c.acquire(a_request("late", vram_gib=1, priority=P2))
     assert refused.code is OutcomeCode.SHED and "holdback" in refused.reason
+    assert refused.retry_after_s == 30.0  # the rest of the holdback, not 1 s
     # P0 that must displace P2 work: the preempt path
     out2 = c.acquire(a_request("p0b", vram_gib=80, priority=P0))
     assert out2.granted and out2.victims

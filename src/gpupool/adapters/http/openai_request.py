@@ -7,7 +7,8 @@ Checks (each failure an `OpenAIError`, rendered as ``{"error": {message, type, p
 ``n`` in [1, 128]; ``max_tokens`` / ``max_completion_tokens`` >= 1 (chat: ``max_completion_tokens``
 wins when both are given, as in vLLM; completions: ``max_tokens``); ``stop`` a string or list of
 strings; ``stream`` a boolean and ``stream_options`` only with it; ``encoding_format`` float|base64;
-``dimensions`` >= 1. Values the backend honours (``n``, ``stop``, list prompts) are passed on as sent.
+``dimensions`` >= 1; embeddings have no streaming (``stream`` false or absent, no ``stream_options``).
+Values the backend honours (``n``, ``stop``, list prompts) are passed on as sent.
 
 Prompt estimate: text units / 4 over the text the backend reads, where a character is 1 unit, a digit 4
 and a non-ASCII character ~4 (BPE vocabularies give each digit and most CJK characters a token of
@@ -145,6 +146,16 @@ def _message_chars(msgs: Any) -> int:
     return chars
 
 
+def model_of(body: Mapping[str, Any]) -> str:
+    """The body's ``model``: a string (missing, or of another type: an `OpenAIError` naming it)."""
+    model = body.get("model")
+    if model is None:
+        raise _missing("model")
+    if not isinstance(model, str):
+        raise _bad("model", model, "must be a string")
+    return model
+
+
 def inspect(body: Mapping[str, Any], kind: str) -> Shape:
     """Validate ``body`` for a ``kind`` (CHAT, COMPLETIONS, EMBEDDINGS) call and return its shape."""
     if kind == EMBEDDINGS:
@@ -153,6 +164,12 @@ def inspect(body: Mapping[str, Any], kind: str) -> Shape:
         if fmt is not None and fmt not in ("float", "base64"):
             raise _bad("encoding_format", fmt, "must be float or base64")
         _count_int(body, "dimensions", 1, 1 << 20)
+        stream = body.get("stream")
+        if stream is not None and stream is not False:
+            raise _bad("stream", stream, "embeddings have no streaming: must be false or absent")
+        so = body.get("stream_options")
+        if so is not None:
+            raise _bad("stream_options", so, "embeddings have no streaming: must be absent")
         return Shape(chars, prompts, 1, 0, False)
     if kind == CHAT:
         chars, prompts = _message_chars(body.get("messages")), 1

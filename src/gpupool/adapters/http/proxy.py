@@ -59,6 +59,7 @@ from gpupool.adapters.http.openai_request import (
     EMBEDDINGS,
     OpenAIError,
     inspect,
+    model_of,
     priority_of,
     usage_prompt_tokens,
 )
@@ -292,18 +293,10 @@ def add_proxy_routes(
             return _err(OpenAIError(400, str(exc), code="invalid_json"))
         if not isinstance(body, dict):
             return _err(OpenAIError(400, "body must be a JSON object", code="invalid_json"))
-        model = body.get("model")
-        if not isinstance(model, str):
-            return _err(
-                OpenAIError(
-                    400,
-                    "Missing required parameter: 'model'.",
-                    param="model",
-                    code="missing_required_parameter",
-                )
-                if model is None
-                else OpenAIError(400, "model must be a string", param="model", code="invalid_value")
-            )
+        try:
+            model = model_of(body)
+        except OpenAIError as exc:
+            return _err(exc)
         backends = c.models().get(model)
         if not backends:
             return not_found(model)

@@ -18,7 +18,9 @@ Role: the core half of ``gpupool serve``'s day/night time-sharing. It composes t
   fraction ``level`` of them is let in; with ``kv-budget`` (slice level) one is let in while the P2
   request leases of its model then hold at most ``level`` x the model's spare KV budget (per instance:
   its budget above ``lending_kv_reserve`` less what its online requests hold; `kv_usage_of`). By
-  NIGHT let in (but for the holdback).
+  NIGHT let in (but for the holdback). A ``strict`` refusal is a `Refusal` whose Retry-After is the
+  wait until NIGHT can begin at the earliest (`night_opens_in_s`), a holdback's the rest of the
+  holdback, in real seconds and at most `MAX_RETRY_AFTER_S`.
 - **NIGHT holdback**: a P0 arrival in NIGHT arms a holdback of ``holdback_s``: new P2 placement
   leases are refused until it passes, so capacity that P2 work gives back goes to online work
   first (the fastest path: no process is touched). `after_admit` classifies how that P0 request
@@ -50,10 +52,10 @@ from gpupool.core.clock import Clock
 from gpupool.core.errors import InvalidInput
 from gpupool.core.kvbackends import KV_PREFIX
 from gpupool.core.model import Lease, Request
-from gpupool.core.outcome import Outcome, OutcomeCode
+from gpupool.core.outcome import Outcome, OutcomeCode, Refusal
 from gpupool.core.priority import P0
 from gpupool.core.tidal.lending import LendingGuard, LevelChange
-from gpupool.core.tidal.modes import Mode, TidalController, TidalTransition
+from gpupool.core.tidal.modes import CompressedClock, Mode, TidalController, TidalTransition
 from gpupool.core.tidal.settings import PlaneConfig, plane_config
 from gpupool.core.tidal.standby import StandbySleeper
 
@@ -66,6 +68,9 @@ PATHS = ("free", "preempt", "queued", "refused", "pause", "requeue", "sleep")
 """How a night P0 arrival got its capacity, and what the displaced P2 work went through."""
 PATH_SAMPLES = 512
 """Timings kept per path (the newest; quantiles are over these)."""
+MAX_RETRY_AFTER_S = 3600
+"""The longest Retry-After of a refusal that waits for NIGHT or the holdback's end (the wait for NIGHT
+can be most of a day: a client still asks at least hourly, so it sees a changed schedule or policy)."""
 
 
 class DemandMeter:
@@ -172,7 +177,7 @@ class TidalPlane:
         """(VRAM MiB held by P2 placement leases, pool VRAM capacity in MiB)."""
         return self._p2_usage()
 
-    def before_admit(self, request: Request, *, kv: bool) -> str | None:
+    def before_admit(self, request: Request, *, kv: bool) -> str | Refusal | None:
         """Count an online arrival; for P2 placement leases, the reason to refuse it (or None)."""
         now = self.clock.now()
         prio = request.priority
@@ -190,9 +195,10 @@ class TidalPlane:
             return self._p2_request(now, request)
         if self.mode is Mode.NIGHT and now < self.holdback_until:
             self.refusals["holdback"] += 1
-            return (
-                f"tidal: NIGHT holdback: online P0 work arrived; new P2 work waits "
-                f"{self.holdback_until - now:.1f} s more"
+            wait_s = self.holdback_until - now
+            return self._refusal(
+                f"tidal: NIGHT holdback: online P0 work arrived; new P2 work waits {wait_s:.1f} s more",
+                wait_s,
             )
         held, cap = self._p2_usage()
         want = request.demand.vram_mib * max(1, request.gpu_count)
@@ -208,16 +214,20 @@ class TidalPlane:
             )
         return None
 
-    def _p2_request(self, now: float, request: Request) -> str | None:
+    def _p2_request(self, now: float, request: Request) -> str | Refusal | None:
         """A P2 request to an online engine (a request lease in its KV budget)."""
         if self.mode is Mode.NIGHT:
             if now < self.holdback_until:
                 self.refusals["holdback"] += 1
-                return "tidal: NIGHT holdback: online P0 work arrived; P2 requests wait"
+                wait_s = self.holdback_until - now
+                return self._refusal(
+                    f"tidal: NIGHT holdback: online P0 work arrived; P2 requests wait {wait_s:.1f} s more",
+                    wait_s,
+                )
             return None
         if self.config.day_policy == "strict":
             self.refusals["day-strict"] += 1
-            return "tidal: DAY (strict): P2 requests stay out of the online engines until NIGHT"
+            return self._strict_refusal(now)
         if self.config.lending_scope == "kv-budget":
             return self._kv_lend(request)
         if self.guard.admit():
@@ -226,6 +236,38 @@ class TidalPlane:
         return (
             f"tidal: DAY lending at level {self.guard.level:g} (P0 TTFT attainment guard): "
             "this P2 request is not lent now"
+        )
+
+    def night_opens_in_s(self, now: float) -> float:
+        """Schedule seconds until NIGHT can begin at the earliest: the night window's start; inside the
+        window (still DAY), what is left of the low-demand stretch NIGHT needs (all of it if none runs)."""
+        c = self.controller
+        if not c.in_night_window(now):
+            return self._next_local(now, c.config.windows()[2]) - now
+        low = c.snapshot(now).low_since
+        return max(0.0, (now if low is None else low) + c.config.enter_hold_s - now)
+
+    def _real_s(self, schedule_s: float) -> int:
+        """Schedule seconds as whole real seconds (>= 1; the demo's schedule clock is compressed)."""
+        real = schedule_s / self.clock.speed if isinstance(self.clock, CompressedClock) else schedule_s
+        return max(1, math.ceil(real))
+
+    def _refusal(self, reason: str, wait_s: float) -> Refusal:
+        """``reason`` with a Retry-After of the wait (schedule seconds), bounded by `MAX_RETRY_AFTER_S`."""
+        return Refusal(reason, retry_after_s=float(min(MAX_RETRY_AFTER_S, self._real_s(wait_s))))
+
+    def _strict_refusal(self, now: float) -> Refusal:
+        wait_s = self.night_opens_in_s(now)
+        if self.controller.in_night_window(now):
+            left = self._real_s(wait_s)
+            when = f"once online demand has stayed low for {left} s more (the night window is open)"
+        else:
+            opens = self.controller.local_time(now + wait_s).isoformat(timespec="minutes")
+            when = f"when the night window opens at {opens}, in {self._real_s(wait_s)} s"
+        return self._refusal(
+            f"tidal: DAY (strict): P2 requests stay out of the online engines until NIGHT: at the "
+            f"earliest {when}",
+            wait_s,
         )
 
     def kv_lending(self, model: str) -> tuple[int, int, int]:
@@ -463,6 +505,7 @@ def p2_usage_of(allocator: Allocator) -> P2Usage:
 
 __all__ = [
     "LEASE_API_MODEL",
+    "MAX_RETRY_AFTER_S",
     "PATHS",
     "DemandMeter",
     "PlaneConfig",

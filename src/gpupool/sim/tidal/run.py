@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from datetime import time as dtime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -39,6 +40,9 @@ GUARD_MAX_TOKENS = 512
 EMBED_TOKENS = 64
 RERANK_TOKENS = 8 * 160 + 32
 TZ = "Asia/Shanghai"
+MAX_DAYS = 366
+"""Simulated days at most (the arrival trace must cover them too: the bundled one, 9 from the
+default first day)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +60,16 @@ class RunConfig:
     """Token sizes from this Azure-format request trace (default: the Azure 2023 code trace)."""
     lending_target: float = 0.99
     """`tidal-lending`'s guard target: P0 TTFT attainment among requests that can meet the SLO."""
+    first_day: datetime = traces.FIRST_DAY
+    """The first simulated local day (midnight, no time zone); the day before is the warm-up day.
+    The arrival trace must cover them all (`traces.load`)."""
 
     def __post_init__(self) -> None:
-        if type(self.days) is not int or not 1 <= self.days <= 9:
-            raise InvalidInput("days", self.days, "must be an integer in [1, 9] (trace length)")
+        if type(self.days) is not int or not 1 <= self.days <= MAX_DAYS:
+            raise InvalidInput("days", self.days, f"must be an integer in [1, {MAX_DAYS}]")
+        day = self.first_day
+        if not isinstance(day, datetime) or day.tzinfo is not None or day.time() != dtime(0):
+            raise InvalidInput("first_day", day, "must be a local date (midnight, no time zone)")
         if not 0 < self.scale <= 10:
             raise InvalidInput("scale", self.scale, "must be in (0, 10]")
         if self.main_model not in MAIN_MODELS:
@@ -119,7 +129,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     t_begin = time.perf_counter()
     from pathlib import Path
 
-    tr = traces.load(cfg.days, token_trace=Path(cfg.trace) if cfg.trace else None)
+    tr = traces.load(cfg.days, token_trace=Path(cfg.trace) if cfg.trace else None, first_day=cfg.first_day)
     main = MAIN_MODELS[cfg.main_model]
     peak = (cfg.peak_p0_per_s or _sized_peak(main, tr)) * cfg.scale
     rng = np.random.default_rng(cfg.seed)
@@ -133,7 +143,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     per_min = np.bincount(((arrivals - 86400) // 60).astype(np.int64), minlength=n_min)[:n_min]
     counts = np.concatenate([np.zeros(1440), per_min.astype(np.float64)])
     # online demand = P0 agent requests + their two P1 calls
-    t0_epoch = datetime(2024, 11, 29, tzinfo=ZoneInfo(TZ)).timestamp()
+    t0_epoch = (cfg.first_day - timedelta(days=1)).replace(tzinfo=ZoneInfo(TZ)).timestamp()
     nights, mode_log = _mode_timeline(rates * 3, counts * 3, t0_epoch=t0_epoch)
     inputs = {
         "main": (main, prompt, output),
@@ -144,6 +154,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     t_end = 86400.0 * (cfg.days + 1)
     out: dict[str, Any] = {
         "days": cfg.days,
+        "first_day": f"{cfg.first_day:%Y-%m-%d}",
         "scale": cfg.scale,
         "seed": cfg.seed,
         "main_model": main.name,

@@ -4,7 +4,10 @@
   production serving platform) as hourly counts. The trace's clock is shifted by an unknown
   constant, so we rotate it by the whole-hour phase that puts the most requests inside the
   08:30-19:30 day window (computed, reported as ``phase_shift_h``); the weekly pattern (low days) is
-  kept as recorded. The shape is normalised to peak 1.0 and linearly interpolated per minute.
+  kept as recorded. The simulated local days run from ``first_day`` (``--first-day``) after one
+  warm-up day; the trace must cover all of them (`ValueError` naming the window and the trace's
+  span otherwise: a day outside it would be simulated silently without traffic). The shape is
+  normalised to peak 1.0 and linearly interpolated per minute.
 - Token sizes: (ContextTokens, GeneratedTokens) pairs of ``azure-llm-2023/AzureLLMInferenceTrace_code.csv``,
   sampled with replacement from an explicit seed.
 
@@ -27,8 +30,9 @@ from gpupool.sim.trace import check_trace_file
 ALIBABA = "alibaba-genai-v2026/lora_request_trace.csv"
 AZURE = "azure-llm-2023/AzureLLMInferenceTrace_code.csv"
 FIRST_DAY = datetime(2024, 11, 30)
-"""First measured local day (a Saturday after the phase shift; the week runs Sat..Fri, so it holds a
-weekend). The day before (Fri 11-29) is the controller's warm-up day. Later days need ``--days`` <= 9."""
+"""The default first measured local day (``--first-day``): a Saturday of the GenAI trace after the
+phase shift (the week runs Sat..Fri, so it holds a weekend). The day before (Fri 11-29) is the
+controller's warm-up day; the trace covers up to 9 days from it."""
 
 
 def data_dir() -> Path:
@@ -102,8 +106,15 @@ def _count(path: Path, line: int, row: dict[str, str], col: str) -> int:
         ) from None
 
 
-def load(days: int, *, base: Path | None = None, token_trace: Path | None = None) -> Traces:
-    """``token_trace``: another request trace in the Azure LLM format (CSV with ``ContextTokens`` and
+def load(
+    days: int,
+    *,
+    base: Path | None = None,
+    token_trace: Path | None = None,
+    first_day: datetime = FIRST_DAY,
+) -> Traces:
+    """``days`` local days from ``first_day`` (midnight), after one warm-up day. ``token_trace``:
+    another request trace in the Azure LLM format (CSV with ``ContextTokens`` and
     ``GeneratedTokens`` columns) instead of the code trace; `ValueError` names a missing column."""
     root = base or data_dir()
     alibaba, azure = root / ALIBABA, token_trace or root / AZURE
@@ -114,13 +125,19 @@ def load(days: int, *, base: Path | None = None, token_trace: Path | None = None
     counts, shift = _hourly_counts(alibaba)
     # +1 day in front: the warm-up day that teaches the mode controller its baseline
     hours = (days + 1) * 24
-    start = FIRST_DAY - timedelta(days=1) - timedelta(hours=shift)
+    start = first_day - timedelta(days=1) - timedelta(hours=shift)
+    first, end = min(counts), max(counts) + timedelta(hours=1)
+    if start < first or start + timedelta(hours=hours) > end:
+        local = timedelta(hours=shift)
+        raise ValueError(
+            f"{alibaba}: no requests in the simulated window: --first-day {first_day:%Y-%m-%d} --days "
+            f"{days} needs local {start + local:%Y-%m-%d %H:%M} (the warm-up day) .. "
+            f"{start + local + timedelta(hours=hours):%Y-%m-%d %H:%M}; the trace covers local "
+            f"{first + local:%Y-%m-%d %H:%M} .. {end + local:%Y-%m-%d %H:%M} (phase shift +{shift} h)"
+        )
     shape = np.array([counts.get(start + timedelta(hours=h), 0) for h in range(hours)], dtype=np.float64)
     if shape.max() <= 0:
-        raise ValueError(
-            f"{alibaba}: no requests in the simulated window {start} .. {start + timedelta(hours=hours)} "
-            f"(the trace covers {min(counts)} .. {max(counts) + timedelta(hours=1)})"
-        )
+        raise ValueError(f"{alibaba}: no requests in the simulated window from {start} ({hours} h)")
     shape /= shape.max()
     ctx, gen = [], []
     with azure.open(newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
