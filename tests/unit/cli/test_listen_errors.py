@@ -5,7 +5,9 @@ not resolve; `run` keeps the previous run's lease store when its options or spec
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,6 +118,38 @@ def test_serve_refuses_a_ray_address_nothing_answers_on(tmp_path: Path) -> None:
     for address in (f"127.0.0.1:{free}", f"ray://127.0.0.1:{free}"):
         out = gpupool("serve", "--port", "0", "--data-dir", str(data), "--ray-address", address)
         assert_one_line_exit_2(out, f"invalid --ray-address={address!r}: cannot reach 127.0.0.1:{free}:")
+        assert not data.exists()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers (not Ray): a thread holds them open."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+def test_serve_refuses_a_ray_address_that_answers_but_is_not_ray(tmp_path: Path, silent_port: int) -> None:
+    """The TCP connect succeeded, so start-up went on into Ray's connect, which retried for many
+    minutes after the data directory, the store and the admin token had been created."""
+    data = tmp_path / "data"
+    for address in (f"127.0.0.1:{silent_port}", f"ray://127.0.0.1:{silent_port}"):
+        out = gpupool("serve", "--port", "0", "--data-dir", str(data), "--ray-address", address)
+        assert_one_line_exit_2(
+            out, f"invalid --ray-address={address!r}: 127.0.0.1:{silent_port} is not Ray: no gRPC answer"
+        )
         assert not data.exists()
 
 
