@@ -10,8 +10,9 @@ exist. The whole check is bounded by ``REACH_TIMEOUT_S``: Ray's own connect woul
 only after the gateway came up (``Invalid address format``), or retry for many minutes against a
 GCS that is not there or a port that never answers. With ``RAY_USE_TLS`` on, the gRPC answer is
 not checked (the port speaks TLS first): only that it accepts a connection.
-`connect_error` words a failure of the connect itself (``auto`` with no cluster, a port that
-answers but is not Ray's) the same way.
+`connect` makes the connection (`ray.init`) and words its failure (``auto`` with no cluster, a
+server that speaks gRPC but is not Ray) the same way; `gpupool serve` calls it once every option
+is checked but still before the data directory is touched, so a refused address changes nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import re
 import socket
 import time
+from typing import Any
 
 from gpupool.cli.errors import UserError
 
@@ -89,6 +91,16 @@ def _not_grpc(sock: socket.socket, deadline: float, timeout_s: float) -> str | N
     if head[3] != SETTINGS_FRAME:
         return f"it does not answer as a gRPC server (first bytes {head[:FRAME_HEADER_BYTES]!r})"
     return None
+
+
+def connect(address: str) -> Any:
+    """A `RayExecutor` connected to ``address``, or `connect_error`'s `UserError`."""
+    from gpupool.adapters.batch.ray_executor import RayExecutor
+
+    try:
+        return RayExecutor(address)
+    except Exception as exc:  # (ray's refusal: RuntimeError, ValueError, ConnectionError ...)
+        raise connect_error(address, exc) from None
 
 
 def connect_error(address: str, exc: BaseException) -> UserError:

@@ -43,6 +43,7 @@ from gpupool.cli.errors import (
 from gpupool.cli.instances import InstanceKeeper, placement_request
 from gpupool.cli.kvsizer import KvSizer
 from gpupool.cli.ray_address import check_ray_address
+from gpupool.cli.ray_address import connect as ray_connect
 
 __all__ = ["KvSizer", "build", "load_tokens", "serve"]
 from gpupool.cli.serving import run_loop, serve_forever
@@ -483,6 +484,8 @@ def serve(  # noqa: PLR0917 (typer options)
         plane_cfg = load_plane_config(tidal_config, timezone=timezone)
     table = _load_objectives_file(objectives) if objectives is not None else None
     backend_specs = _load_backends_file(backends) if backends is not None else None
+    # the last check, since it connects: `auto` finding no cluster is refused before the data dir exists
+    ray = ray_connect(ray_address) if ray_address and plane_cfg is not None else None
 
     def make_bundle(open_store: Any = None) -> Bundle:
         bundle = build(
@@ -528,7 +531,7 @@ def serve(  # noqa: PLR0917 (typer options)
                     config=plane_cfg,
                     data_dir=data_dir,
                     clock=bundle.controller.clock,
-                    ray_address=ray_address,
+                    ray=ray,
                     queue=EtcdJobQueue(open_store),
                 )
             return bundle
@@ -574,7 +577,7 @@ def serve(  # noqa: PLR0917 (typer options)
             config=plane_cfg,
             data_dir=data_dir,
             clock=bundle.controller.clock,
-            ray_address=ray_address,
+            ray=ray,
         )
         extra.append(tidal_loop(rt))
         say(f"tidal: {rt.plane.mode.value} now; next: {rt.plane.next_switch()['earliest_local']}")

@@ -6,6 +6,7 @@ not resolve; `run` keeps the previous run's lease store when its options or spec
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import socket
 import threading
 from collections.abc import Iterator
@@ -151,6 +152,28 @@ def test_serve_refuses_a_ray_address_that_answers_but_is_not_ray(tmp_path: Path,
             out, f"invalid --ray-address={address!r}: 127.0.0.1:{silent_port} is not Ray: no gRPC answer"
         )
         assert not data.exists()
+
+
+def test_serve_refuses_ray_address_auto_without_a_cluster_before_anything_is_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``auto`` found no cluster only in Ray's connect, after the data directory, the store and the
+    admin token had been created."""
+    pytest.importorskip("ray", reason="ray is not installed here (pip install 'gpupool[ray]')")
+    from ray._private.services import find_gcs_addresses
+
+    from tests.ray_cluster import LOCK
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "ray"))  # no "last cluster started here" file
+    data = tmp_path / "data"
+    with LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # no Ray head of another test is running meanwhile
+        if find_gcs_addresses():
+            pytest.skip("a Ray cluster runs on this machine: 'auto' would find it")
+        out = gpupool("serve", "--port", "0", "--data-dir", str(data), "--ray-address", "auto")
+    assert_one_line_exit_2(out, "invalid --ray-address='auto': cannot connect to Ray: ")
+    assert not data.exists()
 
 
 def test_extender_with_its_port_in_use_opens_no_store(tmp_path: Path, taken_port: int) -> None:
