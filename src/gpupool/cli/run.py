@@ -293,7 +293,7 @@ def run(  # noqa: PLR0917 (typer options)
 
         kube_opts = serve_k8s.KubeOptions(host=host, port=extender_port, no_kube=True)
         kube = serve_k8s.check(kube_opts)
-    plan_cluster(cluster, workloads)  # a bad spec file is exit 2 before the data dir is touched
+    planned = plan_cluster(cluster, workloads)  # a bad spec file is exit 2 before the data dir is touched
     from gpupool.adapters.store import owner
 
     try:  # held for the process's life: a gateway still running on this data dir keeps its store
@@ -316,6 +316,7 @@ def run(  # noqa: PLR0917 (typer options)
             cluster=cluster,
             workloads=workloads,
             extra_tokens=[(tok, t, "tenant") for t, tok in demo.items()],
+            planned=planned,
         )
         servers = start_emulated_backends(bundle, host=host)
         admin = bundle.new_admin_token or (data_dir / "admin.token").read_text().strip()

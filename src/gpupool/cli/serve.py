@@ -128,15 +128,17 @@ def build(
     metrics_tenant_labels: bool = False,
     app_options: dict[str, Any] | None = None,
     store: Any = None,
+    planned: tuple[Any, Any, Any, list[Slice]] | None = None,
 ) -> Bundle:
     """``store``: an open lease store to use (the HA mode passes the one its election fences);
-    default: open ``store_url``."""
+    default: open ``store_url``. ``planned``: `plan_cluster` of ``cluster`` and ``workloads`` when
+    the caller has it (`gpupool run` plans first to check them): the files are read once."""
     from gpupool.adapters.http.app import create_app
     from gpupool.adapters.http.auth import TokenTable
     from gpupool.adapters.metrics.gateway import GatewayMetrics
     from gpupool.adapters.store import open_store
 
-    cspec, wset, p, slices = plan_cluster(cluster, workloads)
+    cspec, wset, p, slices = planned or plan_cluster(cluster, workloads)
     tokens, new_admin = load_tokens(auth_file, data_dir)
     tokens = [*tokens, *extra_tokens]
     try:
