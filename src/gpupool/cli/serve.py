@@ -30,6 +30,7 @@ from typing import Any
 
 import typer
 
+from gpupool.cli.admin_token import read_admin_token
 from gpupool.cli.console import say
 from gpupool.cli.errors import (
     UserError,
@@ -82,7 +83,7 @@ def load_tokens(auth_file: Path | None, data_dir: Path) -> tuple[list[tuple[str,
     ensure_dir("--data-dir", data_dir)
     path = data_dir / "admin.token"
     if path.exists():
-        return [(path.read_text().strip(), "admin", "admin")], None
+        return [(read_admin_token(path, data_dir), "admin", "admin")], None
     token = secrets.token_urlsafe(24)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -144,7 +145,7 @@ def build(
     try:
         table = TokenTable(tokens)
     except InvalidInput as exc:
-        raise UserError(f"{auth_file or 'tokens'}: {exc}") from None
+        raise UserError(f"{auth_file or data_dir / 'admin.token'}: {exc}") from None
     # every other argument is valid by now: only then open (and recover) the store
     import sqlite3
 
