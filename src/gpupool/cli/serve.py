@@ -20,8 +20,6 @@ import asyncio
 import contextlib
 import functools
 import math
-import os
-import secrets
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,7 +28,7 @@ from typing import Any
 
 import typer
 
-from gpupool.cli.admin_token import read_admin_token
+from gpupool.cli.admin_token import create_admin_token, read_admin_token
 from gpupool.cli.console import say
 from gpupool.cli.errors import (
     UserError,
@@ -84,10 +82,7 @@ def load_tokens(auth_file: Path | None, data_dir: Path) -> tuple[list[tuple[str,
     path = data_dir / "admin.token"
     if path.exists():
         return [(read_admin_token(path, data_dir), "admin", "admin")], None
-    token = secrets.token_urlsafe(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+    token = create_admin_token(path, data_dir)
     return [(token, "admin", "admin")], token
 
 
