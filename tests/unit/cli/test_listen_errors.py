@@ -186,3 +186,16 @@ def test_extender_with_its_port_in_use_opens_no_store(tmp_path: Path, taken_port
     assert_one_line_exit_2(out, f"--host/--port: cannot listen on 127.0.0.1:{taken_port}: ")
     assert not db.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_run_keeping_a_batch_queue_that_is_not_sqlite_is_one_line(tmp_path: Path) -> None:
+    """It printed the error, then Python's ``coroutine ... was never awaited`` warnings for the
+    services made before the batch queue was opened."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "batch.db").write_bytes(b"not a batch queue")
+    out = gpupool(
+        "run", "--no-traffic", "--no-agents", "--port", "0", "--data-dir", str(data), "--keep-state"
+    )
+    assert_one_line_exit_2(out, f"batch queue: open {data / 'batch.db'}: file is not a database")
+    assert (data / "batch.db").read_bytes() == b"not a batch queue"
