@@ -2,19 +2,27 @@
 
 Ray takes ``HOST:PORT`` (its GCS), ``ray://HOST:PORT`` (a Ray Client server), ``auto`` (the
 cluster named by ``$RAY_ADDRESS`` or the last one started on this machine) and ``local`` (a new
-one on this machine). `check_ray_address` refuses anything else, and a concrete address nothing
-answers on, with one line naming the option and the value (exit 2), before the data directory,
-the store or the admin token exist: Ray's own connect would otherwise fail only after the gateway
-came up (``Invalid address format``), or wait minutes for a GCS that is not there.
-`connect_error` words a failure of the connect itself (``auto`` with no cluster, a port that
-answers but is not Ray's) the same way.
+one on this machine). `check_ray_address` refuses anything else, a concrete address nothing
+answers on, and one whose port accepts the connection but does not speak gRPC (Ray's GCS and its
+Ray Client server both do: they answer an HTTP/2 preface with a SETTINGS frame), with one line
+naming the option and the value (exit 2), before the data directory, the store or the admin token
+exist. The whole check is bounded by ``REACH_TIMEOUT_S``: Ray's own connect would otherwise fail
+only after the gateway came up (``Invalid address format``), or retry for many minutes against a
+GCS that is not there or a port that never answers. With ``RAY_USE_TLS`` on, the gRPC answer is
+not checked (the port speaks TLS first): only that it accepts a connection.
+`connect` makes the connection (`ray.init`) and words its failure (``auto`` with no cluster, a
+server that speaks gRPC but is not Ray) the same way; `gpupool serve` calls it once every option
+is checked but still before the data directory is touched, so a refused address changes nothing.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import socket
+import time
+from typing import Any
 
 from gpupool.cli.errors import UserError
 
@@ -25,12 +33,17 @@ KEYWORDS = ("auto", "local")
 _HOST = r"(?P<host>[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
 _ADDRESS = re.compile(rf"(?P<scheme>ray://)?{_HOST}:(?P<port>[0-9]{{1,5}})")
 WANT = "expected HOST:PORT, ray://HOST:PORT, 'auto' or 'local'"
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
+"""The HTTP/2 client connection preface followed by an empty SETTINGS frame (RFC 9113 3.4)."""
+FRAME_HEADER_BYTES = 9
+SETTINGS_FRAME = 0x4
 
 
 def check_ray_address(address: str | None, *, timeout_s: float = REACH_TIMEOUT_S) -> None:
     """`UserError` naming ``--ray-address`` unless ``address`` is one Ray takes, Ray is installed,
-    and (a concrete address) something accepts a TCP connection on HOST:PORT within ``timeout_s``.
-    None or '' (the option not given: batch jobs run as local processes) passes."""
+    and (a concrete address) something on HOST:PORT accepts a TCP connection and answers as a gRPC
+    server, all within ``timeout_s``. None or '' (the option not given: batch jobs run as local
+    processes) passes."""
     if not address:
         return
     shown = address if len(address) <= 80 else address[:77] + "..."
@@ -45,12 +58,49 @@ def check_ray_address(address: str | None, *, timeout_s: float = REACH_TIMEOUT_S
     if not 1 <= port <= 65535:
         raise UserError(f"invalid {OPTION}={shown!r}: port must be in [1, 65535]")
     host = m["host"].strip("[]")
+    deadline = time.monotonic() + timeout_s
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return
+            why = _not_grpc(sock, deadline, timeout_s)
     except OSError as exc:
         why = "no answer" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
         raise UserError(f"invalid {OPTION}={shown!r}: cannot reach {host}:{port}: {why}") from None
+    if why:
+        raise UserError(f"invalid {OPTION}={shown!r}: {host}:{port} is not Ray: {why}")
+
+
+def _not_grpc(sock: socket.socket, deadline: float, timeout_s: float) -> str | None:
+    """Why the server on ``sock`` is not a gRPC (HTTP/2) server, or None when its first frame is
+    a SETTINGS frame; reads until ``deadline`` at most (a port that never answers)."""
+    sock.sendall(HTTP2_PREFACE)
+    head = b""
+    while len(head) < FRAME_HEADER_BYTES:
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            return f"no gRPC answer within {timeout_s:g} s"
+        sock.settimeout(left_s)
+        try:
+            chunk = sock.recv(FRAME_HEADER_BYTES - len(head))
+        except TimeoutError:
+            return f"no gRPC answer within {timeout_s:g} s"
+        if not chunk:
+            return "it closed the connection without a gRPC answer"
+        head += chunk
+    if head[3] != SETTINGS_FRAME:
+        return f"it does not answer as a gRPC server (first bytes {head[:FRAME_HEADER_BYTES]!r})"
+    return None
+
+
+def connect(address: str) -> Any:
+    """A `RayExecutor` connected to ``address``, or `connect_error`'s `UserError`."""
+    from gpupool.adapters.batch.ray_executor import RayExecutor
+
+    try:
+        return RayExecutor(address)
+    except Exception as exc:  # (ray's refusal: RuntimeError, ValueError, ConnectionError ...)
+        raise connect_error(address, exc) from None
 
 
 def connect_error(address: str, exc: BaseException) -> UserError:

@@ -293,7 +293,7 @@ def run(  # noqa: PLR0917 (typer options)
 
         kube_opts = serve_k8s.KubeOptions(host=host, port=extender_port, no_kube=True)
         kube = serve_k8s.check(kube_opts)
-    plan_cluster(cluster, workloads)  # a bad spec file is exit 2 before the data dir is touched
+    planned = plan_cluster(cluster, workloads)  # a bad spec file is exit 2 before the data dir is touched
     from gpupool.adapters.store import owner
 
     try:  # held for the process's life: a gateway still running on this data dir keeps its store
@@ -316,6 +316,7 @@ def run(  # noqa: PLR0917 (typer options)
             cluster=cluster,
             workloads=workloads,
             extra_tokens=[(tok, t, "tenant") for t, tok in demo.items()],
+            planned=planned,
         )
         servers = start_emulated_backends(bundle, host=host)
         admin = bundle.new_admin_token or (data_dir / "admin.token").read_text().strip()
@@ -326,9 +327,9 @@ def run(  # noqa: PLR0917 (typer options)
         say(f"console: {url}/?token={admin}")
         for b in bundle.backends:
             say(f"backend {b.id}: {b.model} at {b.url} on {b.slice_id} (KV budget {b.kv_budget_mib} MiB)")
-        extra: list[Any] = [*servers, status_printer(bundle)]
-        if kube is not None:
-            extra.append(serve_k8s.run(bundle, kube, kube_opts))
+        # the services' coroutines are made only once the batch queue opened (in attach_tidal): a
+        # refused one is then the one error line, with no "coroutine was never awaited" warnings
+        extra: list[Any] = list(servers)
         shape = None
         if tidal_speed > 0:
             from gpupool.cli import tidalplane as tp
@@ -345,6 +346,9 @@ def run(  # noqa: PLR0917 (typer options)
             if traffic:
                 extra.append(tp.demo_batch_jobs(rt))
                 shape = functools.partial(tp.demand_shape, rt)
+        extra.append(status_printer(bundle))
+        if kube is not None:
+            extra.append(serve_k8s.run(bundle, kube, kube_opts))
         if traffic:
             extra.append(synthetic_workload(url, demo, bundle, shape=shape))
         if agents and bundle.sim is not None:

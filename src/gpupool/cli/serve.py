@@ -20,8 +20,6 @@ import asyncio
 import contextlib
 import functools
 import math
-import os
-import secrets
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ from typing import Any
 
 import typer
 
+from gpupool.cli.admin_token import create_admin_token, read_admin_token
 from gpupool.cli.console import say
 from gpupool.cli.errors import (
     UserError,
@@ -43,6 +42,7 @@ from gpupool.cli.errors import (
 from gpupool.cli.instances import InstanceKeeper, placement_request
 from gpupool.cli.kvsizer import KvSizer
 from gpupool.cli.ray_address import check_ray_address
+from gpupool.cli.ray_address import connect as ray_connect
 
 __all__ = ["KvSizer", "build", "load_tokens", "serve"]
 from gpupool.cli.serving import run_loop, serve_forever
@@ -81,11 +81,8 @@ def load_tokens(auth_file: Path | None, data_dir: Path) -> tuple[list[tuple[str,
     ensure_dir("--data-dir", data_dir)
     path = data_dir / "admin.token"
     if path.exists():
-        return [(path.read_text().strip(), "admin", "admin")], None
-    token = secrets.token_urlsafe(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+        return [(read_admin_token(path, data_dir), "admin", "admin")], None
+    token = create_admin_token(path, data_dir)
     return [(token, "admin", "admin")], token
 
 
@@ -127,21 +124,23 @@ def build(
     metrics_tenant_labels: bool = False,
     app_options: dict[str, Any] | None = None,
     store: Any = None,
+    planned: tuple[Any, Any, Any, list[Slice]] | None = None,
 ) -> Bundle:
     """``store``: an open lease store to use (the HA mode passes the one its election fences);
-    default: open ``store_url``."""
+    default: open ``store_url``. ``planned``: `plan_cluster` of ``cluster`` and ``workloads`` when
+    the caller has it (`gpupool run` plans first to check them): the files are read once."""
     from gpupool.adapters.http.app import create_app
     from gpupool.adapters.http.auth import TokenTable
     from gpupool.adapters.metrics.gateway import GatewayMetrics
     from gpupool.adapters.store import open_store
 
-    cspec, wset, p, slices = plan_cluster(cluster, workloads)
+    cspec, wset, p, slices = planned or plan_cluster(cluster, workloads)
     tokens, new_admin = load_tokens(auth_file, data_dir)
     tokens = [*tokens, *extra_tokens]
     try:
         table = TokenTable(tokens)
     except InvalidInput as exc:
-        raise UserError(f"{auth_file or 'tokens'}: {exc}") from None
+        raise UserError(f"{auth_file or data_dir / 'admin.token'}: {exc}") from None
     # every other argument is valid by now: only then open (and recover) the store
     import sqlite3
 
@@ -483,6 +482,8 @@ def serve(  # noqa: PLR0917 (typer options)
         plane_cfg = load_plane_config(tidal_config, timezone=timezone)
     table = _load_objectives_file(objectives) if objectives is not None else None
     backend_specs = _load_backends_file(backends) if backends is not None else None
+    # the last check, since it connects: `auto` finding no cluster is refused before the data dir exists
+    ray = ray_connect(ray_address) if ray_address and plane_cfg is not None else None
 
     def make_bundle(open_store: Any = None) -> Bundle:
         bundle = build(
@@ -528,7 +529,7 @@ def serve(  # noqa: PLR0917 (typer options)
                     config=plane_cfg,
                     data_dir=data_dir,
                     clock=bundle.controller.clock,
-                    ray_address=ray_address,
+                    ray=ray,
                     queue=EtcdJobQueue(open_store),
                 )
             return bundle
@@ -574,7 +575,7 @@ def serve(  # noqa: PLR0917 (typer options)
             config=plane_cfg,
             data_dir=data_dir,
             clock=bundle.controller.clock,
-            ray_address=ray_address,
+            ray=ray,
         )
         extra.append(tidal_loop(rt))
         say(f"tidal: {rt.plane.mode.value} now; next: {rt.plane.next_switch()['earliest_local']}")

@@ -260,14 +260,16 @@ def attach_tidal(
     data_dir: Path,
     clock: Clock,
     batch: bool = True,
-    ray_address: str | None = None,
+    ray: Any = None,
     queue: Any = None,
 ) -> TidalRuntime:
     """Wire the plane (and the batch queue, and the NIGHT re-partition of ``config.repartition_gpus``
     on the simulated cluster) onto ``bundle``; see the module docstring. ``queue``: the batch
     queue to use (replicas on etcd pass the store's `EtcdJobQueue`: same methods and semantics,
     tests/contract/store/test_job_queue_contract.py); default ``DATA_DIR/batch.db``. Either way
-    the jobs a previous run left running or paused are requeued here (``recover``)."""
+    the jobs a previous run left running or paused are requeued here (``recover``). ``ray``: a
+    `RayExecutor` already connected (`gpupool.cli.ray_address.connect`) to run the jobs on; default:
+    local processes."""
     from gpupool.adapters.http.batch_routes import add_batch_routes
 
     c = bundle.controller
@@ -302,14 +304,8 @@ def attach_tidal(
         from gpupool.adapters.batch.service import BatchService
 
         executor: Executor
-        if ray_address:
-            from gpupool.adapters.batch.ray_executor import RayExecutor
-            from gpupool.cli.ray_address import connect_error
-
-            try:
-                executor = RayExecutor(ray_address)
-            except Exception as exc:  # (ray's refusal: RuntimeError, ValueError, ConnectionError ...)
-                raise connect_error(ray_address, exc) from None
+        if ray is not None:
+            executor = ray
         else:
             from gpupool.adapters.batch.local import LocalExecutor
 

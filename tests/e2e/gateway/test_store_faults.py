@@ -206,6 +206,25 @@ def test_real_serve_restarted_on_a_full_tmpfs_says_so_in_one_line(tmp_path: Path
             p.wait(10)
 
 
+@pytest.mark.parametrize("command", ["serve", "run"])
+def test_a_first_start_on_a_full_filesystem_says_so_in_one_line(tmp_path: Path, command: str) -> None:
+    """No --auth-file: the admin token could not be written. It was a traceback, and the empty
+    ``admin.token`` it left made every later start fail on that file instead."""
+    with tiny_tmpfs(tmp_path / "fs") as fs:
+        data = fs / "data"
+        data.mkdir()
+        filler = fill(fs)
+        argv = [sys.executable, "-m", "gpupool.cli.main", command, "--port", "0", "--data-dir", str(data)]
+        argv += ["--no-traffic", "--no-agents"] if command == "run" else []
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"invalid --data-dir={str(data)!r}: " in lines[0], r.stderr
+        assert f"cannot write {data / 'admin.token'}: No space left on device" in lines[0], r.stderr
+        assert not (data / "admin.token").exists() and not (data / "leases.db").exists()
+        filler.unlink()
+
+
 def test_a_refused_health_mark_or_drain_changes_nothing(
     gw: tuple[str, LeaseController, FaultyStore, Path],
 ) -> None:

@@ -37,7 +37,7 @@ def _free_port() -> int:
 class Run:
     """One `gpupool run` subprocess whose output lines are collected as they come."""
 
-    def __init__(self, data: Path, *args: str) -> None:
+    def __init__(self, data: Path, *args: str, pass_fds: tuple[int, ...] = ()) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data = data
@@ -45,7 +45,7 @@ class Run:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpupool.cli.main", "run", "--port", str(self.port),
              "--data-dir", str(data), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, pass_fds=pass_fds,
         )  # fmt: skip
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -337,3 +337,28 @@ def test_a_trace_path_that_exists_but_is_no_file_says_what_it_is(
     out = gpupool(*(a.format(dir=tmp_path) for a in args))
     assert_one_line_exit_2(out, want.format(dir=tmp_path))
     assert "not found" not in out.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "run"])
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        ("directory", "cannot read it: Is a directory"),
+        ("empty", "empty (delete it to have a new admin token generated)"),
+    ],
+)
+def test_a_damaged_admin_token_file_is_one_line_naming_it(
+    tmp_path: Path, command: str, damage: str, why: str
+) -> None:
+    """A directory in its place was a traceback; an empty file was ``tokens: invalid tokens[0]``."""
+    data = tmp_path / "data"
+    data.mkdir()
+    token = data / "admin.token"
+    if damage == "directory":
+        token.mkdir()
+    else:
+        token.write_text("\n")
+    out = gpupool(command, "--no-traffic" if command == "run" else "--no-tidal", "--port", "0",
+                  "--data-dir", str(data))  # fmt: skip
+    assert_one_line_exit_2(out, f"invalid --data-dir={str(data)!r}: {token}: {why}")
+    assert not (data / "leases.db").exists()  # no store opened

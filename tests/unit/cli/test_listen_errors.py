@@ -5,7 +5,10 @@ not resolve; `run` keeps the previous run's lease store when its options or spec
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,6 +122,60 @@ def test_serve_refuses_a_ray_address_nothing_answers_on(tmp_path: Path) -> None:
         assert not data.exists()
 
 
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers (not Ray): a thread holds them open."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+def test_serve_refuses_a_ray_address_that_answers_but_is_not_ray(tmp_path: Path, silent_port: int) -> None:
+    """The TCP connect succeeded, so start-up went on into Ray's connect, which retried for many
+    minutes after the data directory, the store and the admin token had been created."""
+    data = tmp_path / "data"
+    for address in (f"127.0.0.1:{silent_port}", f"ray://127.0.0.1:{silent_port}"):
+        out = gpupool("serve", "--port", "0", "--data-dir", str(data), "--ray-address", address)
+        assert_one_line_exit_2(
+            out, f"invalid --ray-address={address!r}: 127.0.0.1:{silent_port} is not Ray: no gRPC answer"
+        )
+        assert not data.exists()
+
+
+def test_serve_refuses_ray_address_auto_without_a_cluster_before_anything_is_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``auto`` found no cluster only in Ray's connect, after the data directory, the store and the
+    admin token had been created."""
+    pytest.importorskip("ray", reason="ray is not installed here (pip install 'gpupool[ray]')")
+    from ray._private.services import find_gcs_addresses
+
+    from tests.ray_cluster import LOCK
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "ray"))  # no "last cluster started here" file
+    data = tmp_path / "data"
+    with LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # no Ray head of another test is running meanwhile
+        if find_gcs_addresses():
+            pytest.skip("a Ray cluster runs on this machine: 'auto' would find it")
+        out = gpupool("serve", "--port", "0", "--data-dir", str(data), "--ray-address", "auto")
+    assert_one_line_exit_2(out, "invalid --ray-address='auto': cannot connect to Ray: ")
+    assert not data.exists()
+
+
 def test_extender_with_its_port_in_use_opens_no_store(tmp_path: Path, taken_port: int) -> None:
     """The extender opened (created) its ``--store`` first and bound its port only after it."""
     from tests.unit.cli.test_cli_options import CLUSTER
@@ -129,3 +186,16 @@ def test_extender_with_its_port_in_use_opens_no_store(tmp_path: Path, taken_port
     assert_one_line_exit_2(out, f"--host/--port: cannot listen on 127.0.0.1:{taken_port}: ")
     assert not db.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_run_keeping_a_batch_queue_that_is_not_sqlite_is_one_line(tmp_path: Path) -> None:
+    """It printed the error, then Python's ``coroutine ... was never awaited`` warnings for the
+    services made before the batch queue was opened."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "batch.db").write_bytes(b"not a batch queue")
+    out = gpupool(
+        "run", "--no-traffic", "--no-agents", "--port", "0", "--data-dir", str(data), "--keep-state"
+    )
+    assert_one_line_exit_2(out, f"batch queue: open {data / 'batch.db'}: file is not a database")
+    assert (data / "batch.db").read_bytes() == b"not a batch queue"
