@@ -90,13 +90,27 @@ class FragModel:
 
 
 class FragTable:
-    """Per-node statistics and fragmentation numerators for one `MirrorLedger`, kept incrementally."""
+    """Per-node statistics and fragmentation numerators for one `MirrorLedger`, kept incrementally.
 
-    def __init__(self, model: FragModel, mirror: MirrorLedger) -> None:
+    ``stats_of``: another table over the same mirror and the same request levels whose per-node
+    statistics (``ge``, ``lt``, ``free_total``) this one shares instead of keeping its own; its
+    `refresh` then only recomputes this table's values, so the other table must be refreshed first
+    (the engine refreshes ``ctx.frag`` before a policy's ``placed``)."""
+
+    def __init__(self, model: FragModel, mirror: MirrorLedger, *, stats_of: FragTable | None = None) -> None:
         self.model = model
         self.mirror = mirror
-        self.ge, self.lt = model.stats(mirror.gpu_free)
-        self.free_total = mirror.free_total()
+        self._shared = stats_of is not None
+        self.ge: np.ndarray
+        self.lt: np.ndarray
+        self.free_total: np.ndarray
+        if stats_of is not None:
+            if stats_of.mirror is not mirror or stats_of.model.levels.tolist() != model.levels.tolist():
+                raise ValueError("stats_of must cover the same mirror and request levels")
+            self.ge, self.lt, self.free_total = stats_of.ge, stats_of.lt, stats_of.free_total
+        else:
+            self.ge, self.lt = model.stats(mirror.gpu_free)
+            self.free_total = mirror.free_total()
         self.node_frag = model.numerators(
             self.ge, self.lt, self.free_total, mirror.cpu_free, mirror.model, mem_free=mirror.mem_free
         )
@@ -104,14 +118,16 @@ class FragTable:
 
     def refresh(self, node: int) -> None:
         m = self.mirror
-        row = m.gpu_free[node : node + 1]
-        ge, lt = self.model.stats(row)
-        self.ge[node] = ge[0]
-        self.lt[node] = lt[0]
-        self.free_total[node] = int(row.sum())
+        one = slice(node, node + 1)
+        if not self._shared:
+            row = m.gpu_free[one]
+            ge, lt = self.model.stats(row)
+            self.ge[node] = ge[0]
+            self.lt[node] = lt[0]
+            self.free_total[node] = int(row.sum())
         new = self.model.numerators(
-            ge,
-            lt,
+            self.ge[one],
+            self.lt[one],
             self.free_total[node : node + 1],
             m.cpu_free[node : node + 1],
             m.model[node : node + 1],

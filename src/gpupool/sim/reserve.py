@@ -97,11 +97,20 @@ class WholeCardReserve:
             for i, m in enumerate(mirror.models):
                 allowed[i, j] = bool(m) and (names is None or m in names)
         self.allowed = allowed
+        # `_slots`' fast path: floor(full / k) read from a table per full-card count, floor(cpu /
+        # cpu_g) as float64 division then truncation (exact: both operands are integers far below
+        # 2**53 and non-negative), disallowed models as a 0/1 factor
+        top = int(mirror.gpu_count.max(initial=0))
+        self._by_full = np.arange(top + 1, dtype=np.int64)[:, None] // self.k[None, :]
+        self._cpu_f = self.cpu.astype(np.float64)
+        self._allowed_01 = allowed.astype(np.int64)
         group_demand = np.array(list(groups.values()), dtype=np.int64)
         subset = (allowed[:, :, None] <= allowed[:, None, :]).all(axis=0)  # [h, g]: allowed_h <= allowed_g
         dominates = (self.k[:, None] >= self.k[None, :]) & (self.cpu[:, None] >= self.cpu[None, :]) & subset
         self.dominated_demand: np.ndarray = (dominates * group_demand[:, None]).sum(axis=0)
-        self.slots = self._slots(self._full(mirror.gpu_free), mirror.cpu_free, mirror.model)
+        self.full = self._full(mirror.gpu_free)
+        """Per node, its fully free cards (kept by `refresh`, like ``slots``)."""
+        self.slots = self._slots(self.full, mirror.cpu_free, mirror.model)
         self.supply: np.ndarray = self.slots.sum(axis=0)
         if servable:
             self.dominated_demand = np.minimum(self.dominated_demand, self._servable_cap())
@@ -123,9 +132,16 @@ class WholeCardReserve:
         return out
 
     def _slots(self, full: np.ndarray, cpu_free: np.ndarray, model: np.ndarray) -> np.ndarray:
-        by_gpu = full[:, None] // self.k[None, :]
-        by_cpu = np.maximum(cpu_free, 0)[:, None] // self.cpu[None, :]
-        out: np.ndarray = np.where(self.allowed[model], np.minimum(by_gpu, by_cpu), 0)
+        """Per row and group: ``min(floor(full / k), floor(free CPU / cpu_g))``, 0 where the model
+        is not allowed (the fast path computes the same integers; see ``__init__``)."""
+        if len(full) and (full.min() < 0 or full.max() >= len(self._by_full)):
+            by_gpu = full[:, None] // self.k[None, :]
+            by_cpu = np.maximum(cpu_free, 0)[:, None] // self.cpu[None, :]
+            slow: np.ndarray = np.where(self.allowed[model], np.minimum(by_gpu, by_cpu), 0)
+            return slow
+        cpu = np.maximum(cpu_free, 0).astype(np.float64)
+        by_cpu = (cpu[:, None] / self._cpu_f[None, :]).astype(np.int64)
+        out: np.ndarray = np.minimum(self._by_full[full], by_cpu) * self._allowed_01[model]
         return out
 
     def _shortfall(self, supply: np.ndarray, free_milli: int) -> np.ndarray:
@@ -141,7 +157,7 @@ class WholeCardReserve:
         """Scaled shortfall after a pod takes ``cards_taken[i]`` full cards, ``gpu_milli`` and
         ``cpu_milli`` on ``rows[i]``."""
         m = self.mirror
-        full = self._full(m.gpu_free[rows]) - cards_taken
+        full = self.full[rows] - cards_taken
         after = self._slots(full, m.cpu_free[rows] - cpu_milli, m.model[rows])
         supply = self.supply[None, :] - self.slots[rows] + after
         return self._shortfall(supply, self.horizon_milli(gpu_milli, cpu_milli))
@@ -169,7 +185,9 @@ class WholeCardReserve:
     def refresh(self, node: int) -> None:
         m = self.mirror
         one = slice(node, node + 1)
-        row = self._slots(self._full(m.gpu_free[one]), m.cpu_free[one], m.model[one])[0]
+        full = self._full(m.gpu_free[one])
+        row = self._slots(full, m.cpu_free[one], m.model[one])[0]
+        self.full[node] = full[0]
         self.supply += row - self.slots[node]
         self.slots[node] = row
 

@@ -206,7 +206,8 @@ class FGDBalancePolicy(FGDReserveBalancePolicy):
 
 class FGDBalanceMemPolicy(FGDBalancePolicy):
     """`FGDBalancePolicy` whose FGD score key asks for memory too (the default; module docstring,
-    "Memory"). Keeps its own memory-aware table, refreshed after every placement."""
+    "Memory"). Keeps its own memory-aware table over the engine's per-node statistics, refreshed
+    after every placement (after the engine's)."""
 
     name: ClassVar[str] = "fgd-balance-mem"
 
@@ -216,7 +217,8 @@ class FGDBalanceMemPolicy(FGDBalancePolicy):
 
     def _fgd_table(self, ctx: SimContext) -> FragTable:
         if self._mem_frag is None or self._mem_frag.mirror is not ctx.mirror:
-            self._mem_frag = FragTable(FragModel(ctx.target, ctx.mirror.models, memory=True), ctx.mirror)
+            model = FragModel(ctx.target, ctx.mirror.models, memory=True)
+            self._mem_frag = FragTable(model, ctx.mirror, stats_of=ctx.frag)
         return self._mem_frag
 
     def placed(self, ctx: SimContext, pod: PodView, choice: Choice) -> None:
