@@ -128,7 +128,8 @@ class FGDReserveBalancePolicy(FGDReserveServablePolicy):
 
     name: ClassVar[str] = "fgd-reserve-balance"
     reserve_while_cpu_binds: ClassVar[bool] = True
-    """False in `FGDBalancePolicy` (the default): the whole-card reserve steps aside while CPU binds."""
+    """False in `FGDBalancePolicy` and the default `FGDBalanceMemPolicy`: the whole-card reserve
+    steps aside while CPU binds."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -192,7 +193,7 @@ class FGDReserveBalancePolicy(FGDReserveServablePolicy):
 
 
 class FGDBalancePolicy(FGDReserveBalancePolicy):
-    """`FGDReserveBalancePolicy` without the whole-card reserve while CPU binds (the default).
+    """`FGDReserveBalancePolicy` without the whole-card reserve while CPU binds (the default's base).
 
     While the free CPU cannot carry the free GPU at the mix's ratio, the default's choice is FGD's
     best score, then the capacity gain (`FGDCapacityPolicy`'s keys), and the rank choice keeps the
