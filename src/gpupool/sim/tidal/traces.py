@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -53,6 +54,16 @@ class Traces:
 
 TIME_COLUMN = "gmt_create"
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+_CANONICAL_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}")
+"""The zero-padded form of `TIME_FORMAT`, which `datetime.fromisoformat` reads to the same value
+about 20x faster than ``strptime`` (the trace has tens of thousands of rows); other spellings that
+``strptime`` accepts (unpadded fields) still go through it."""
+
+
+def _parse_time(text: str) -> datetime:
+    if _CANONICAL_TIME.fullmatch(text):
+        return datetime.fromisoformat(text)
+    return datetime.strptime(text, TIME_FORMAT)
 
 
 def _hourly_counts(path: Path) -> tuple[dict[datetime, int], int]:
@@ -69,7 +80,7 @@ def _hourly_counts(path: Path) -> tuple[dict[datetime, int], int]:
             for row in reader:
                 raw = row.get(TIME_COLUMN)
                 try:
-                    t = datetime.strptime((raw or "").strip(), TIME_FORMAT)
+                    t = _parse_time((raw or "").strip())
                 except ValueError:
                     raise ValueError(
                         f"{path}: line {reader.line_num}: column {TIME_COLUMN}={raw!r} is not a time "
