@@ -5,7 +5,8 @@ watermark as paused, its heat map follows a grant within 1 s (the SSE event trig
 periodic poll alone is 2 s), a drain from the page changes ``/v1/pool``, it has no horizontal overflow
 at 800 px, a tenant token sees only its own leases and no admin controls, and the event stream
 reconnects after failures; a late 401 for an old token does not sign out a newer one; a sign-in
-while the gateway answers errors is retried; a cleared watermark field is never sent. Screenshots go to
+while the gateway answers errors is retried; a cleared watermark field is never sent; a caller's long
+model name wraps in its cell instead of widening the page. Screenshots go to
 ``.gpupool/artifacts/console/`` (gitignored).
 
 Skipped when chromium or playwright is absent (``.ci/run`` installs chromium).
@@ -387,3 +388,22 @@ def test_console_says_its_figures_are_stale_while_refreshes_fail(
     )
     down[0] = False
     wait_js(page, "() => document.getElementById('stale').hidden", timeout_ms=10_000)
+
+
+def test_console_long_model_name_does_not_widen_the_page(gateway: tuple[str, Any], browser: Any) -> None:
+    """A lease's ``model`` is the caller's own text (up to 256 characters, unchecked when ``vram_mib``
+    is given). One long word in it stretched the active-lease table, and with it the page, to
+    thousands of pixels once the list was opened; it now wraps inside its cell."""
+    url, _ = gateway
+    with _client(url, ALICE) as alice:
+        r = alice.post("/v1/leases", json={"priority": "P1", "vram_mib": 1024, "model": "M" * 256})
+        assert r.status_code == 201, r.text
+    page = browser.new_page(viewport={"width": 800, "height": 900})
+    errors = _watch_errors(page)
+    page.goto(f"{url}/?token={ADMIN}")
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    page.click("#app details summary")
+    page.wait_for_selector("#lease-list tr[data-lease-id]", state="visible")
+    assert page.locator("#lease-list td", has_text="M" * 256).count() == 1
+    assert page.evaluate("document.documentElement.scrollWidth") <= 800
+    assert errors == []

@@ -363,7 +363,7 @@
         h(
           "tr",
           { "data-tenant": tenant },
-          h("td", { text: tenant }),
+          h("td", { class: "text", text: tenant }),
           bands.map((b) => h("td", { class: r[b][0] ? "" : "muted", text: r[b][0] ? `${r[b][0]} \u00b7 ${gib(r[b][1])} GiB` : "\u2013" })),
         ),
       );
@@ -380,11 +380,11 @@
           "tr",
           { "data-lease-id": l.id },
           h("td", { title: l.id, text: short(l.id) }),
-          h("td", { text: l.tenant }),
+          h("td", { class: "text", text: l.tenant }),
           h("td", { class: `band ${band(l.priority)}`, text: band(l.priority) }),
           h("td", { text: l.slice_id }),
           h("td", { text: gib(l.vram_mib) }),
-          h("td", { text: l.model || "" }),
+          h("td", { class: "text", text: l.model || "" }),
           h("td", { text: clock(l.expires_at) }),
         ),
       );
@@ -405,7 +405,7 @@
         h("td", { title: t.ticket, text: short(t.ticket) }),
         h("td", { text: t.state }),
         h("td", { text: clock(t.at) }),
-        h("td", { text: t.reason || "" }),
+        h("td", { class: "text", text: t.reason || "" }),
       ),
     );
     if (!rows.length) rows.push(h("tr", {}, h("td", { class: "muted", text: "no tickets seen since this page opened" })));
