@@ -6,7 +6,8 @@ periodic poll alone is 2 s), a drain from the page changes ``/v1/pool``, it has 
 at 800 px, a tenant token sees only its own leases and no admin controls, and the event stream
 reconnects after failures; a late 401 for an old token does not sign out a newer one; a sign-in
 while the gateway answers errors is retried; a cleared watermark field is never sent; a caller's long
-model name wraps in its cell instead of widening the page. Screenshots go to
+model name wraps in its cell instead of widening the page; a token a header cannot carry is refused
+as such, not retried. Screenshots go to
 ``.gpupool/artifacts/console/`` (gitignored).
 
 Skipped when chromium or playwright is absent (``.ci/run`` installs chromium).
@@ -407,3 +408,26 @@ def test_console_long_model_name_does_not_widen_the_page(gateway: tuple[str, Any
     assert page.locator("#lease-list td", has_text="M" * 256).count() == 1
     assert page.evaluate("document.documentElement.scrollWidth") <= 800
     assert errors == []
+
+
+def test_console_token_a_header_cannot_carry_is_refused_as_such(
+    gateway: tuple[str, Any], browser: Any
+) -> None:
+    """A token with a character an HTTP header cannot carry (typographic quotes picked up with a copy,
+    a line break) never reaches the gateway: ``fetch`` throws. The page took that for a gateway that
+    cannot be reached, kept the token and retried it every 2 s for good; it now says what is wrong
+    with the token, keeps nothing, and a good token signs in after it."""
+    url, _ = gateway
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{url}/?token=%E2%80%9C{ALICE}%E2%80%9D")
+    wait_js(page, "() => document.getElementById('signin-error').textContent !== ''")
+    message = page.inner_text("#signin-error")
+    assert "U+201C" in message and "token" in message, message
+    assert "reach the gateway" not in message
+    assert "token" not in page.url
+    assert page.evaluate("sessionStorage.getItem('gpupool.token')") is None
+    assert page.locator("#signin-form").is_visible()
+
+    _submit_token(page, ALICE)
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    _wait_for_role(page, "tenant")

@@ -103,11 +103,25 @@
     showSignIn(message);
   }
 
+  // What keeps `token` out of an HTTP header (fetch throws before anything is sent): a character past
+  // U+00FF (a typographic quote picked up with a copy), NUL or a line break. "" when it can be sent.
+  function unsendable(token) {
+    const m = /[^\x01-\x09\x0b\x0c\x0e-\xff]/u.exec(token);
+    if (!m) return "";
+    const code = m[0].codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
+    return `The token contains U+${code}, which an HTTP header cannot carry: paste it again as plain text.`;
+  }
+
   // A refusal (401) shows the sign-in form; a failure that may pass (no answer: the gateway is
   // restarting; 5xx: a proxy's 502, a 503; 408, 429) is retried with the same token until the gateway
-  // answers or another token is submitted.
+  // answers or another token is submitted. A token that cannot be sent at all is refused at once.
   async function signIn(token) {
     clearTimeout(state.signInTimer);
+    const bad = unsendable(token);
+    if (bad) {
+      signOut(bad);
+      return;
+    }
     state.token = token;
     try {
       await refresh(true);
