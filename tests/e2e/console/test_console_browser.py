@@ -7,7 +7,7 @@ at 800 px, a tenant token sees only its own leases and no admin controls, and th
 reconnects after failures; a late 401 for an old token does not sign out a newer one; a sign-in
 while the gateway answers errors is retried; a cleared watermark field is never sent; a caller's long
 model name wraps in its cell instead of widening the page; a token a header cannot carry is refused
-as such, not retried. Screenshots go to
+as such, not retried; a gateway that never answers leaves the figures marked stale. Screenshots go to
 ``.gpupool/artifacts/console/`` (gitignored).
 
 Skipped when chromium or playwright is absent (``.ci/run`` installs chromium).
@@ -15,6 +15,7 @@ Skipped when chromium or playwright is absent (``.ci/run`` installs chromium).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Iterator
@@ -431,3 +432,38 @@ def test_console_token_a_header_cannot_carry_is_refused_as_such(
     _submit_token(page, ALICE)
     page.wait_for_selector("body[data-ready='1']", timeout=10_000)
     _wait_for_role(page, "tenant")
+
+
+def test_console_says_its_figures_are_stale_while_the_gateway_does_not_answer(
+    gateway: tuple[str, Any], browser: Any
+) -> None:
+    """A gateway that takes requests and never answers them (a blocked process, a proxy holding the
+    connection): the console's read of ``/v1/pool`` waited for good, every later refresh waited
+    behind it, and the page went on showing its old figures as current, the stream pill still
+    "live". A read now gives up after ``REQUEST_TIMEOUT_MS``, the page says its figures are stale, and
+    it recovers once the gateway answers again."""
+    url, _ = gateway
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{url}/?token={ADMIN}")
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    page.wait_for_selector("#live.on", timeout=10_000)
+    held: list[Any] = []
+    hang = [True]
+
+    def never_answer(route: Any) -> None:
+        if hang[0]:
+            held.append(route)
+        else:
+            route.continue_()
+
+    page.route("**/v1/pool", never_answer)
+    try:
+        wait_js(page, "() => !document.getElementById('stale').hidden", timeout_ms=30_000)
+        assert "stale since" in page.locator("#stale").inner_text()
+        hang[0] = False
+        wait_js(page, "() => document.getElementById('stale').hidden", timeout_ms=30_000)
+    finally:
+        hang[0] = False
+        for route in held:
+            with contextlib.suppress(Exception):  # the page gave up on it already
+                route.abort()

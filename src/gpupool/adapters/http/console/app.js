@@ -11,6 +11,7 @@
   const SIGNIN_RETRY_MS = 2000;
   const MAX_EVENTS = 200;
   const MAX_TICKETS = 30;
+  const REQUEST_TIMEOUT_MS = 10000; // a read or an action the gateway does not answer by then has failed
   const LEASE_KINDS = new Set(["granted", "renewed", "released", "expired", "preempted", "revoked"]);
 
   const $ = (id) => document.getElementById(id);
@@ -46,20 +47,32 @@
     }
   }
 
+  // A gateway that takes the request and never answers (a blocked process, a proxy holding the
+  // connection) fails it after REQUEST_TIMEOUT_MS: a refresh waiting for good held every later one
+  // behind it, and the page showed its old figures as current.
   async function api(method, path, body) {
     const token = state.token;
     const headers = { Authorization: `Bearer ${token}` };
     if (body !== undefined) headers["Content-Type"] = "application/json";
-    const r = await fetch(path, {
-      method,
-      headers,
-      body: body === undefined ? undefined : JSON.stringify(body),
-      cache: "no-store",
-    });
+    const signal = AbortSignal.timeout(REQUEST_TIMEOUT_MS);
+    const late = () => new Error(`no answer from the gateway in ${REQUEST_TIMEOUT_MS / 1000} s`);
+    let r;
+    try {
+      r = await fetch(path, {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        cache: "no-store",
+        signal,
+      });
+    } catch (e) {
+      throw signal.aborted ? late() : e;
+    }
     let data = null;
     try {
       data = await r.json();
     } catch (_) {
+      if (signal.aborted) throw late(); // the head came, the body did not
       data = null;
     }
     if (r.status === 401) {
