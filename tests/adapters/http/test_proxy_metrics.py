@@ -1,5 +1,6 @@
 """`GatewayMetrics.observe_proxy`: counts per (model, status) and latency per model, each observation
-landing in its own series (the labelled children are cached per (model, status))."""
+landing in its own series (the labelled children are cached per (model, status)); over real HTTP, a
+backend that fails mid-response is counted as the 502 its client got."""
 
 from __future__ import annotations
 
@@ -72,3 +73,76 @@ def test_proxy_histograms_match_prometheus_clients_own() -> None:
     }
     strip = {ln for ln in theirs if "_created" not in ln}
     assert ours - {ln for ln in ours if "_created" in ln} == strip
+
+
+def test_a_backend_that_fails_mid_response_is_counted_as_the_502_the_client_got() -> None:
+    """A backend that sends its head and then closes before the body is complete: the client gets 502
+    ``failed mid-response``; the request was counted nowhere (a backend that cannot be reached is
+    counted as 502), so ``gpupool_proxy_requests_total`` hid exactly the failures it is there for."""
+    import socket
+    import threading
+
+    import httpx
+
+    from gpupool.adapters.http.app import create_app
+    from gpupool.adapters.http.auth import TokenTable
+    from gpupool.core.ports import Backend
+    from tests.adapters.http.servers import running
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def cut_short() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                buf = b""
+                while b"\r\n\r\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+                head, _, body = buf.partition(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(v)
+                        for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n")[1:])
+                        if k.strip().lower() == b"content-length"
+                    ),
+                    0,
+                )
+                while len(body) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    body += chunk
+                conn.sendall(
+                    b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{"id"'
+                )
+
+    threading.Thread(target=cut_short, daemon=True).start()
+    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=MemoryLeaseStore())
+    c.register_backend(
+        Backend(
+            "cut", "cut-model", f"http://127.0.0.1:{port}", node="gpu-b", gpu_id="gpu-b/0", kv_budget_mib=1024
+        )
+    )
+    metrics = GatewayMetrics(c)
+    app = create_app(c, tokens=TokenTable([("metrics-tenant-token", "t", "tenant")]), metrics=metrics)
+    try:
+        with running(app) as url, httpx.Client(base_url=url, timeout=20) as cl:
+            r = cl.post(
+                "/v1/completions",
+                headers={"Authorization": "Bearer metrics-tenant-token"},
+                json={"model": "cut-model", "prompt": "x", "max_tokens": 4},
+            )
+            assert r.status_code == 502 and "mid-response" in r.text, r.text
+            text = cl.get("/metrics").text
+    finally:
+        listener.close()
+    assert _sample(text, "gpupool_proxy_requests_total", 'model="cut-model",status="502"') == 1
+    assert _sample(text, "gpupool_proxy_latency_seconds_count", 'model="cut-model"') == 1
+    assert c.request_lease_count() == 0

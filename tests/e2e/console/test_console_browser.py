@@ -5,7 +5,9 @@ watermark as paused, its heat map follows a grant within 1 s (the SSE event trig
 periodic poll alone is 2 s), a drain from the page changes ``/v1/pool``, it has no horizontal overflow
 at 800 px, a tenant token sees only its own leases and no admin controls, and the event stream
 reconnects after failures; a late 401 for an old token does not sign out a newer one; a sign-in
-while the gateway answers errors is retried; a cleared watermark field is never sent. Screenshots go to
+while the gateway answers errors is retried; a cleared watermark field is never sent; a caller's long
+model name wraps in its cell instead of widening the page; a token a header cannot carry is refused
+as such, not retried; a gateway that never answers leaves the figures marked stale. Screenshots go to
 ``.gpupool/artifacts/console/`` (gitignored).
 
 Skipped when chromium or playwright is absent (``.ci/run`` installs chromium).
@@ -13,6 +15,7 @@ Skipped when chromium or playwright is absent (``.ci/run`` installs chromium).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Iterator
@@ -387,3 +390,80 @@ def test_console_says_its_figures_are_stale_while_refreshes_fail(
     )
     down[0] = False
     wait_js(page, "() => document.getElementById('stale').hidden", timeout_ms=10_000)
+
+
+def test_console_long_model_name_does_not_widen_the_page(gateway: tuple[str, Any], browser: Any) -> None:
+    """A lease's ``model`` is the caller's own text (up to 256 characters, unchecked when ``vram_mib``
+    is given). One long word in it stretched the active-lease table, and with it the page, to
+    thousands of pixels once the list was opened; it now wraps inside its cell."""
+    url, _ = gateway
+    with _client(url, ALICE) as alice:
+        r = alice.post("/v1/leases", json={"priority": "P1", "vram_mib": 1024, "model": "M" * 256})
+        assert r.status_code == 201, r.text
+    page = browser.new_page(viewport={"width": 800, "height": 900})
+    errors = _watch_errors(page)
+    page.goto(f"{url}/?token={ADMIN}")
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    page.click("#app details summary")
+    page.wait_for_selector("#lease-list tr[data-lease-id]", state="visible")
+    assert page.locator("#lease-list td", has_text="M" * 256).count() == 1
+    assert page.evaluate("document.documentElement.scrollWidth") <= 800
+    assert errors == []
+
+
+def test_console_token_a_header_cannot_carry_is_refused_as_such(
+    gateway: tuple[str, Any], browser: Any
+) -> None:
+    """A token with a character an HTTP header cannot carry (typographic quotes picked up with a copy,
+    a line break) never reaches the gateway: ``fetch`` throws. The page took that for a gateway that
+    cannot be reached, kept the token and retried it every 2 s for good; it now says what is wrong
+    with the token, keeps nothing, and a good token signs in after it."""
+    url, _ = gateway
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{url}/?token=%E2%80%9C{ALICE}%E2%80%9D")
+    wait_js(page, "() => document.getElementById('signin-error').textContent !== ''")
+    message = page.inner_text("#signin-error")
+    assert "U+201C" in message and "token" in message, message
+    assert "reach the gateway" not in message
+    assert "token" not in page.url
+    assert page.evaluate("sessionStorage.getItem('gpupool.token')") is None
+    assert page.locator("#signin-form").is_visible()
+
+    _submit_token(page, ALICE)
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    _wait_for_role(page, "tenant")
+
+
+def test_console_says_its_figures_are_stale_while_the_gateway_does_not_answer(
+    gateway: tuple[str, Any], browser: Any
+) -> None:
+    """A gateway that takes requests and never answers them (a blocked process, a proxy holding the
+    connection): the console's read of ``/v1/pool`` waited for good, every later refresh waited
+    behind it, and the page went on showing its old figures as current, the stream pill still
+    "live". A read now gives up after ``REQUEST_TIMEOUT_MS``, the page says its figures are stale, and
+    it recovers once the gateway answers again."""
+    url, _ = gateway
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{url}/?token={ADMIN}")
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    page.wait_for_selector("#live.on", timeout=10_000)
+    held: list[Any] = []
+    hang = [True]
+
+    def never_answer(route: Any) -> None:
+        if hang[0]:
+            held.append(route)
+        else:
+            route.continue_()
+
+    page.route("**/v1/pool", never_answer)
+    try:
+        wait_js(page, "() => !document.getElementById('stale').hidden", timeout_ms=30_000)
+        assert "stale since" in page.locator("#stale").inner_text()
+        hang[0] = False
+        wait_js(page, "() => document.getElementById('stale').hidden", timeout_ms=30_000)
+    finally:
+        hang[0] = False
+        for route in held:
+            with contextlib.suppress(Exception):  # the page gave up on it already
+                route.abort()

@@ -485,6 +485,8 @@ def add_proxy_routes(
                 content = await upstream.read()
             except Exception as exc:
                 release()
+                if gw.metrics is not None:  # counted as the client sees it, as an unreachable backend is
+                    gw.metrics.observe_proxy(model, 502, None, time.perf_counter() - t0)
                 return err(
                     502, f"backend {backend.id} failed mid-response: {type(exc).__name__}", "bad_gateway"
                 )

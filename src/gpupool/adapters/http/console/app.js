@@ -11,6 +11,7 @@
   const SIGNIN_RETRY_MS = 2000;
   const MAX_EVENTS = 200;
   const MAX_TICKETS = 30;
+  const REQUEST_TIMEOUT_MS = 10000; // a read or an action the gateway does not answer by then has failed
   const LEASE_KINDS = new Set(["granted", "renewed", "released", "expired", "preempted", "revoked"]);
 
   const $ = (id) => document.getElementById(id);
@@ -46,20 +47,32 @@
     }
   }
 
+  // A gateway that takes the request and never answers (a blocked process, a proxy holding the
+  // connection) fails it after REQUEST_TIMEOUT_MS: a refresh waiting for good held every later one
+  // behind it, and the page showed its old figures as current.
   async function api(method, path, body) {
     const token = state.token;
     const headers = { Authorization: `Bearer ${token}` };
     if (body !== undefined) headers["Content-Type"] = "application/json";
-    const r = await fetch(path, {
-      method,
-      headers,
-      body: body === undefined ? undefined : JSON.stringify(body),
-      cache: "no-store",
-    });
+    const signal = AbortSignal.timeout(REQUEST_TIMEOUT_MS);
+    const late = () => new Error(`no answer from the gateway in ${REQUEST_TIMEOUT_MS / 1000} s`);
+    let r;
+    try {
+      r = await fetch(path, {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        cache: "no-store",
+        signal,
+      });
+    } catch (e) {
+      throw signal.aborted ? late() : e;
+    }
     let data = null;
     try {
       data = await r.json();
     } catch (_) {
+      if (signal.aborted) throw late(); // the head came, the body did not
       data = null;
     }
     if (r.status === 401) {
@@ -103,11 +116,25 @@
     showSignIn(message);
   }
 
+  // What keeps `token` out of an HTTP header (fetch throws before anything is sent): a character past
+  // U+00FF (a typographic quote picked up with a copy), NUL or a line break. "" when it can be sent.
+  function unsendable(token) {
+    const m = /[^\x01-\x09\x0b\x0c\x0e-\xff]/u.exec(token);
+    if (!m) return "";
+    const code = m[0].codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
+    return `The token contains U+${code}, which an HTTP header cannot carry: paste it again as plain text.`;
+  }
+
   // A refusal (401) shows the sign-in form; a failure that may pass (no answer: the gateway is
   // restarting; 5xx: a proxy's 502, a 503; 408, 429) is retried with the same token until the gateway
-  // answers or another token is submitted.
+  // answers or another token is submitted. A token that cannot be sent at all is refused at once.
   async function signIn(token) {
     clearTimeout(state.signInTimer);
+    const bad = unsendable(token);
+    if (bad) {
+      signOut(bad);
+      return;
+    }
     state.token = token;
     try {
       await refresh(true);
@@ -363,7 +390,7 @@
         h(
           "tr",
           { "data-tenant": tenant },
-          h("td", { text: tenant }),
+          h("td", { class: "text", text: tenant }),
           bands.map((b) => h("td", { class: r[b][0] ? "" : "muted", text: r[b][0] ? `${r[b][0]} \u00b7 ${gib(r[b][1])} GiB` : "\u2013" })),
         ),
       );
@@ -380,11 +407,11 @@
           "tr",
           { "data-lease-id": l.id },
           h("td", { title: l.id, text: short(l.id) }),
-          h("td", { text: l.tenant }),
+          h("td", { class: "text", text: l.tenant }),
           h("td", { class: `band ${band(l.priority)}`, text: band(l.priority) }),
           h("td", { text: l.slice_id }),
           h("td", { text: gib(l.vram_mib) }),
-          h("td", { text: l.model || "" }),
+          h("td", { class: "text", text: l.model || "" }),
           h("td", { text: clock(l.expires_at) }),
         ),
       );
@@ -405,7 +432,7 @@
         h("td", { title: t.ticket, text: short(t.ticket) }),
         h("td", { text: t.state }),
         h("td", { text: clock(t.at) }),
-        h("td", { text: t.reason || "" }),
+        h("td", { class: "text", text: t.reason || "" }),
       ),
     );
     if (!rows.length) rows.push(h("tr", {}, h("td", { class: "muted", text: "no tickets seen since this page opened" })));
