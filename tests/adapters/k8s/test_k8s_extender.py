@@ -219,3 +219,16 @@ def test_retried_bind_after_success_keeps_the_lease(extender: Any, fake_api: Fak
     assert ext.pool.lease_of(pod["metadata"]["uid"]).node == "gpu-a"
     assert fake_api.pod("default", "twice")["metadata"]["annotations"]["gpupool.io/placement"] == before
     ext.pool.check()
+
+
+def test_a_pod_whose_quantities_the_api_server_canonicalised_is_scheduled(
+    extender: Any, fake_api: FakeApiServer
+) -> None:
+    """A pod written with ``gpupool.io/vram-mib: 40000`` reaches the extender as "40k" (the API
+    server's canonical form); it was refused in filter with "no unit suffix"."""
+    ext, _, client = extender
+    pod = make_pod("canon", vram_mib=40000, compute_pct=20)
+    pod["spec"]["containers"][1]["resources"]["limits"]["gpupool.io/vram-mib"] = "40k"
+    pod["spec"]["containers"][1]["resources"]["requests"]["gpupool.io/vram-mib"] = "40k"
+    assert schedule(client, fake_api, pod, "gpu-a") == {"Error": ""}
+    assert ext.pool.lease_of(pod["metadata"]["uid"]).request.demand.vram_mib == 40000
