@@ -35,7 +35,8 @@ of an `Extender` and relays every verb and ``<prefix>/state`` to the leader's ex
 ``Retry-After: 1`` and ``{"Error": ...}``: kube-scheduler treats it as a failed extender call and
 schedules the pod again. `ExtenderServer.use` swaps the role on the same listening socket.
 Malformed JSON, JSON nested deeper than `boundedjson.MAX_DEPTH` or a non-object body: HTTP 400
-with ``{"Error": ...}``; an invalid pod: HTTP 200 with
+with ``{"Error": ...}``; so is a Content-Length that is not a length up to `MAX_BODY_BYTES` (and the
+connection is closed: its body is not read); an invalid pod: HTTP 200 with
 ``Error`` naming the field. Unexpected exceptions: HTTP 500 with ``Error``; the server keeps serving.
 """
 
@@ -423,9 +424,11 @@ class _Handler(BaseHTTPRequestHandler):
         if verb in VERBS:
             handler = getattr(ext, verb) if isinstance(ext, Extender) else _relayed
         try:
-            length = int(self.headers.get("Content-Length") or "0")
-            if length < 0 or length > MAX_BODY_BYTES:
-                raise BadRequestError(f"Content-Length {length} outside [0, {MAX_BODY_BYTES}]")
+            text = self.headers.get("Content-Length") or "0"
+            length = int(text) if text.isascii() and text.isdigit() else -1
+            if not 0 <= length <= MAX_BODY_BYTES:  # NOTE: the body stays unread: close, never parse it
+                self.close_connection = True
+                raise BadRequestError(f"Content-Length {text!r} is not a length in [0, {MAX_BODY_BYTES}]")
             try:
                 raw = self.rfile.read(length)
             except TimeoutError:  # the body stalled: answer 408 and close (the file is unusable now)
