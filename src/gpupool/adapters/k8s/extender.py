@@ -235,6 +235,8 @@ class Extender:
             if not isinstance(value, str) or (key != "PodUID" and not value):  # (a PodUID may be "")
                 why = "must be a string" if key == "PodUID" else "must be a non-empty string"
                 return {"Error": str(InvalidInput(key, value, why))}
+            if not value.isascii() and not _is_unicode(value):  # (a URL path segment of the API)
+                return {"Error": str(InvalidInput(key, value, "holds a lone surrogate: not Unicode text"))}
             fields[key] = value
         name, ns, uid, node = fields["PodName"], fields["PodNamespace"], fields["PodUID"], fields["Node"]
         with self._bind_locks.hold((ns, name)):
@@ -328,6 +330,15 @@ class Extender:
             "binds_in_flight": self._bind_locks.in_flight(),
             **{key: fn() for key, fn in sorted(self.status.items())},
         }
+
+
+def _is_unicode(text: str) -> bool:
+    """False for a string JSON can carry but UTF-8 cannot (a lone surrogate, ``"\\ud800"``)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _meta_of(victims: dict[str, Any]) -> dict[str, Any]:
