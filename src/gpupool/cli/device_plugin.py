@@ -127,7 +127,7 @@ def device_plugin(
         mps_shm_dir=mps_shm_dir,
         pod_resources_socket=pod_resources_socket,
     )
-    plugin = DevicePlugin(cfg, cards, mps=mps_client_side)
+    plugin = DevicePlugin(cfg, cards, mps=mps_client_side, api=api)
     if api is not None and cluster is None:
         # the pipe directories the agent published, read before kubelet can call Allocate: an
         # Allocate answered before the first read would get the default directory

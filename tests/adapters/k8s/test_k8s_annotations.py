@@ -188,3 +188,54 @@ def test_a_quantity_of_non_ascii_digits_is_invalid_input_naming_it(quantity: str
     }
     with pytest.raises(InvalidInput, match=r"gpupool\.io/gpu"):
         parse_pod(pod)
+
+
+def _asking(quantities: dict[str, object]) -> dict[str, object]:
+    return {
+        "metadata": {"name": "q"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": quantities}}]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("vram", "gpu", "want"),
+    [
+        ("8k", "1", (8000, 1)),
+        ("40k", "2", (40000, 2)),
+        ("1Ki", "1", (1024, 1)),
+        ("36Ki", "1", (36864, 1)),
+        ("1e3", "1", (1000, 1)),
+        ("1E3", "+1", (1000, 1)),
+        ("2000m", "2000m", (2, 2)),
+        ("8000.0", "1.", (8000, 1)),
+    ],
+)
+def test_quantities_in_kubernetes_canonical_form_parse_to_their_value(
+    vram: str, gpu: str, want: tuple[int, int]
+) -> None:
+    """The API server re-emits every quantity in canonical form ("8000" becomes "8k"), and that is
+    what kube-scheduler sends the extender: such a pod was refused as having a unit suffix."""
+    d = parse_pod(_asking({"gpupool.io/vram-mib": vram, "gpupool.io/gpu": gpu}))
+    assert d is not None and (d.vram_mib, d.gpu_count) == want
+
+
+@pytest.mark.parametrize(
+    ("quantity", "why"),
+    [
+        ("0.5", "whole number"),
+        ("1500m", "whole number"),
+        ("-8k", r"\[1, "),
+        ("1e999999999", r"\[1, "),
+        ("-1e999999999", r"\[1, "),
+        ("1e-999999999", "whole number"),
+        ("1" * 200, r"\[1, "),
+        ("8kb", "quantity"),
+        ("1 k", "quantity"),
+        ("", "quantity"),
+        ("k", "quantity"),
+        ("0x10", "quantity"),
+    ],
+)
+def test_a_quantity_that_is_not_a_whole_number_in_range_names_the_field(quantity: str, why: str) -> None:
+    with pytest.raises(InvalidInput, match=rf"gpupool\.io/vram-mib.*{why}"):
+        parse_pod(_asking({"gpupool.io/vram-mib": quantity}))

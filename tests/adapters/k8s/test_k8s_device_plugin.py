@@ -290,3 +290,48 @@ def test_bad_device_ids_are_invalid_argument_and_take_no_lease(short_dir: Path) 
     finally:
         plugin.stop()
         kubelet.stop()
+
+
+def test_allocate_before_the_pod_watch_delivered_the_bound_pod(
+    short_dir: Path, fake_api: FakeApiServer
+) -> None:
+    """Kubelet and the plugin learn of a Binding through two watches; when kubelet's came first, its
+    Allocate found no waiting placement and was refused, and kubelet does not retry a refused
+    Allocate: the pod failed for good (UnexpectedAdmissionError). The plugin now lists the node's
+    pods once before refusing. Here the pod watch never runs: only that list can find the pod."""
+    slices = list(inventory_from_cluster(load_cluster_spec(CLUSTER)))
+    ext = Extender(pool_of(slices, clock=ManualClock(0.0)), api=KubeApi.for_host(fake_api.url))
+    server = ExtenderServer(ext).start()
+    client = Client(server)
+    kubelet = FakeKubelet(short_dir).start()
+    plugin = DevicePlugin(
+        PluginConfig(node="gpu-a", plugin_dir=str(short_dir), replicas=2, poll_s=0.05),
+        cards_of(slices, "gpu-a"),
+        api=KubeApi.for_host(fake_api.url),
+    ).start()
+    try:
+        channel, stub = kubelet.plugin(kubelet.wait_registered(1).endpoint)
+        pod = make_pod("early", vram_mib=20000, compute_pct=25, gpus=1)
+        _bind(client, fake_api, pod)
+        assert plugin.queue.waiting() == []
+        resp = stub.Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["gpu-a_0-0"])]),
+            timeout=5,
+        )
+        env = dict(resp.container_responses[0].envs)
+        assert env["GPUPOOL_POD"] == "default/early"
+        assert env["GPUPOOL_LEASE_ID"] == ext.pool.lease_of(pod["metadata"]["uid"]).id
+        with pytest.raises(grpc.RpcError) as err:  # nothing else is bound here: refused as before
+            stub.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[pb.ContainerAllocateRequest(devices_ids=["gpu-a_1-0"])]
+                ),
+                timeout=5,
+            )
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        channel.close()
+    finally:
+        plugin.stop()
+        kubelet.stop()
+        client.close()
+        server.stop()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import pytest
 from tests.adapters.k8s.k8s_fakeapi import FakeApiServer, make_pod
 from tests.adapters.k8s.k8s_helpers import Client, fixture_json
 
@@ -11,6 +13,11 @@ from gpupool.adapters.k8s.annotations import decode_placement
 from gpupool.adapters.k8s.extender import Extender, ExtenderServer
 
 NODES = ["gpu-a", "gpu-b", "gpu-c", "cpu-1"]
+
+
+def _bind_args(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    meta = pod["metadata"]
+    return {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
 
 
 def schedule(client: Client, api: FakeApiServer, pod: dict[str, Any], node: str) -> dict[str, Any]:
@@ -219,3 +226,30 @@ def test_retried_bind_after_success_keeps_the_lease(extender: Any, fake_api: Fak
     assert ext.pool.lease_of(pod["metadata"]["uid"]).node == "gpu-a"
     assert fake_api.pod("default", "twice")["metadata"]["annotations"]["gpupool.io/placement"] == before
     ext.pool.check()
+
+
+def test_a_pod_whose_quantities_the_api_server_canonicalised_is_scheduled(
+    extender: Any, fake_api: FakeApiServer
+) -> None:
+    """A pod written with ``gpupool.io/vram-mib: 40000`` reaches the extender as "40k" (the API
+    server's canonical form); it was refused in filter with "no unit suffix"."""
+    ext, _, client = extender
+    pod = make_pod("canon", vram_mib=40000, compute_pct=20)
+    pod["spec"]["containers"][1]["resources"]["limits"]["gpupool.io/vram-mib"] = "40k"
+    pod["spec"]["containers"][1]["resources"]["requests"]["gpupool.io/vram-mib"] = "40k"
+    assert schedule(client, fake_api, pod, "gpu-a") == {"Error": ""}
+    assert ext.pool.lease_of(pod["metadata"]["uid"]).request.demand.vram_mib == 40000
+
+
+@pytest.mark.parametrize("field", ["PodName", "PodNamespace", "PodUID", "Node"])
+def test_a_bind_naming_a_lone_surrogate_is_answered_not_a_500(
+    extender: Any, fake_api: FakeApiServer, field: str
+) -> None:
+    """JSON can carry a lone surrogate (``"\\ud800"``), which no URL or UTF-8 text can: the pod read
+    raised UnicodeEncodeError, an HTTP 500. Now it is the bind's ``Error`` naming the field."""
+    ext, _, client = extender
+    pod = fake_api.add_pod(make_pod("sur", vram_mib=1000))
+    args = {**_bind_args(pod, "gpu-a"), field: "x\ud800"}
+    status, out = client.raw("bind", json.dumps(args).encode())
+    assert status == 200 and field in out["Error"] and "Unicode" in out["Error"], out
+    assert ext.pool.pod_uids() == []

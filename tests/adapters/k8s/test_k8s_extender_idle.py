@@ -10,6 +10,7 @@ import select
 import socket
 import time
 
+import pytest
 from tests.adapters.k8s.k8s_helpers import make_pool
 
 from gpupool.adapters.k8s.extender import Extender, ExtenderServer
@@ -76,4 +77,21 @@ def test_connections_past_the_limit_are_answered_503_until_one_ends() -> None:
     finally:
         for s in idle:
             s.close()
+        server.stop()
+
+
+@pytest.mark.parametrize("length", [b"abc", b"1e3", b"-1", b"99999999999999999999"])
+def test_a_bad_content_length_is_a_400_that_closes_the_connection(length: bytes) -> None:
+    """A Content-Length that is not a number was an HTTP 500 (a ValueError from ``int``); with any
+    refused Content-Length the body stayed unread on a kept-alive connection, to be read as the next
+    request. Now: 400 naming the header, and the server closes the connection."""
+    server = ExtenderServer(Extender(make_pool())).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=CLOSE_BOUND_S) as s:
+            head = b"POST /filter HTTP/1.1\r\nHost: t\r\nContent-Length: " + length + b"\r\n\r\n"
+            s.sendall(head + b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            answer = _read_until_closed(s)
+        assert answer is not None and answer.startswith(b"HTTP/1.1 400 "), answer
+        assert b"Content-Length" in answer and answer.count(b"HTTP/1.1 ") == 1, answer
+    finally:
         server.stop()

@@ -18,13 +18,16 @@ environment of the lease the extender bound for its pod.
   namespace, which Allocate cannot grant: the response then carries ``<domain>/mps-host-ipc: required``
   and the pod must set ``hostIPC: true``), plus ``GPUPOOL_LEASE_ID`` / ``GPUPOOL_POD``. The MPS part is
   built per MPS grant by an injected `MpsSide` (the CLI passes ``gpupool.adapters.mps.container_mps``,
-  NVIDIA k8s-device-plugin's MPS container side; the built-in `plain_mps_side` gives the same shape).
-  A MIG grant without a device UUID, MPS grants of one container on daemons with different pipe
-  directories (a client talks to one daemon), or no waiting lease, fail the whole Allocate with
-  ``FAILED_PRECONDITION`` (kubelet retries the container). Device IDs this plugin never advertised,
-  repeated IDs, an empty ID list, a negative ``allocation_size`` or ``must_include_deviceIDs`` outside
-  ``available_deviceIDs`` are ``INVALID_ARGUMENT``, checked before any lease is taken. Error details
-  are cut to `MAX_DETAIL_CHARS` (gRPC refuses status messages over its metadata limit).
+  NVIDIA k8s-device-plugin's MPS container side; the built-in `plain_mps_side` gives the same shape;
+  `gpupool.adapters.k8s.containerenv`). When no placement waits, Allocate first lists the node's pods
+  once (`catch_up`: kubelet may see the Binding before the pod feed's watch does). A MIG grant without
+  a device UUID, MPS grants of one container on daemons with different pipe directories (a client
+  talks to one daemon), or still no waiting lease, fail the whole Allocate with
+  ``FAILED_PRECONDITION`` (kubelet does not retry it: the pod fails to start). Device IDs this
+  plugin never advertised, repeated IDs, an empty ID list, a negative ``allocation_size`` or
+  ``must_include_deviceIDs`` outside ``available_deviceIDs`` are ``INVALID_ARGUMENT``, checked
+  before any lease is taken. Error details are cut to `MAX_DETAIL_CHARS` (gRPC refuses status
+  messages over its metadata limit).
 - Registration: serve ``<plugin_dir>/<endpoint>``, then ``Register`` on ``<plugin_dir>/kubelet.sock``.
   A watcher re-creates the socket and registers again whenever kubelet.sock is re-created (kubelet
   restart) or our socket disappears.
@@ -38,13 +41,14 @@ import logging
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from gpupool.adapters.k8s.annotations import Placement, decode_pipe_dirs, decode_slices
+from gpupool.adapters.k8s.containerenv import MpsSide, container_env, plain_mps_side
 from gpupool.adapters.k8s.kubeapi import KubeApi, KubeApiError, WatchExpiredError
 from gpupool.adapters.k8s.pending import PendingQueue, feed
 from gpupool.adapters.k8s.resources import DEFAULT_NAMES, ResourceNames
@@ -112,119 +116,6 @@ class PluginConfig:
         return str(Path(self.plugin_dir) / self.endpoint)
 
 
-@dataclass(frozen=True, slots=True)
-class ContainerEnv:
-    envs: dict[str, str]
-    mounts: tuple[tuple[str, str, bool], ...]
-    """(container path, host path, read only)."""
-    annotations: dict[str, str]
-    host_ipc: bool = False
-    """The MPS daemon shares the host's IPC namespace: the pod must set ``hostIPC: true``."""
-
-
-class MpsClientSide(Protocol):
-    """What a container needs to be a client of one MPS daemon (`gpupool.adapters.mps.ContainerMps`)."""
-
-    @property
-    def env(self) -> dict[str, str]: ...
-
-    @property
-    def mounts(self) -> tuple[tuple[str, str], ...]:
-        """(host path, container path), read-write."""
-        ...
-
-    @property
-    def host_ipc(self) -> bool: ...
-
-
-MpsSide = Callable[..., MpsClientSide]
-"""``(pipe_directory, device, *, vram_mib, compute_milli, shm_directory) -> MpsClientSide``."""
-
-
-@dataclass(frozen=True, slots=True)
-class _PlainMps:
-    env: dict[str, str]
-    mounts: tuple[tuple[str, str], ...]
-    host_ipc: bool
-
-
-def plain_mps_side(
-    pipe_directory: str, device: int | str, *, vram_mib: int, compute_milli: int, shm_directory: str = ""
-) -> MpsClientSide:
-    """The container side of one MPS grant without the MPS adapter (same shape as ``container_mps``)."""
-    env = {
-        "CUDA_MPS_PIPE_DIRECTORY": pipe_directory,
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{device}={vram_mib}M",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(min(100, max(1, -(-compute_milli // 10)))),
-    }
-    mounts = [(pipe_directory, pipe_directory)]
-    if shm_directory:
-        mounts.append((shm_directory, "/dev/shm"))  # noqa: S108 - the container's shm mount point
-    return _PlainMps(env, tuple(mounts), not shm_directory)
-
-
-def container_env(
-    p: Placement,
-    *,
-    mps_pipe_dir: str,
-    domain: str = DEFAULT_NAMES.domain,
-    pipe_dirs: Mapping[str, str] | None = None,
-    shm_dir: str = "",
-    mps: MpsSide = plain_mps_side,
-) -> ContainerEnv:
-    """The container side of a lease. MPS (and shared whole-card) grants get ``mps``'s client side,
-    each on its own container ordinal with its slice's pipe directory (``pipe_dirs``, else
-    ``mps_pipe_dir``). Raises `InvalidInput` when a MIG grant has no device UUID or the MPS grants
-    name different pipe directories."""
-    visible = []
-    for g in p.grants:
-        if g.uuid:
-            visible.append(g.uuid)
-        elif g.kind is SliceKind.MIG:
-            raise InvalidInput("placement.grants.uuid", g.slice_id, "MIG slice has no device UUID yet")
-        else:
-            visible.append(str(g.index))
-    envs = {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(visible),
-        "GPUPOOL_LEASE_ID": p.lease_id,
-        "GPUPOOL_POD": f"{p.namespace}/{p.name}",
-        "GPUPOOL_VRAM_MIB": str(p.vram_mib),
-        "GPUPOOL_COMPUTE_MILLI": str(p.compute_milli),
-    }
-    annotations = {f"{domain}/lease": p.lease_id}
-    sides = [
-        (ordinal, g, (pipe_dirs or {}).get(g.slice_id, mps_pipe_dir))
-        for ordinal, g in enumerate(p.grants)
-        if g.kind is SliceKind.MPS or (g.shared and g.kind is not SliceKind.MIG)
-    ]
-    if not sides:
-        return ContainerEnv(envs, (), annotations)
-    pipes = sorted({pipe for _, _, pipe in sides})
-    if len(pipes) > 1:
-        raise InvalidInput(
-            "placement.grants",
-            [g.slice_id for _, g, _ in sides],
-            f"MPS grants on daemons {pipes}: one per container",
-        )
-    limits, percents, host_ipc = [], [], False
-    mounts: dict[str, tuple[str, str, bool]] = {}
-    for ordinal, g, pipe in sides:
-        side = mps(pipe, ordinal, vram_mib=g.vram_mib, compute_milli=g.compute_milli, shm_directory=shm_dir)
-        limits.append(side.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
-        if g.compute_milli > 0:
-            percents.append(int(side.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]))
-        envs["CUDA_MPS_PIPE_DIRECTORY"] = side.env["CUDA_MPS_PIPE_DIRECTORY"]
-        for host, ctr in side.mounts:
-            mounts[ctr] = (ctr, host, False)
-        host_ipc = host_ipc or side.host_ipc
-    envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(limits)
-    if percents:
-        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(percents))
-    if host_ipc:
-        annotations[f"{domain}/mps-host-ipc"] = "required"
-    return ContainerEnv(envs, tuple(mounts.values()), annotations, host_ipc)
-
-
 def _detail(exc: Exception) -> str:
     """A gRPC status message: ``exc`` cut in the middle (the field first, the reason last) to
     `MAX_DETAIL_CHARS`: a longer one never reaches the caller."""
@@ -256,9 +147,12 @@ class DevicePlugin:
         *,
         queue: PendingQueue | None = None,
         mps: MpsSide = plain_mps_side,
+        api: KubeApi | None = None,
     ) -> None:
         self.config = config
         self.mps = mps
+        self.api = api
+        """Where Allocate lists this node's pods when no placement waits (`catch_up`)."""
         self.queue = queue or PendingQueue()
         self._cond = threading.Condition()
         self._version = 0
@@ -428,6 +322,8 @@ class DevicePlugin:
                 ids = list(creq.devices_ids)
                 gpus = frozenset(self._ids[d] for d in ids)
                 p = self.queue.take(gpus, len(ids))
+                if p is None and self.catch_up():
+                    p = self.queue.take(gpus, len(ids))
                 if p is None:
                     raise InvalidInput(
                         "devices_ids",
@@ -548,6 +444,21 @@ class DevicePlugin:
         feed(
             self.queue, kind, pod, node=self.config.node, names=self.config.names, on_error=self.drifts.append
         )
+
+    def catch_up(self) -> bool:
+        """List this node's pods once into the queue (Allocate found no waiting placement: kubelet
+        may have seen the Binding before the pod feed's watch did, and a refused Allocate fails the
+        pod for good). False without an API or when the list fails."""
+        if self.api is None:
+            return False
+        try:
+            pods, _ = self.api.list_pods(field_selector=f"spec.nodeName={self.config.node}")
+        except KubeApiError as exc:
+            log.warning("Allocate: listing the pods of %s failed: %s", self.config.node, exc)
+            return False
+        for pod in pods:
+            self.feed("ADDED", pod)
+        return True
 
     def run_pod_feed(self, api: KubeApi, stop: threading.Event, *, watch_timeout_s: int = 300) -> None:
         """List + watch this node's pods into the queue until ``stop``; relist on expiry or errors."""

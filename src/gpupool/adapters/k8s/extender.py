@@ -35,7 +35,8 @@ of an `Extender` and relays every verb and ``<prefix>/state`` to the leader's ex
 ``Retry-After: 1`` and ``{"Error": ...}``: kube-scheduler treats it as a failed extender call and
 schedules the pod again. `ExtenderServer.use` swaps the role on the same listening socket.
 Malformed JSON, JSON nested deeper than `boundedjson.MAX_DEPTH` or a non-object body: HTTP 400
-with ``{"Error": ...}``; an invalid pod: HTTP 200 with
+with ``{"Error": ...}``; so is a Content-Length that is not a length up to `MAX_BODY_BYTES` (and the
+connection is closed: its body is not read); an invalid pod: HTTP 200 with
 ``Error`` naming the field. Unexpected exceptions: HTTP 500 with ``Error``; the server keeps serving.
 """
 
@@ -234,6 +235,8 @@ class Extender:
             if not isinstance(value, str) or (key != "PodUID" and not value):  # (a PodUID may be "")
                 why = "must be a string" if key == "PodUID" else "must be a non-empty string"
                 return {"Error": str(InvalidInput(key, value, why))}
+            if not value.isascii() and not _is_unicode(value):  # (a URL path segment of the API)
+                return {"Error": str(InvalidInput(key, value, "holds a lone surrogate: not Unicode text"))}
             fields[key] = value
         name, ns, uid, node = fields["PodName"], fields["PodNamespace"], fields["PodUID"], fields["Node"]
         with self._bind_locks.hold((ns, name)):
@@ -327,6 +330,15 @@ class Extender:
             "binds_in_flight": self._bind_locks.in_flight(),
             **{key: fn() for key, fn in sorted(self.status.items())},
         }
+
+
+def _is_unicode(text: str) -> bool:
+    """False for a string JSON can carry but UTF-8 cannot (a lone surrogate, ``"\\ud800"``)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _meta_of(victims: dict[str, Any]) -> dict[str, Any]:
@@ -423,9 +435,11 @@ class _Handler(BaseHTTPRequestHandler):
         if verb in VERBS:
             handler = getattr(ext, verb) if isinstance(ext, Extender) else _relayed
         try:
-            length = int(self.headers.get("Content-Length") or "0")
-            if length < 0 or length > MAX_BODY_BYTES:
-                raise BadRequestError(f"Content-Length {length} outside [0, {MAX_BODY_BYTES}]")
+            text = self.headers.get("Content-Length") or "0"
+            length = int(text) if text.isascii() and text.isdigit() else -1
+            if not 0 <= length <= MAX_BODY_BYTES:  # NOTE: the body stays unread: close, never parse it
+                self.close_connection = True
+                raise BadRequestError(f"Content-Length {text!r} is not a length in [0, {MAX_BODY_BYTES}]")
             try:
                 raw = self.rfile.read(length)
             except TimeoutError:  # the body stalled: answer 408 and close (the file is unusable now)

@@ -8,6 +8,8 @@ Resources (the domain is configurable, default ``gpupool.io``):
 
 Parsing rules (each violation is an `InvalidInput` naming the field and value):
 - values are read from ``limits`` first, then ``requests`` (extended resources need requests == limits);
+  each is a JSON integer or a Kubernetes quantity string with a whole-number value (``8000``, and its
+  canonical form ``8k`` that the API server re-emits, ``1Ki``, ``1e3``); fractions are refused;
 - exactly one container (not an init container) may ask for gpupool resources: kubelet's Allocate
   carries no pod identity and multi-container matching is where HAMi and gpushare broke;
 - a container that asks only for ``<domain>/gpu`` gets whole cards: compute 100 %, and 1 MiB of VRAM
@@ -19,7 +21,9 @@ Parsing rules (each violation is an `InvalidInput` naming the field and value):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal
 from typing import Any
 
 from gpupool.core.errors import InvalidInput
@@ -111,15 +115,42 @@ class PodDemand:
         )
 
 
+_QUANTITY = re.compile(
+    r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?"
+)
+_SUFFIX_SCALE = {"m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY_SHIFT = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+
+
+def quantity_value(text: str, field: str) -> Decimal:
+    """The exact value of a Kubernetes quantity string (``8000``, ``8k``, ``1Ki``, ``1e3``,
+    ``2000m``), as the API server emits them; `InvalidInput` when ``text`` is not one."""
+    m = _QUANTITY.fullmatch(text)
+    if m is None:
+        raise InvalidInput(field, text, "must be a Kubernetes quantity (e.g. 8000, 8k, 1Ki, 1e3)")
+    sign, number, exponent, suffix = m.groups()
+    scale = int(exponent) if exponent is not None else _SUFFIX_SCALE.get(suffix or "", 0)
+    exact = Context(prec=len(text) + 40, Emax=MAX_EMAX, Emin=MIN_EMIN)
+    value = exact.scaleb(Decimal(sign + number), scale)
+    return exact.multiply(value, Decimal(2 ** _BINARY_SHIFT.get(suffix or "", 0)))
+
+
 def _int_quantity(value: object, field: str, *, lo: int, hi: int) -> int:
+    """A whole-number quantity in ``[lo, hi]``: a JSON integer or a Kubernetes quantity string
+    (the API server re-emits ``8000`` as ``8k``: that is what kube-scheduler sends)."""
     if isinstance(value, bool):
         raise InvalidInput(field, value, "must be an integer")
     if isinstance(value, int):
         n = value
-    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        n = int(value.strip())
+    elif isinstance(value, str):
+        exact = quantity_value(value, field)
+        if not lo - 1 < exact < hi + 1:  # (before int(): "1e999999999" has a billion digits)
+            raise InvalidInput(field, value, f"must be in [{lo}, {hi}]")
+        if exact != exact.to_integral_value():
+            raise InvalidInput(field, value, "must be a whole number")
+        n = int(exact)
     else:
-        raise InvalidInput(field, value, "must be a plain integer quantity (no unit suffix)")
+        raise InvalidInput(field, value, "must be an integer or a Kubernetes quantity string")
     if not lo <= n <= hi:
         raise InvalidInput(field, n, f"must be in [{lo}, {hi}]")
     return n
