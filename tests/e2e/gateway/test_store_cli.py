@@ -234,3 +234,30 @@ def test_repair_of_a_damaged_file_on_a_full_disk_puts_it_back(tmp_path: Path) ->
         assert {p.name for p in fs.iterdir()} <= sides
         r = gpupool("store", "repair", "--data-dir", str(fs))
         assert r.returncode == 0 and "moved to" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_store_from_a_newer_gpupool_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    """A store whose ``schema_version`` is above this version's (written by a newer gpupool, then
+    started with an older one, e.g. after a rolled-back upgrade) was opened and written as if it were
+    its own; `store repair` even rewrote the version down. Now serve exits 2 naming the file and both
+    versions, repair refuses, and the file is not touched."""
+    path = tmp_path / "leases.db"
+    a_store(path)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    before = path.read_bytes()
+    r = serve(tmp_path, "--auth-file", str(_auth(tmp_path)))
+    line = one_line(r)
+    assert r.returncode == 2 and "recovered" not in r.stdout, r.stdout
+    assert str(path) in line and "schema_version 2" in line and "newer" in line and "1" in line, line
+    r = gpupool("store", "check", "--data-dir", str(tmp_path))
+    assert r.returncode == 1 and "newer" in r.stdout, r.stdout
+    r = gpupool("store", "repair", "--data-dir", str(tmp_path))
+    line = one_line(r)
+    assert r.returncode == 2 and str(path) in line and "newer" in line, line
+    assert path.read_bytes() == before
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+    db.close()

@@ -8,6 +8,8 @@ start: damage is quarantined, never silently dropped.
   store reads (another program's database), a ``leases`` or ``tickets`` row whose body does not
   decode or whose columns disagree with its body, a missing or unknown ``schema_version``. It
   never writes.
+- a store written by a newer gpupool (``schema_version`` above ours) is not this version's to
+  repair: `check` says so and `repair` raises `StoreTooNew` before changing anything.
 - `repair` of row damage moves each bad row, in one transaction, into the ``quarantine`` table
   (``tbl, id, body, problem, moved_at``) of the same file and deletes it from its table. Repair of
   file damage renames the file (with its ``-wal``/``-shm``) to ``NAME.damaged-STAMP`` (``-2``,
@@ -28,7 +30,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpupool.adapters.store.sqlite import SCHEMA_VERSION, SqliteLeaseStore, decode_row, decode_ticket_row
+from gpupool.adapters.store.sqlite import (
+    SCHEMA_VERSION,
+    SqliteLeaseStore,
+    StoreTooNew,
+    decode_row,
+    decode_ticket_row,
+    is_newer_schema,
+    schema_version,
+)
 from gpupool.core.errors import InvalidInput
 from gpupool.core.ports import StoreWrite
 
@@ -119,9 +129,13 @@ def check(path: Path) -> list[Problem]:
             return problems
         problems.extend(_row_problems(db))
         problems.extend(_ticket_problems(db))
-        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is None or row[0] != SCHEMA_VERSION:
-            have = "none" if row is None else repr(row[0])
+        version = schema_version(db)
+        if is_newer_schema(version):
+            what = f"schema_version is {version!r}, written by a newer gpupool (this one reads"
+            what += f" {SCHEMA_VERSION!r})"
+            problems.append(Problem("table meta", what))
+        elif version != SCHEMA_VERSION:
+            have = "none" if version is None else repr(version)
             problems.append(Problem("table meta", f"schema_version is {have}, expected {SCHEMA_VERSION!r}"))
         return problems
     finally:
@@ -190,6 +204,14 @@ def repair(path: Path) -> RepairReport:
     problems = check(path)
     if not problems:
         return RepairReport()  # (no write at all: read-only media holding a clean store is fine)
+    db = _reader(path)
+    try:
+        with contextlib.suppress(sqlite3.DatabaseError):
+            version = schema_version(db)
+            if is_newer_schema(version):
+                raise StoreTooNew(path, str(version))
+    finally:
+        db.close()
     if any(p.where == "file" for p in problems):
         return _salvage(path)
     rows = [p for p in problems if p.rowid is not None]

@@ -17,6 +17,9 @@ Invariants:
   ``database or disk is full``): when SQLite has already rolled back on its own, nothing hides it;
 - with ``exclusive`` (what `open_store` and so `gpupool serve` use) one process at a time writes
   the file: a second gateway on the same store is refused at open (`gpupool.adapters.store.owner`);
+- a file whose ``schema_version`` is above `SCHEMA_VERSION` (written by a newer gpupool) is refused at
+  open with `StoreTooNew`, before anything is written to it: this version would read its rows
+  wrongly and write rows of the old layout into it;
 - damage is named, never a raw traceback: a file that is not a database, a malformed page (every
   page is verified with ``PRAGMA quick_check`` at open: measured 0.3 s for 100,000 leases / 48 MiB,
   1 ms without) or a row whose body does not decode raises
@@ -36,7 +39,7 @@ from typing import TypeVar
 
 from gpupool.adapters.fastjson import lease_record, ticket_record
 from gpupool.adapters.store import owner
-from gpupool.core.errors import InvalidInput, StoreDamaged
+from gpupool.core.errors import GpupoolError, InvalidInput, StoreDamaged
 from gpupool.core.model import Lease
 from gpupool.core.ports import (
     RevisionConflict,
@@ -83,6 +86,35 @@ class StoreCorrupt(StoreDamaged):
             f"lease store {path} is damaged ({where}: {problem}); run `gpupool store check {d}` to list"
             f" the damage and `gpupool store repair {d}` to quarantine it"
         )
+
+
+class StoreTooNew(GpupoolError):
+    """The store file was written by a newer gpupool (its ``schema_version`` is above
+    `SCHEMA_VERSION`): this version neither serves from it nor repairs it."""
+
+    def __init__(self, path: Path, version: str) -> None:
+        self.path = path
+        self.version = version
+        super().__init__(
+            f"lease store {path} has schema_version {version}, newer than the {SCHEMA_VERSION} this gpupool"
+            " reads and writes; run the gpupool version that wrote it (or a later one), or start from a"
+            " backup taken before the upgrade"
+        )
+
+
+def schema_version(db: sqlite3.Connection) -> str | None:
+    """The file's ``meta`` ``schema_version`` (None: no such table, column or entry yet)."""
+    with contextlib.suppress(sqlite3.OperationalError):  # (no meta table, or another program's)
+        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return None if row is None else str(row[0])
+    return None
+
+
+def is_newer_schema(version: str | None) -> bool:
+    """True for a ``schema_version`` a later gpupool wrote (a whole number above `SCHEMA_VERSION`)."""
+    if version is None or not (version.isascii() and version.isdigit()):
+        return False
+    return int(version) > int(SCHEMA_VERSION)
 
 
 def is_corruption(exc: BaseException) -> bool:
@@ -149,6 +181,9 @@ class SqliteLeaseStore:
             raise
         try:
             with self._named_damage("file header/schema"):
+                version = schema_version(self._db)  # (first: nothing is written to a newer file)
+                if is_newer_schema(version):
+                    raise StoreTooNew(self.path, str(version))
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
                 self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
