@@ -34,6 +34,7 @@ from typing import Any
 import typer
 
 from gpupool.cli.console import say
+from gpupool.cli.data_dir import data_dir_option
 from gpupool.cli.errors import UserError, check_listen, check_port, check_range, ensure_dir, user_errors
 from gpupool.cli.serve import (
     DEFAULT_CLUSTER,
@@ -253,7 +254,7 @@ def stop_agents(runtimes: list[Any]) -> None:
 def run(  # noqa: PLR0917 (typer options)
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8080, "--port", help="Gateway TCP port."),
-    data_dir: Path = typer.Option(Path(".gpupool"), "--data-dir", help="SQLite store and admin token."),
+    data_dir: Path = data_dir_option("SQLite store and admin token."),
     cluster: Path = spec_option(DEFAULT_CLUSTER, "--cluster", "Cluster"),
     workloads: Path = spec_option(DEFAULT_WORKLOADS, "--workloads", "Workload"),
     traffic: bool = typer.Option(True, help="Run the synthetic P0/P1/P2 agent workload."),

@@ -30,6 +30,7 @@ import typer
 
 from gpupool.cli.admin_token import create_admin_token, read_admin_token
 from gpupool.cli.console import say
+from gpupool.cli.data_dir import data_dir_option
 from gpupool.cli.errors import (
     UserError,
     check_domain,
@@ -348,7 +349,7 @@ def _load_objectives_file(path: Path) -> dict[str, int]:
 def serve(  # noqa: PLR0917 (typer options)
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8080, "--port", help="TCP port."),
-    data_dir: Path = typer.Option(Path(".gpupool"), "--data-dir", help="SQLite store and generated token."),
+    data_dir: Path = data_dir_option("SQLite store and generated token."),
     cluster: Path = spec_option(DEFAULT_CLUSTER, "--cluster", "Cluster"),
     workloads: Path = spec_option(DEFAULT_WORKLOADS, "--workloads", "Workload"),
     auth_file: Path | None = typer.Option(None, "--auth-file", help="tokens: [{token, tenant, role}] YAML."),
