@@ -363,6 +363,7 @@ def test_a_damaged_admin_token_file_is_one_line_naming_it(
                   "--data-dir", str(data))  # fmt: skip
     assert_one_line_exit_2(out, f"invalid --data-dir={str(data)!r}: {token}: {why}")
     assert not (data / "leases.db").exists()  # no store opened
+    assert not (data / "batch.db").exists()  # the batch queue this start opened first is removed
 
 
 @pytest.mark.parametrize(
