@@ -3,7 +3,8 @@ serves vLLM's sleep API and holds simulated VRAM through the registry; a directi
 agent call ``POST /sleep?level=1`` (the memory shrinks to the engine's context, as the device readings
 show), ``awake`` calls ``POST /wake_up`` (the memory comes back); each outcome is an ``engine_*`` event
 naming the engine. Bad directives, an unknown pauser and an unreachable engine are reported (the last
-retried). Waits are liveness bounds, not timing assertions.
+retried, and reported when it starts failing, reminded and cleared as the agent's other persisting
+failures). Waits are liveness bounds, not timing assertions.
 """
 
 from __future__ import annotations
@@ -133,8 +134,47 @@ def test_bad_directives_unknown_pausers_and_unreachable_engines_are_reported(nod
     reasons = " | ".join(e.reason for e in failed)
     assert "engines[0]: needs string id" in reasons and "engines[1].state: 'dozing'" in reasons
     assert [e.reason for e in failed if e.lease_id == "z"] == ["unknown pauser 'no-such'"]
-    assert len([e for e in failed if e.lease_id == "w"]) >= 2  # retried after retry_s
+    # retried after retry_s (every 0.5 s here), reported once when it started failing
+    assert len([e for e in failed if e.lease_id == "w"]) == 1
     assert not any(e.kind == "engine_asleep" for e in events)
+
+
+def test_a_failing_engine_is_reported_when_it_starts_reminded_and_cleared_when_it_ends(node) -> None:
+    """Each 2 s retry of an unreachable engine was an ``engine_sleep_failed`` event (and a warning in
+    the agent's log) for as long as it lasted. Now: one event when it starts, a reminder at most
+    once a minute with the count of unreported repeats, one ``failure_cleared`` when it ends."""
+    sim, reg, procs = node
+    feed = Feed()
+    agent, events, clock = agent_for(sim, feed)
+
+    def ticks(n: int) -> None:
+        for _ in range(n):
+            clock.advance(0.1)
+            agent.tick()
+            agent.drain()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: refused
+        feed.engines = [directive("asleep", dead)]
+        first = until(agent, clock, events, "engine_sleep_failed")
+        ticks(50)  # about ten retries within the minute: counted, not reported
+        assert [e.kind for e in events] == ["engine_sleep_failed"]
+        assert first.lease_id == "main-1" and first.gpu_id == GPU and "still failing" not in first.reason
+        clock.advance(60.0)
+        ticks(10)
+    failed = [e for e in events if e.kind == "engine_sleep_failed"]
+    assert len(failed) == 2 and "still failing: " in failed[1].reason and "unreported" in failed[1].reason
+    # the engine comes up at a new endpoint: it goes to sleep, and the failure is cleared, once
+    engine, port = start_holder(reg, GPU, 20000, sleep_api=True, sleep_mib=512)
+    procs.append(engine)
+    feed.engines = [directive("asleep", f"http://127.0.0.1:{port}")]
+    until(agent, clock, events, "engine_asleep")
+    ticks(5)
+    cleared = [e for e in events if e.kind == "failure_cleared"]
+    assert len(cleared) == 1 and cleared[0].lease_id == "main-1" and cleared[0].gpu_id == GPU
+    assert cleared[0].reason.startswith("engine_sleep_failed cleared after ")
+    assert len([e for e in events if e.kind == "engine_sleep_failed"]) == 2
 
 
 @pytest.mark.parametrize("level", [0, 3, 2**40])

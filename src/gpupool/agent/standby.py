@@ -6,9 +6,13 @@ converges on them with the pauser the directive names (``vllm-sleep``: ``POST /s
 ``POST /wake_up`` on the engine's endpoint, then ``GET /is_sleeping`` to confirm) and reports the
 outcome as an event: ``engine_asleep`` / ``engine_awake`` (``latency_ms``: the pauser call and its
 confirmation) or ``engine_sleep_failed`` / ``engine_wake_failed`` (the reason), with ``lease_id`` = the
-engine id. A failed action is retried after ``retry_s``. A wake waits while ``blocked(gpu_id)``: the
-agent is still freeing memory on that GPU (evictions of the batch work that had the slice), so an
-engine never loads its weights back onto memory another process still holds.
+engine id. A failed action is retried after ``retry_s``; a failure that lasts is reported as the
+agent's other persisting failures are (`gpupool.agent.repeats`): when it starts, then at most once
+per ``remind_s`` with the count of repeats not reported, and one ``failure_cleared`` when the engine
+reaches the state or is told the other one (forgotten silently when its directive goes). A wake
+waits while ``blocked(gpu_id)``: the agent is still freeing memory on that GPU (evictions of the
+batch work that had the slice), so an engine never loads its weights back onto memory another
+process still holds.
 
 Invariants: all state is touched on the agent's tick thread; the pauser calls run on the agent's
 worker pool (`submit`, given the engine's endpoint) and their outcome is read in a later `step`; at
@@ -24,6 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool.agent.repeats import Repeats
 from gpupool.core.pausers import Pauser, PauseResult, Workload
 
 STATES = ("awake", "asleep")
@@ -91,6 +96,8 @@ class EngineSleeps:
         self.retry_s = retry_s
         self.blocked = blocked
         self.engines: dict[str, _Engine] = {}
+        self.repeats = Repeats(emit)
+        """Failing actions, keyed (engine id, state it is told): reported when they start and end."""
         self._bad: set[str] = set()
         """The bad directives of the last list, already reported."""
 
@@ -108,9 +115,13 @@ class EngineSleeps:
             if e is None:
                 self.engines[d.id] = _Engine(d)
             elif e.want != d:
+                if e.want.state != d.state:  # a failure to reach the old state is over
+                    self.repeats.clear((d.id, e.want.state), now)
                 e.want = d
                 e.retry_at = -math.inf
         for gone in [k for k, e in self.engines.items() if k not in seen and e.future is None]:
+            for state in STATES:
+                self.repeats.forget((gone, state))
             del self.engines[gone]
 
     def step(self, now: float) -> None:
@@ -127,13 +138,13 @@ class EngineSleeps:
         kind = "engine_sleep_failed" if d.state == "asleep" else "engine_wake_failed"
         if pauser is None:
             e.retry_at = math.inf
-            self._say(kind, now, d, reason=f"unknown pauser {d.pauser!r}")
+            self._failed(kind, now, d, d.state, reason=f"unknown pauser {d.pauser!r}")
             return
         w = Workload(d.id, d.gpu_id, d.pauser, priority=0, endpoint=d.endpoint, sleep_level=d.level)
         why = pauser.check(w)
         if why is not None:
             e.retry_at = math.inf
-            self._say(kind, now, d, reason=why)
+            self._failed(kind, now, d, d.state, reason=why)
             return
         if d.state == "awake" and self.blocked is not None and self.blocked(d.gpu_id):
             return  # memory on the GPU is still being freed: wake on a later tick
@@ -155,18 +166,29 @@ class EngineSleeps:
         exc = fut.exception()
         if exc is not None:
             e.retry_at = now + self.retry_s
-            self._say(kind_bad, now, d, reason=f"{type(exc).__name__}: {exc}")
+            self._failed(kind_bad, now, d, target, reason=f"{type(exc).__name__}: {exc}")
             return
         r, sleeping = fut.result()
         confirmed = r.ok and sleeping is (target == "asleep")
         if not confirmed:
             e.retry_at = now + self.retry_s
             why = r.reason if not r.ok else f"is_sleeping reads {sleeping} after the call"
-            self._say(kind_bad, now, d, reason=why, latency_ms=r.latency_ms)
+            self._failed(kind_bad, now, d, target, reason=why, latency_ms=r.latency_ms)
             return
         e.actual = target
         self._say(
             kind_ok, now, d, frees=r.frees.value, reason=f"{d.endpoint}: {r.reason}", latency_ms=r.latency_ms
+        )
+        self.repeats.clear((d.id, target), now)
+
+    def _failed(self, kind: str, now: float, d: Directive, target: str, **fields: Any) -> None:
+        """A failed action taking ``d``'s engine to ``target``: reported through `Repeats`; once
+        only when the directive changed while it ran (no condition is left open to clear)."""
+        if target != d.state:
+            self._say(kind, now, d, **fields)
+            return
+        self.repeats.fail(
+            (d.id, target), kind, now, gpu_id=d.gpu_id, lease_id=d.id, pauser=d.pauser, **fields
         )
 
     def _say(self, kind: str, now: float, d: Directive, **fields: Any) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import typer
 
+from gpupool.cli.data_dir import data_dir_option
 from gpupool.cli.errors import UserError, check_token, check_url, user_errors
 
 app = typer.Typer(help="The batch queue: P2 jobs run by the gateway with P2 leases.", no_args_is_help=True)
@@ -25,7 +26,7 @@ URL = typer.Option("http://127.0.0.1:8080", "--url", envvar="GPUPOOL_URL", help=
 TOKEN = typer.Option(
     None, "--token", envvar="GPUPOOL_TOKEN", help="Admin token (default DATA_DIR/admin.token)."
 )
-DATA_DIR = typer.Option(Path(".gpupool"), "--data-dir", help="Where serve keeps admin.token.")
+DATA_DIR = data_dir_option("Where serve keeps admin.token.")
 
 
 def _token(token: str | None, data_dir: Path) -> str:

@@ -33,7 +33,9 @@ from typing import Any
 
 import typer
 
+from gpupool.cli.batch_first import batch_queue_first
 from gpupool.cli.console import say
+from gpupool.cli.data_dir import data_dir_option
 from gpupool.cli.errors import UserError, check_listen, check_port, check_range, ensure_dir, user_errors
 from gpupool.cli.serve import (
     DEFAULT_CLUSTER,
@@ -253,7 +255,7 @@ def stop_agents(runtimes: list[Any]) -> None:
 def run(  # noqa: PLR0917 (typer options)
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8080, "--port", help="Gateway TCP port."),
-    data_dir: Path = typer.Option(Path(".gpupool"), "--data-dir", help="SQLite store and admin token."),
+    data_dir: Path = data_dir_option("SQLite store and admin token."),
     cluster: Path = spec_option(DEFAULT_CLUSTER, "--cluster", "Cluster"),
     workloads: Path = spec_option(DEFAULT_WORKLOADS, "--workloads", "Workload"),
     traffic: bool = typer.Option(True, help="Run the synthetic P0/P1/P2 agent workload."),
@@ -310,42 +312,45 @@ def run(  # noqa: PLR0917 (typer options)
     runtimes: list[Any] = []
     bundle: Bundle | None = None
     try:
-        demo = {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}
-        bundle = build(
-            data_dir=data_dir,
-            cluster=cluster,
-            workloads=workloads,
-            extra_tokens=[(tok, t, "tenant") for t, tok in demo.items()],
-            planned=planned,
-        )
-        servers = start_emulated_backends(bundle, host=host)
-        admin = bundle.new_admin_token or (data_dir / "admin.token").read_text().strip()
-        url = f"http://{host}:{port}"
-        say(f"gpupool gateway on {url}   (docs {url}/docs, metrics {url}/metrics)")
-        say(f"admin token: {admin}   (stored in {data_dir / 'admin.token'})")
-        say(f"try: curl -H 'Authorization: Bearer {admin}' {url}/v1/pool")
-        say(f"console: {url}/?token={admin}")
-        for b in bundle.backends:
-            say(f"backend {b.id}: {b.model} at {b.url} on {b.slice_id} (KV budget {b.kv_budget_mib} MiB)")
-        # the services' coroutines are made only once the batch queue opened (in attach_tidal): a
-        # refused one is then the one error line, with no "coroutine was never awaited" warnings
-        extra: list[Any] = list(servers)
-        shape = None
-        if tidal_speed > 0:
-            from gpupool.cli import tidalplane as tp
-
-            cfg = tp.demo_config(tidal_speed, repartition_gpus=standby_mig_gpus(bundle))
-            rt = tp.attach_tidal(bundle, config=cfg, data_dir=data_dir, clock=tp.demo_clock(tidal_speed, cfg))
-            t = cfg.tidal
-            say(
-                f"tidal: compressed clock x{tidal_speed:g} from {tp.DEMO_START_HOUR}:00 {t.timezone}; "
-                f"day {t.day_start}-{t.day_end}, night {t.night_start}-{t.night_end}; NIGHT re-partition "
-                f"of {', '.join(cfg.repartition_gpus) or 'no GPU'}; batch jobs: {url}/v1/batch/jobs"
+        with contextlib.ExitStack() as start:  # batch.db first: a refused start leaves no trace of it
+            queue = start.enter_context(batch_queue_first(data_dir)) if tidal_speed > 0 else None
+            demo = {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}
+            bundle = build(
+                data_dir=data_dir,
+                cluster=cluster,
+                workloads=workloads,
+                extra_tokens=[(tok, t, "tenant") for t, tok in demo.items()],
+                planned=planned,
             )
-            extra.append(tp.tidal_loop(rt))
-            if traffic:
-                extra.append(tp.demo_batch_jobs(rt))
-                shape = functools.partial(tp.demand_shape, rt)
+            servers = start_emulated_backends(bundle, host=host)
+            admin = bundle.new_admin_token or (data_dir / "admin.token").read_text().strip()
+            url = f"http://{host}:{port}"
+            say(f"gpupool gateway on {url}   (docs {url}/docs, metrics {url}/metrics)")
+            say(f"admin token: {admin}   (stored in {data_dir / 'admin.token'})")
+            say(f"try: curl -H 'Authorization: Bearer {admin}' {url}/v1/pool")
+            say(f"console: {url}/?token={admin}")
+            for b in bundle.backends:
+                say(f"backend {b.id}: {b.model} at {b.url} on {b.slice_id} (KV budget {b.kv_budget_mib} MiB)")
+            # the services' coroutines are made only once attach_tidal went through: a refused start
+            # is then the one error line, with no "coroutine was never awaited" warnings
+            extra: list[Any] = list(servers)
+            shape = None
+            if tidal_speed > 0:
+                from gpupool.cli import tidalplane as tp
+
+                cfg = tp.demo_config(tidal_speed, repartition_gpus=standby_mig_gpus(bundle))
+                clock = tp.demo_clock(tidal_speed, cfg)
+                rt = tp.attach_tidal(bundle, config=cfg, data_dir=data_dir, clock=clock, queue=queue)
+                t = cfg.tidal
+                say(
+                    f"tidal: compressed clock x{tidal_speed:g} from {tp.DEMO_START_HOUR}:00 {t.timezone}; "
+                    f"day {t.day_start}-{t.day_end}, night {t.night_start}-{t.night_end}; NIGHT re-partition "
+                    f"of {', '.join(cfg.repartition_gpus) or 'no GPU'}; batch jobs: {url}/v1/batch/jobs"
+                )
+                extra.append(tp.tidal_loop(rt))
+                if traffic:
+                    extra.append(tp.demo_batch_jobs(rt))
+                    shape = functools.partial(tp.demand_shape, rt)
         extra.append(status_printer(bundle))
         if kube is not None:
             extra.append(serve_k8s.run(bundle, kube, kube_opts))

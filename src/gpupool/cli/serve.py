@@ -4,9 +4,11 @@ simulated-device and backend adapters around one core `LeaseController`.
 
 Start-up: validate every argument (port, backends file, auth file, cluster and workloads files) and
 plan the cluster for the workloads (`gpupool.hardware.planner`), build the inventory; only then open
-the store (``DATA_DIR/leases.db``, WAL + durable commits), recover leases (expired ones are reclaimed;
-the ledger is rebuilt from the stored leases), register backends (``--backends`` YAML or, for
-``gpupool run``, emulated ones) each with a placement lease on its planned slice, then serve.
+the batch queue (``DATA_DIR/batch.db``, first: `gpupool.cli.batch_first`), read or generate the
+admin token and open the store (``DATA_DIR/leases.db``, WAL + durable commits), recover leases
+(expired ones are reclaimed; the ledger is rebuilt from the stored leases), register backends
+(``--backends`` YAML or, for ``gpupool run``, emulated ones) each with a placement lease on its
+planned slice, then serve.
 
 Auth: ``--auth-file`` YAML ``tokens: [{token, tenant, role: tenant|admin}]``. Without it, an admin
 token is generated on first start, stored in ``DATA_DIR/admin.token`` (mode 0600) and printed once.
@@ -29,7 +31,9 @@ from typing import Any
 import typer
 
 from gpupool.cli.admin_token import create_admin_token, read_admin_token
+from gpupool.cli.batch_first import batch_queue_first
 from gpupool.cli.console import say
+from gpupool.cli.data_dir import data_dir_option
 from gpupool.cli.errors import (
     UserError,
     check_domain,
@@ -348,7 +352,7 @@ def _load_objectives_file(path: Path) -> dict[str, int]:
 def serve(  # noqa: PLR0917 (typer options)
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8080, "--port", help="TCP port."),
-    data_dir: Path = typer.Option(Path(".gpupool"), "--data-dir", help="SQLite store and generated token."),
+    data_dir: Path = data_dir_option("SQLite store and generated token."),
     cluster: Path = spec_option(DEFAULT_CLUSTER, "--cluster", "Cluster"),
     workloads: Path = spec_option(DEFAULT_WORKLOADS, "--workloads", "Workload"),
     auth_file: Path | None = typer.Option(None, "--auth-file", help="tokens: [{token, tenant, role}] YAML."),
@@ -562,23 +566,20 @@ def serve(  # noqa: PLR0917 (typer options)
             extender_url=default_extender_url(advertise, extender_port, extender_prefix),
         )
         raise typer.Exit(code)
-    bundle = make_bundle()
-    say(f"gpupool gateway on http://{host}:{port}  (store {store or data_dir / 'leases.db'})")
-    if bundle.new_admin_token:
-        say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")
     extra: list[Any] = []
-    if plane_cfg is not None:
-        from gpupool.cli.tidalplane import attach_tidal, tidal_loop
+    with contextlib.ExitStack() as start:  # batch.db first: a refused start leaves the data dir as it was
+        queue = start.enter_context(batch_queue_first(data_dir)) if plane_cfg is not None else None
+        bundle = make_bundle()
+        say(f"gpupool gateway on http://{host}:{port}  (store {store or data_dir / 'leases.db'})")
+        if bundle.new_admin_token:
+            say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")
+        if plane_cfg is not None:
+            from gpupool.cli.tidalplane import attach_tidal, tidal_loop
 
-        rt = attach_tidal(
-            bundle,
-            config=plane_cfg,
-            data_dir=data_dir,
-            clock=bundle.controller.clock,
-            ray=ray,
-        )
-        extra.append(tidal_loop(rt))
-        say(f"tidal: {rt.plane.mode.value} now; next: {rt.plane.next_switch()['earliest_local']}")
+            clock = bundle.controller.clock
+            rt = attach_tidal(bundle, config=plane_cfg, data_dir=data_dir, clock=clock, ray=ray, queue=queue)
+            extra.append(tidal_loop(rt))
+            say(f"tidal: {rt.plane.mode.value} now; next: {rt.plane.next_switch()['earliest_local']}")
     with contextlib.suppress(KeyboardInterrupt):
         if kube is not None:
             extra.append(serve_k8s.run(bundle, kube, kube_opts))

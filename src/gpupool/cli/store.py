@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from gpupool.cli.data_dir import data_dir_option
 from gpupool.cli.errors import UserError, user_errors
 
 app = typer.Typer(
@@ -20,7 +21,7 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-_DATA_DIR = typer.Option(Path(".gpupool"), "--data-dir", help="The gateway's data directory.")
+_DATA_DIR = data_dir_option("The gateway's data directory.")
 _DB = typer.Option(None, "--db", help="The store file (default: DATA_DIR/leases.db).")
 
 

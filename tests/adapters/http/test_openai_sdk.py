@@ -300,3 +300,100 @@ def test_a_request_over_every_kv_budget_of_its_model_is_400_naming_the_field(sta
     assert e.value.code == "kv_budget_exceeded" and e.value.param == "n", e.value.message
     r = sdk.completions.create(model=CHAT, prompt="hi", n=2, max_tokens=4)  # one that fits still does
     assert len(r.choices) == 2
+
+
+TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "code"),
+    [
+        ([{"role": "user", "content": 5}], "messages[0].content", "invalid_value"),
+        ([{"role": "user"}], "messages[0].content", "missing_required_parameter"),
+        ([{"role": "user", "content": None}], "messages[0].content", "missing_required_parameter"),
+        ([{"role": "system", "content": {"text": "hi"}}], "messages[0].content", "invalid_value"),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "assistant"}],
+            "messages[1].content",
+            "missing_required_parameter",
+        ),
+        (
+            [{"role": "assistant", "content": 7, "tool_calls": [TOOL_CALL]}],
+            "messages[0].content",
+            "invalid_value",
+        ),
+        ([{"role": "tool", "tool_call_id": "call_1"}], "messages[0].content", "missing_required_parameter"),
+        ([{"role": "user", "content": ["hi"]}], "messages[0].content[0]", "invalid_value"),
+        (
+            [{"role": "user", "content": [{"text": "hi"}]}],
+            "messages[0].content[0].type",
+            "missing_required_parameter",
+        ),
+        (
+            [{"role": "user", "content": [{"type": 3, "text": "hi"}]}],
+            "messages[0].content[0].type",
+            "invalid_value",
+        ),
+        (
+            [{"role": "user", "content": [{"type": "text", "text": 5}]}],
+            "messages[0].content[0].text",
+            "invalid_value",
+        ),
+        (
+            [{"role": "user", "content": [{"type": "text"}]}],
+            "messages[0].content[0].text",
+            "missing_required_parameter",
+        ),
+    ],
+)
+def test_malformed_message_content_is_400_naming_the_field(
+    stack: Stack, messages: list[dict[str, Any]], param: str, code: str
+) -> None:
+    """These were forwarded and the backend answered 200; the OpenAI API answers 400 for each."""
+    with stack.http() as cl:
+        r = cl.post("/v1/chat/completions", json={"model": CHAT, "messages": messages, "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"], err["type"]) == (param, code, "invalid_request_error"), err
+    assert param in err["message"], err
+    if code == "invalid_value":  # the value as sent is named too
+        assert "got " in err["message"], err
+    assert stack.controller.request_lease_count() == 0  # nothing was granted for it
+
+
+def test_the_sdks_message_shapes_pass(stack: Stack) -> None:
+    """Text, text and image parts, system / developer messages, assistant tool calls with null
+    content, tool results (string and text parts), names: every shape the `openai` SDK sends."""
+    image = "data:image/png;base64," + base64.b64encode(b"\x89PNG fake").decode()
+    conversations: list[list[Any]] = [
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi", "name": "ann"}],
+        [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]}, *MSG],
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is in this picture?"},
+                    {"type": "image_url", "image_url": {"url": image, "detail": "low"}},
+                ],
+            }
+        ],
+        [
+            {"role": "user", "content": "look it up"},
+            {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "found it"},
+            {"role": "assistant", "tool_calls": [TOOL_CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "again"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "done"}]},
+            {"role": "user", "content": "thanks"},
+        ],
+        [
+            {"role": "user", "content": "old style"},
+            {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
+            {"role": "function", "name": "f", "content": None},
+            {"role": "assistant", "content": "", "refusal": None},
+            {"role": "user", "content": ""},
+        ],
+    ]
+    for messages in conversations:
+        out = stack.sdk().chat.completions.create(model=CHAT, messages=messages, max_tokens=2)
+        assert out.choices[0].message.role == "assistant", messages

@@ -18,13 +18,14 @@ CLUSTER = str(EXAMPLES / "cluster-a100-l40s.yaml")
 WORKLOADS = str(EXAMPLES / "workloads-agent-platform.yaml")
 
 
-def gpupool(*args: str) -> subprocess.CompletedProcess[str]:
+def gpupool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpupool.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=90,
         check=False,
+        cwd=cwd,
     )
 
 
@@ -362,3 +363,26 @@ def test_a_damaged_admin_token_file_is_one_line_naming_it(
                   "--data-dir", str(data))  # fmt: skip
     assert_one_line_exit_2(out, f"invalid --data-dir={str(data)!r}: {token}: {why}")
     assert not (data / "leases.db").exists()  # no store opened
+    assert not (data / "batch.db").exists()  # the batch queue this start opened first is removed
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--no-traffic", "--no-agents", "--port", "0"],
+        ["run", "--no-traffic", "--no-agents", "--port", "0", "--keep-state"],
+        ["serve", "--no-tidal", "--port", "0"],
+        ["store", "check"],
+        ["store", "repair"],
+        ["batch", "list"],
+    ],
+)
+def test_an_empty_data_dir_is_refused_and_touches_nothing(tmp_path: Path, args: list[str]) -> None:
+    """``--data-dir ''`` was the working directory: `run` deleted the lease store and the batch
+    queue there, then served from it."""
+    for name in ("leases.db", "batch.db", "admin.token"):
+        (tmp_path / name).write_bytes(b"someone else's " + name.encode())
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    out = gpupool(*args, "--data-dir", "", cwd=tmp_path)
+    assert_one_line_exit_2(out, "invalid --data-dir='': ")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

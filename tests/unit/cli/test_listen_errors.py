@@ -8,10 +8,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.unit.cli.test_cli_options import assert_one_line_exit_2, gpupool
@@ -199,3 +203,58 @@ def test_run_keeping_a_batch_queue_that_is_not_sqlite_is_one_line(tmp_path: Path
     )
     assert_one_line_exit_2(out, f"batch queue: open {data / 'batch.db'}: file is not a database")
     assert (data / "batch.db").read_bytes() == b"not a batch queue"
+    # no lease store, no admin token: only the lock file `run` takes before it reads the data dir
+    assert sorted(p.name for p in data.iterdir()) == ["batch.db", "leases.db.lock"]
+
+
+def test_serve_with_a_batch_queue_that_is_not_sqlite_leaves_the_data_dir_unchanged(tmp_path: Path) -> None:
+    """It opened the lease store and generated, stored and printed the admin token as "shown once"
+    before it opened the batch queue and stopped: the next start then showed no token."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "batch.db").write_bytes(b"not a batch queue")
+    out = gpupool("serve", "--port", "0", "--data-dir", str(data))
+    assert_one_line_exit_2(out, f"batch queue: open {data / 'batch.db'}: file is not a database")
+    assert "shown once" not in out.stdout
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == {"batch.db": b"not a batch queue"}
+    # once the file is moved away, the next start generates the admin token and shows it once
+    (data / "batch.db").unlink()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    p = subprocess.Popen(
+        [sys.executable, "-m", "gpupool.cli.main", "serve", "--port", str(port), "--data-dir", str(data)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        lines = [p.stdout.readline() for _ in range(4)]  # recovered, gateway on, admin token, tidal
+        for _ in range(600):  # serving: the start went through
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        assert (data / "batch.db").is_file()
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+    shown = [line for line in lines if "shown once" in line]
+    assert len(shown) == 1 and shown[0].rstrip().endswith((data / "admin.token").read_text().strip())
+
+
+@pytest.mark.parametrize("command", ["serve", "run"])
+def test_a_start_refused_after_the_batch_queue_opened_leaves_no_batch_queue(
+    tmp_path: Path, command: str
+) -> None:
+    """The batch queue opens first now: a lease store that cannot be opened after it removes the
+    queue file this start created (and no admin token is left either)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "leases.db").write_bytes(b"not a lease store")
+    args = ["--port", "0", "--data-dir", str(data)]
+    out = gpupool(command, *args, *(["--no-traffic", "--keep-state"] if command == "run" else []))
+    assert out.returncode == 2, out.stderr
+    assert str(data / "leases.db") in out.stderr
+    assert sorted(p.name for p in data.iterdir()) == ["leases.db", "leases.db.lock"]

@@ -3,7 +3,10 @@ recursion): `inspect` validates the fields the gateway needs or that a backend w
 returns the request's shape; `TokenCorrection` learns a per-model correction of the prompt estimate.
 
 Checks (each failure an `OpenAIError`, rendered as ``{"error": {message, type, param, code}}``):
-``messages`` (chat), ``prompt`` (completions), ``input`` (embeddings) present and well-formed;
+``messages`` (chat), ``prompt`` (completions), ``input`` (embeddings) present and well-formed (each
+message's ``content`` as the OpenAI API takes it: a string or content parts with a ``type``, null or
+absent only for an assistant message with ``tool_calls``, ``function_call``, ``audio`` or
+``refusal``, for the deprecated ``function`` role and for roles the API does not define);
 ``n`` in [1, 128]; ``max_tokens`` / ``max_completion_tokens`` >= 1 (chat: ``max_completion_tokens``
 wins when both are given, as in vLLM; completions: ``max_tokens``); ``stop`` a string or list of
 strings; ``stream`` a boolean and ``stream_options`` only with it; ``encoding_format`` float|base64;
@@ -127,6 +130,49 @@ def _prompt_chars(x: Any, name: str) -> tuple[int, int]:
     raise _bad(name, x, "must be a non-empty string or list")
 
 
+CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool"})
+"""Roles whose ``content`` must be given (a string or content parts), as in the OpenAI API."""
+ASSISTANT_WITHOUT_CONTENT = ("tool_calls", "function_call", "audio", "refusal")
+"""An assistant message carrying one of these may have ``content`` null or absent; else it needs it."""
+
+
+def _content_chars(m: dict[str, Any], i: int) -> int:
+    """Text units of ``messages[i].content``: a string, or a list of content parts (objects with a
+    string ``type``; a ``text`` part's ``text`` a string); `OpenAIError` naming the field otherwise.
+    Null or absent only where the OpenAI API allows it (see `CONTENT_REQUIRED`); other roles (a
+    backend's own, deprecated ``function``) are checked only for the type of what they give."""
+    name = f"messages[{i}].content"
+    c = m.get("content")
+    if isinstance(c, str):
+        return text_units(c)
+    if c is None:
+        role = m["role"]
+        if role in CONTENT_REQUIRED or (
+            role == "assistant" and all(m.get(k) is None for k in ASSISTANT_WITHOUT_CONTENT)
+        ):
+            raise _missing(name)
+        return 0
+    if not isinstance(c, list):
+        raise _bad(name, c, "must be a string or an array of content parts")
+    chars = 0
+    for j, part in enumerate(c):
+        if not isinstance(part, dict):
+            raise _bad(f"{name}[{j}]", part, "must be a content part object with a 'type'")
+        typ = part.get("type")
+        if typ is None:
+            raise _missing(f"{name}[{j}].type")
+        if not isinstance(typ, str):
+            raise _bad(f"{name}[{j}].type", typ, "must be a string")
+        text = part.get("text")
+        if typ == "text" and not isinstance(text, str):
+            if text is None:
+                raise _missing(f"{name}[{j}].text")
+            raise _bad(f"{name}[{j}].text", text, "must be a string")
+        if isinstance(text, str):
+            chars += text_units(text)
+    return chars
+
+
 def _message_chars(msgs: Any) -> int:
     if msgs is None:
         raise _missing("messages")
@@ -136,13 +182,7 @@ def _message_chars(msgs: Any) -> int:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise _bad(f"messages[{i}]", m, "must be an object with a string 'role'")
-        c = m.get("content")
-        if isinstance(c, str):
-            chars += text_units(c)
-        elif isinstance(c, list):
-            for part in c:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    chars += text_units(part["text"])
+        chars += _content_chars(m, i)
     return chars
 
 
