@@ -30,7 +30,7 @@ DATA_DIR = data_dir_option("Where serve keeps admin.token.")
 
 
 def _token(token: str | None, data_dir: Path) -> str:
-    if token:
+    if token is not None:  # (an empty --token is refused, not taken as unset)
         return check_token("--token", token)
     path = data_dir / "admin.token"
     if not path.is_file():

@@ -386,3 +386,16 @@ def test_an_empty_data_dir_is_refused_and_touches_nothing(tmp_path: Path, args: 
     out = gpupool(*args, "--data-dir", "", cwd=tmp_path)
     assert_one_line_exit_2(out, "invalid --data-dir='': ")
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("command", TOKEN_OPTIONS, ids=lambda c: f"{c[0]} {c[-1]}")
+def test_an_empty_token_is_refused_not_taken_as_unset(command: list[str], tmp_path: Path) -> None:
+    """``--token ''`` given on the command line is a mistake (an unset variable in a script), not
+    "no token": `gpupool batch` took it as unset and read DATA_DIR/admin.token instead, so the
+    call went out with another identity than the one asked for. Every token option refuses it."""
+    (tmp_path / "admin.token").write_text("a-token-from-the-file\n")
+    data = ["--data-dir", str(tmp_path)] if command[0] == "batch" else []
+    tail = ["--", "true"] if command[:2] == ["batch", "submit"] else []
+    out = gpupool(*command[:2], *data, *command[2:], "", *tail)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and command[-1] in out.stderr, out.stderr
