@@ -66,3 +66,29 @@ def books(alloc: Allocator) -> list[tuple[str, int, int, int, bool]]:
         (s.slice.id, s.granted.vram_mib, s.granted.compute_milli, s.num_leases, s.healthy)
         for s in alloc.states()
     )
+
+
+START_WALL_S = 1_700_000_000.0
+"""`HostClocks`' first wall-clock reading (Unix seconds)."""
+
+
+class HostClocks:
+    """A host's two clocks as plain numbers: `pass_time` moves both, `step_wall` only the wall
+    clock (an NTP step, ``date -s``)."""
+
+    def __init__(self) -> None:
+        self.wall_s = START_WALL_S
+        self.monotonic_s = 5_000.0
+
+    def wall(self) -> float:
+        return self.wall_s
+
+    def monotonic(self) -> float:
+        return self.monotonic_s
+
+    def pass_time(self, seconds: float) -> None:
+        self.wall_s += seconds
+        self.monotonic_s += seconds
+
+    def step_wall(self, seconds: float) -> None:
+        self.wall_s += seconds

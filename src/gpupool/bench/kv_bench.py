@@ -275,8 +275,8 @@ def serve_gateway(port_file: Path, backends: list[str], host_tier_mib: int) -> N
     from gpupool.adapters.http.auth import TokenTable
     from gpupool.adapters.store import MemoryLeaseStore
     from gpupool.cli.demo import seed_example_pool
+    from gpupool.cli.leaseclock import lease_clock
     from gpupool.cli.serve import KvSizer
-    from gpupool.core.clock import FunctionClock
     from gpupool.core.controller import KV_PREFIX, ControllerConfig, LeaseController
     from gpupool.core.ports import Backend
     from gpupool.core.sessions import DEFAULT_RED_LINE_PCT
@@ -285,7 +285,7 @@ def serve_gateway(port_file: Path, backends: list[str], host_tier_mib: int) -> N
     budget = sizer.kv_budget_mib(MODEL, SLICE_VRAM_MIB)
     c = LeaseController(
         seed_example_pool(),
-        clock=FunctionClock(time.time),
+        clock=lease_clock(),
         store=MemoryLeaseStore(),
         config=ControllerConfig(kv_red_line_pct=DEFAULT_RED_LINE_PCT),
     )

@@ -122,13 +122,13 @@ def run(*, n: int = 400, seed: int = 1) -> dict[str, Any]:
     from gpupool.adapters.store import MemoryLeaseStore
     from gpupool.cli.demo import seed_example_pool
     from gpupool.cli.emulate import build_backend_app
+    from gpupool.cli.leaseclock import lease_clock
     from gpupool.cli.serve import KvSizer
-    from gpupool.core.clock import FunctionClock
     from gpupool.core.controller import LeaseController
     from gpupool.core.ports import Backend
 
     be_url, be, be_t = _running(build_backend_app(MODEL, kv_budget_mib=4096, speed=1000.0))
-    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=MemoryLeaseStore())
+    c = LeaseController(seed_example_pool(), clock=lease_clock(), store=MemoryLeaseStore())
     c.register_backend(Backend("be", MODEL, be_url, node="gpu-b", gpu_id="gpu-b/0", kv_budget_mib=4096))
     app = create_app(c, tokens=TokenTable([(TOKEN, "bench", "tenant")]), sizer=KvSizer())
     gw_url, gw, gw_t = _running(app)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +78,7 @@ def build_slices(
 def open_controller(slices: list[Slice], *, store_url: str, policy: str) -> LeaseController:
     """An in-process controller over ``store_url`` with its leases recovered (standalone extender)."""
     from gpupool.adapters.store import open_store
-    from gpupool.core.clock import FunctionClock
+    from gpupool.cli.leaseclock import lease_clock
     from gpupool.core.controller import LeaseController
     from gpupool.core.errors import GpupoolError
 
@@ -87,7 +86,7 @@ def open_controller(slices: list[Slice], *, store_url: str, policy: str) -> Leas
         store = open_store(store_url)
     except (OSError, GpupoolError) as exc:
         raise UserError(f"cannot open the lease store --store={store_url!r}: {exc}") from None
-    controller = LeaseController(slices, clock=FunctionClock(time.time), store=store, policy=policy)
+    controller = LeaseController(slices, clock=lease_clock(), store=store, policy=policy)
     r = controller.recover()
     if r.restored + r.expired + r.revoked:
         logging.getLogger("gpupool.extender").info(

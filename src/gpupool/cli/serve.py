@@ -49,11 +49,12 @@ from gpupool.cli.ray_address import check_ray_address
 from gpupool.cli.ray_address import connect as ray_connect
 
 __all__ = ["KvSizer", "build", "load_tokens", "serve"]
+from gpupool.cli.leaseclock import lease_clock
 from gpupool.cli.serving import run_loop, serve_forever
 from gpupool.cli.specfiles import spec_option
 from gpupool.cli.stopping import catch_early_stop
 from gpupool.cli.store_options import open_lease_store, store_settings
-from gpupool.core.clock import FunctionClock
+from gpupool.core.clock import Clock
 from gpupool.core.controller import ControllerConfig, LeaseController
 from gpupool.core.errors import InvalidInput
 from gpupool.core.ports import Backend, GatewayEvent
@@ -129,10 +130,12 @@ def build(
     app_options: dict[str, Any] | None = None,
     store: Any = None,
     planned: tuple[Any, Any, Any, list[Slice]] | None = None,
+    clock: Clock | None = None,
 ) -> Bundle:
     """``store``: an open lease store to use (the HA mode passes the one its election fences);
     default: open ``store_url``. ``planned``: `plan_cluster` of ``cluster`` and ``workloads`` when
-    the caller has it (`gpupool run` plans first to check them): the files are read once."""
+    the caller has it (`gpupool run` plans first to check them): the files are read once. ``clock``:
+    the lease clock; default `lease_clock` (wall time anchored now, then monotonic)."""
     from gpupool.adapters.http.app import create_app
     from gpupool.adapters.http.auth import TokenTable
     from gpupool.adapters.metrics.gateway import GatewayMetrics
@@ -154,7 +157,7 @@ def build(
         store = open_lease_store(url, opener, data_dir=data_dir, new_admin=new_admin)
     controller = LeaseController(
         slices,
-        clock=FunctionClock(time.time),
+        clock=clock or lease_clock(),
         store=store,
         config=ControllerConfig(kv_red_line_pct=DEFAULT_RED_LINE_PCT),
     )

@@ -51,6 +51,7 @@ class Prepared:
     extender: Any
     api: Any
     listed: tuple[list[Any], float] | None
+    """The pods and the ``time.monotonic()`` reading taken just before listing them."""
 
 
 def check(opts: KubeOptions) -> Prepared:
@@ -71,9 +72,10 @@ def check(opts: KubeOptions) -> Prepared:
             f"--extender-host/--extender-port: cannot listen on {opts.host}:{opts.port}: "
             f"{exc.strerror or exc}"
         ) from None
-    # listed before the store opens: an unreachable API exits 2 at start-up; the clock reading is
-    # the wall clock the controller uses (leases granted after it are kept by the first resync)
-    now = time.time()
+    # listed before the store opens: an unreachable API exits 2 at start-up; the monotonic reading
+    # becomes a reading of the controller's clock in `run` (leases granted after it are kept by the
+    # first resync)
+    now = time.monotonic()
     listed = None if api is None else (list_pods_or_exit(api), now)
     return Prepared(server, ext, api, listed)
 
@@ -110,7 +112,7 @@ async def run(
             inventory_resync_s=0.0,
             stop=stop,
             # a new leader lists the pods again: the list taken at start-up may be old by now
-            listed=prepared.listed if gate is None else None,
+            listed=_on_clock(prepared.listed, bundle.controller.clock) if gate is None else None,
         )
         say(f"gpupool extender on {prepared.server.url} (same ledger as the gateway)")
         await asyncio.Event().wait()
@@ -122,3 +124,13 @@ async def run(
             from gpupool.adapters.k8s.forwarding import Forwarder
 
             prepared.server.use(Forwarder(lambda: None, self_url=prepared.server.url))
+
+
+def _on_clock(listed: tuple[list[Any], float] | None, clock: Any) -> tuple[list[Any], float] | None:
+    """``listed`` with its monotonic reading turned into a reading of ``clock``: the lease clock
+    (`gpupool.cli.leaseclock`) advances exactly as ``time.monotonic`` does, so the list was taken
+    ``monotonic() - reading`` seconds before ``clock.now()``, whatever the wall clock did since."""
+    if listed is None:
+        return None
+    pods, at_monotonic_s = listed
+    return pods, clock.now() - (time.monotonic() - at_monotonic_s)
