@@ -51,7 +51,7 @@ def test_refused_batch_undoes_the_changes_made_on_top_of_it(tmp_path: Path) -> N
         committer = GroupCommitter(c, inline=False)
         kept = c.acquire(a_request("kept", vram_gib=10, priority=P1)).lease
         await committer.durable()
-        assert kept is not None and committer.healthy()
+        assert kept is not None and await committer.probe() is None
 
         store.gate.clear()
         store.entered.clear()
@@ -71,9 +71,9 @@ def test_refused_batch_undoes_the_changes_made_on_top_of_it(tmp_path: Path) -> N
         assert c.leases() == [kept] and not c.dirty
         c.check_invariants()
         assert store.inner.active() == [kept]
-        assert not committer.healthy()
+        assert await committer.probe() is not None
         store.heal()
-        assert committer.healthy() and committer.failed is None
+        assert await committer.probe() is None and committer.failed is None
         await committer.close()
 
     asyncio.run(scenario())

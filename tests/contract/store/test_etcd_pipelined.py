@@ -240,7 +240,7 @@ def test_a_failed_batch_undoes_the_later_one_already_sent_and_memory_equals_etcd
             with pytest.raises(StoreUnavailable, match="too large"):
                 await w
         assert committer.failed is not None
-        assert committer.healthy()  # etcd takes writes again (a probe write): healthy at once
+        assert await committer.probe() is None  # etcd takes writes again (a probe write): healthy at once
         await committer.close()
 
     asyncio.run(scenario())

@@ -1,6 +1,8 @@
 """The gateway over real HTTP on a store that runs out of space: a refused write is a 503 carrying
 SQLite's own error and Retry-After, memory stays equal to the store (nothing listed that is not
-stored, a refused DELETE leaves the lease active), and /healthz recovers with the store.
+stored, a refused DELETE leaves the lease active), and /healthz recovers with the store. A store
+whose write lock another connection holds: reads and /healthz go on, writes after the first are
+refused at once, and everything answered 2xx is stored.
 
 Two stores: a fault-injecting wrapper over real SQLite (always runs) and, where a tmpfs can be
 mounted (root), the real ``gpupool serve`` on a 1 MiB filesystem that is filled up for real."""
@@ -10,10 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -21,7 +26,9 @@ import pytest
 
 from gpupool.adapters.http.app import create_app
 from gpupool.adapters.http.auth import TokenTable
+from gpupool.adapters.metrics.gateway import GatewayMetrics
 from gpupool.adapters.store import SqliteLeaseStore
+from gpupool.adapters.store.sqlite import HURRIED_BUSY_TIMEOUT_MS
 from gpupool.cli.demo import seed_example_pool
 from gpupool.cli.serving import free_port
 from gpupool.core.clock import FunctionClock
@@ -99,6 +106,86 @@ def test_refused_watermark_change_keeps_the_old_thresholds(
         store.heal()
         assert cl.patch("/v1/admin/watermarks", json={"vram_high": 0.8}).status_code == 200
         assert c.bank.config.vram_high == 0.8 and store.inner.get_meta("watermarks") is not None
+
+
+# ------------------------------------------------------------------ a store locked by another process
+
+LOCKED = "database is locked"
+
+
+class ProbeGatedStore(SqliteLeaseStore):
+    """Real SQLite whose /healthz probe write says ``probing`` and then waits for ``gate`` (set by
+    the test) before it goes to SQLite: the test knows when a probe is in progress."""
+
+    def __init__(self, path: Path, **options: int) -> None:
+        super().__init__(path, **options)
+        self.probing = threading.Event()
+        self.probed = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def set_meta(self, key: str, value: str) -> None:
+        if key == "health_probe":
+            self.probing.set()
+            self.gate.wait(30)
+            self.probed.set()
+        super().set_meta(key, value)
+
+
+@contextlib.contextmanager
+def write_locked(path: Path) -> Iterator[None]:
+    """A second connection holding the file's write lock (as a ``sqlite3`` shell or a backup would)."""
+    other = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        other.execute("BEGIN EXCLUSIVE")
+        yield
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+
+
+def test_a_store_locked_by_another_connection_does_not_stall_the_gateway(tmp_path: Path) -> None:
+    """It did: every write, and every /healthz probe write, waited the whole busy timeout on the
+    event loop, and every request (reads included) waited behind it."""
+    path = tmp_path / "leases.db"
+    store = ProbeGatedStore(path, busy_timeout_ms=1000)
+    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=store)
+    c.recover()
+    tokens = TokenTable([(ADMIN, "ops", "admin"), (A, "a", "tenant")])
+    app = create_app(c, tokens=tokens, metrics=GatewayMetrics(c), tick_s=0.05)
+    with running(app) as url, httpx.Client(base_url=url, headers=h(A), timeout=20) as cl:
+        kept = cl.post("/v1/leases", json=LEASE)
+        assert kept.status_code == 201, kept.text
+        kid = kept.json()["id"]
+        with write_locked(path):
+            r = cl.post("/v1/leases", json=LEASE)  # the first write waits the busy timeout once
+            assert r.status_code == 503 and LOCKED in r.text and int(r.headers["Retry-After"]) >= 1, r.text
+            assert store.busy_timeout_ms == HURRIED_BUSY_TIMEOUT_MS  # the next ones do not
+            store.gate.clear()
+            with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=url, timeout=20) as other:
+                health = pool.submit(other.get, "/healthz")
+                assert store.probing.wait(20)
+                # the probe write is in progress (held at the gate): reads are answered meanwhile
+                assert cl.get(f"/v1/leases/{kid}").json()["state"] == "active"
+                assert cl.get("/v1/pool").status_code == 200
+                assert cl.get("/metrics").status_code == 200
+                assert not store.probed.is_set()
+                store.gate.set()
+                answer = health.result(timeout=20).json()
+            assert answer["ok"] is False and LOCKED in answer["store_error"], answer
+            answer = cl.get("/healthz").json()  # this probe reached SQLite: its own error
+            assert answer["ok"] is False and LOCKED in answer["store_error"], answer
+            r = cl.delete(f"/v1/leases/{kid}")
+            assert r.status_code == 503 and LOCKED in r.text and "Retry-After" in r.headers, r.text
+            assert [x.id for x in c.leases()] == [kid] and c.get(kid).state.value == "active"
+            c.check_invariants()
+        assert stored_active(path) == [kid]
+        assert cl.get("/healthz").json() == {"ok": True}
+        assert store.busy_timeout_ms == 1000
+        again = cl.post("/v1/leases", json=LEASE)
+        assert again.status_code == 201, again.text
+        assert stored_active(path) == sorted([kid, again.json()["id"]]) == sorted(x.id for x in c.leases())
+    store.close()
 
 
 # ------------------------------------------------------------------ a real full filesystem

@@ -260,9 +260,8 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
 
     @app.get("/healthz", response_model=s.HealthOut, response_model_exclude_none=True)
     async def healthz() -> dict[str, Any]:
-        if gw.committer.healthy():
-            return {"ok": True}
-        return {"ok": False, "store_error": str(gw.committer.failed)}
+        why = await gw.committer.probe()  # (its probe write runs off the event loop)
+        return {"ok": True} if why is None else {"ok": False, "store_error": why}
 
     # HEAD as its own route, out of the schema: one route for both methods gives the OpenAPI
     # document two operations with one operation id

@@ -36,7 +36,13 @@ A batch the store refuses is undone in the controller (`LeaseController.undo`: m
 what the store holds, the batch's events are dropped) and every handler waiting on it or on a later
 change gets `StoreUnavailable` carrying the store's own error text (HTTP 503 + Retry-After). The
 committer is unhealthy from then on until the store takes a write again: the next batch that
-commits, or a probe write made by `healthy` (``/healthz``).
+commits, or a probe write made by `probe` (``/healthz``). Meanwhile the store is hurried (its
+``hurry``, where it has one: `gpupool.adapters.store.sqlite.SqliteLeaseStore.hurry` waits 50 ms
+instead of the busy timeout for another process's lock), so while something else holds the SQLite
+file's write lock only the first write waits the full busy timeout on the loop (inline commits:
+reads wait behind it too); the next ones are answered 503 at once, and reads are not held behind
+them. The probe write runs in the commit thread, never on the loop, and `probe` answers within
+`PROBE_DEADLINE_S` whether or not the store did.
 
 `EventHub` filters events per subscriber: an admin sees everything; a tenant sees events of its own
 leases and tickets, and pause/resume events naming one of its leases. Every event gets an id
@@ -83,6 +89,10 @@ class _Flight:
         return self.task.exception()
 
 
+PROBE_DEADLINE_S = 1.0
+"""How long ``/healthz`` waits for its probe write; past it, it answers unhealthy (the probe goes on)."""
+
+
 class GroupCommitter:
     def __init__(
         self, controller: LeaseController, *, inline: bool = True, split: bool = False, window: int = 0
@@ -104,6 +114,7 @@ class GroupCommitter:
         self.batches = 0
         self.writes = 0
         self.failed: BaseException | None = None
+        self._probe: asyncio.Future[BaseException | None] | None = None
 
     async def durable(self) -> None:
         """Return once every write made so far by this task's handler is durable."""
@@ -231,13 +242,14 @@ class GroupCommitter:
         self._done_gen = gen
         if err is None:
             if batch.writes:
-                self.failed = None
+                self._recovered()
             c.deliver(batch)
             for fut in self._waiters.pop(gen, ()):
                 if not fut.done():
                     fut.set_result(None)
             return
         self.failed = err
+        self._hurry(True)
         c.undo(batch, _describe(err))
         failed = StoreUnavailable(_describe(err))  # the undo took back every change since: fail all
         for g in list(self._waiters):
@@ -245,20 +257,53 @@ class GroupCommitter:
                 if not fut.done():
                     fut.set_exception(failed)
 
-    def healthy(self) -> bool:
-        """False while the last store write failed; then one probe write per call tells whether the
-        store has recovered (space freed, disk back), and a success clears the failure."""
+    def _recovered(self) -> None:
+        if self.failed is not None:
+            self.failed = None
+            self._hurry(False)
+
+    def _hurry(self, on: bool) -> None:
+        hurry = getattr(self.controller.store, "hurry", None)
+        if hurry is not None:
+            with contextlib.suppress(Exception):  # (a closed store: nothing left to hurry)
+                hurry(on)
+
+    async def probe(self) -> str | None:
+        """None while the store takes writes; else why not. While the last store write failed, one
+        probe write (in the commit thread, shared by concurrent callers) tells whether the store has
+        recovered (space freed, lock released), and a success clears the failure. Answers within
+        `PROBE_DEADLINE_S`: a probe still waiting then is reported, and its outcome counts later."""
         if self.failed is None:
-            return True
+            return None
         if self._running or self._flights:
-            return False
+            return _describe(self.failed)
+        if self._probe is None:
+            loop = asyncio.get_running_loop()
+            self._probe = loop.run_in_executor(self._executor, self._probe_write)
+            self._probe.add_done_callback(self._probed)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._probe), PROBE_DEADLINE_S)
+        except TimeoutError:
+            why = f"the store did not answer a probe write within {PROBE_DEADLINE_S:g} s"
+            return f"{_describe(self.failed)} ({why})" if self.failed is not None else why
+        return None if self.failed is None else _describe(self.failed)
+
+    def _probe_write(self) -> BaseException | None:
         try:
             self.controller.store.set_meta("health_probe", "ok")
         except Exception as exc:
+            return exc
+        return None
+
+    def _probed(self, fut: asyncio.Future[BaseException | None]) -> None:
+        self._probe = None
+        if fut.cancelled():
+            return
+        exc = fut.exception() or fut.result()
+        if exc is None:
+            self._recovered()
+        else:
             self.failed = exc
-            return False
-        self.failed = None
-        return True
 
     async def close(self) -> None:
         while self._running or self._flights or self.controller.dirty:
