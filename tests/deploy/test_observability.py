@@ -218,6 +218,78 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
     assert doc["rule_files"] == [RULES.name]
 
 
+def _admission_series(text: str) -> list[dict[str, str]]:
+    """The ``gpupool_admission_total`` samples of a ``/metrics`` page as promtool input series: 0 for
+    two minutes, then the page's value for the rest of the half hour (one gateway, ``gw:8080``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = []
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "gpupool_admission_total":
+                lab = sorted({**s.labels, "instance": "gw:8080"}.items())
+                labels = ",".join(f'{k}="{v}"' for k, v in lab)
+                out.append({"series": f"{s.name}{{{labels}}}", "values": f"0 0 {int(s.value)}x28"})
+    return out
+
+
+def _fires(alert: str, band: str) -> dict[str, Any]:
+    """A promtool expectation: ``alert`` fires at 5 min for ``band`` only, with its rule's annotations."""
+    doc = yaml.safe_load(RULES.read_text())
+    rule = next(r for g in doc["groups"] for r in g["rules"] if r.get("alert") == alert)
+    notes = {k: v.replace("{{ $labels.band }}", band).strip() for k, v in rule["annotations"].items()}
+    labels = {**rule["labels"], "band": band}
+    fired = [{"exp_labels": labels, "exp_annotations": notes}]
+    return {"eval_time": "5m", "alertname": alert, "exp_alerts": fired}
+
+
+@needs_promtool
+def test_a_full_queue_is_not_a_missed_deadline_on_the_gateways_own_series(tmp_path: Path) -> None:
+    """A real controller sheds a P1 request because the P1 queue is full and a queued P0 request at its
+    deadline; its real ``/metrics`` page, fed to the real rules, pages GpupoolQueueDeadlineMissed for
+    P0 only and GpupoolQueueFull for P1 only."""
+    from gpupool.adapters.metrics.gateway import GatewayMetrics
+    from gpupool.adapters.store import MemoryLeaseStore
+    from gpupool.core import P0, P1, ManualClock, OutcomeCode
+    from gpupool.core.admission import AdmissionConfig
+    from gpupool.core.controller import ControllerConfig, LeaseController
+    from tests.builders import a_request, a_slice
+
+    clock = ManualClock(1000.0)
+    c = LeaseController(
+        [a_slice("g0", gpu="g0", vram_gib=40)],
+        clock=clock,
+        store=MemoryLeaseStore(),
+        config=ControllerConfig(admission=AdmissionConfig(max_per_band=1)),
+    )
+    assert c.acquire(a_request("full", vram_gib=40, priority=P0, preemptible=False, ttl_s=600)).granted
+    assert c.acquire(a_request("a", priority=P1), wait_s=600.0).code is OutcomeCode.QUEUED
+    full = c.acquire(a_request("b", priority=P1), wait_s=600.0)
+    assert (full.code, full.reason) == (OutcomeCode.SHED, "queue of band P1 is full")
+    assert c.acquire(a_request("c", priority=P0, preemptible=False), wait_s=5.0).code is OutcomeCode.QUEUED
+    clock.advance(6.0)
+    c.tick()  # c's deadline passed: shed
+    text = GatewayMetrics(c).render()[0].decode()
+    test = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": _admission_series(text),
+                "alert_rule_test": [
+                    _fires("GpupoolQueueDeadlineMissed", "P0"),
+                    _fires("GpupoolQueueFull", "P1"),
+                ],
+            }
+        ],
+    }
+    f = tmp_path / "admission.test.yaml"
+    f.write_text(yaml.safe_dump(test, sort_keys=False))
+    r = _promtool("test", "rules", str(f))
+    assert r.returncode == 0, text + r.stdout + r.stderr
+
+
 @needs_promtool
 def test_promtool_check_metrics_on_the_gateway(live: dict[str, Any]) -> None:
     text = live["gateway_text"]

@@ -104,9 +104,6 @@ class ControllerConfig:
     watermarks: WatermarkConfig = field(default_factory=WatermarkConfig)
 
 
-"""Passes of one pump while a pass itself frees capacity (preemption, expiry); bounded on purpose."""
-
-
 class LeaseController(GpuAdmin, KvBackends, PlacementBinds, QueuePump, TicketBook):
     def __init__(
         self,
@@ -159,7 +156,7 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, QueuePump, TicketBoo
         self.gpu_health: dict[str, str] = {}
         self.drained: set[str] = set()
         self.outcomes: Counter[tuple[str, str]] = Counter()
-        """(band, outcome code) -> count of admission decisions."""
+        """(band, outcome) -> count: codes, ``shed_queue_full`` (band full) apart from deadline sheds."""
         self.preemptions = 0
         self._granting: Ticketed | None = None
         self._gpus = set(self.allocator.ledger.gpu_ids())
@@ -494,7 +491,8 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, QueuePump, TicketBoo
         )
         holds = self._hold_target(item, avoid)
         if not self.queue.push(item, holds):
-            return self._count(request, self._shed(f"queue of band {band(request.priority)} is full"))
+            out = self._shed(f"queue of band {band(request.priority)} is full")
+            return self._count(request, out, outcome="shed_queue_full")  # not a deadline miss
         st = TicketStatus(item.ticket, "queued", request, now, item.deadline_at, gpu_id=gpu_id, kv=kv)
         self._remember(st)
         self._events.append(GatewayEvent(kind="queued", at=now, ticket=item.ticket, tenant=request.tenant))
@@ -509,8 +507,9 @@ class LeaseController(GpuAdmin, KvBackends, PlacementBinds, QueuePump, TicketBoo
     def _shed(self, why: str | Refusal) -> Outcome:
         return shed(why, self.config.retry_after_s)
 
-    def _count(self, request: Request, out: Outcome) -> Outcome:
-        self.outcomes[(band(request.priority), out.code.value)] += 1
+    def _count(self, request: Request, out: Outcome, outcome: str = "") -> Outcome:
+        """Count ``out`` in `outcomes` under its code, or under ``outcome`` when given."""
+        self.outcomes[(band(request.priority), outcome or out.code.value)] += 1
         if out.victims:
             self.preemptions += len(out.victims)
         return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -101,10 +102,10 @@ class RefusingQueue(BatchJobQueue):
 
     refuse = False
 
-    def transition(self, job_id, new, **kw):
+    def set_state(self, job_id, new, **kw):  # (`transition` writes through it too)
         if self.refuse:
             raise RuntimeError(f"refused: {job_id} -> {new.value}")
-        return super().transition(job_id, new, **kw)
+        return super().set_state(job_id, new, **kw)
 
 
 def test_stop_all_stops_every_process_even_when_the_writes_are_refused(tmp_path):
@@ -353,4 +354,71 @@ def test_a_damaged_job_row_is_skipped_and_reported_once_and_the_queue_goes_on(tm
     skipped = [(job_id, what) for _, job_id, what in runner.log if what.startswith("skipped")]
     assert len(skipped) == 1 and skipped[0][0] == "bad" and "damaged" in skipped[0][1]  # once
     assert q._db.execute("SELECT state FROM batch_jobs WHERE id = 'bad'").fetchone()[0] == "queued"
+    alloc.check_invariants()
+
+
+def damage(tmp_path, job_id: str) -> None:
+    """Corrupt the stored spec of ``job_id`` in the queue's file, from another connection."""
+    db = sqlite3.connect(tmp_path / "jobs.db")
+    with db:
+        db.execute("UPDATE batch_jobs SET spec = '{broken' WHERE id = ?", (job_id,))
+    db.close()
+
+
+def test_a_running_job_whose_row_is_damaged_is_stopped_reported_once_and_the_others_go_on(tmp_path):
+    """A RUNNING checkpointable job whose row was damaged, then preempted: reading it back raised at
+    every step, so no other job was paused, resumed, started or renewed. Its process is stopped, its
+    lease is released, it is reported once naming it, and the other jobs go on."""
+    clock, alloc, q, runner = setup(tmp_path)
+    q.submit(sleeper("ckpt", checkpointable=True), now=0.0)
+    q.submit(sleeper("other", checkpointable=True, vram=1000), now=1.0)
+    runner.step(clock.now())
+    assert set(runner.running) == {"ckpt", "other"}
+    handle = runner.running["ckpt"].handle
+    damage(tmp_path, "ckpt")
+    out = alloc.allocate(p0("agent-1"), preempt=True)
+    assert out.granted and [v.request.id for v in out.victims] == ["job/ckpt/1"]
+    q.submit(BatchJobSpec(id="later", vram_mib=1000, command=(sys.executable, "-c", "pass")), now=2.0)
+    runner.step(clock.advance(1.0))
+    assert wait_for(lambda: handle.poll() is not None)  # stopped
+    assert set(runner.running) == {"other", "later"} and not runner.paused
+    assert wait_for(lambda: runner.running["later"].handle.poll() is not None)
+    runner.step(clock.advance(1.0))
+    runner.step(clock.advance(1.0))
+    assert not runner.stopping and set(runner.damaged) == {"ckpt"}
+    skipped = [(job_id, what) for _, job_id, what in runner.log if what.startswith("skipped")]
+    assert len(skipped) == 1 and skipped[0][0] == "ckpt" and "'ckpt'" in skipped[0][1]  # once
+    assert q.get("later").state is JobState.DONE and q.get("other").state is JobState.RUNNING
+    assert q._db.execute("SELECT state FROM batch_jobs WHERE id = 'ckpt'").fetchone()[0] == "queued"
+    assert alloc.slice_state("gpu-0").granted.vram_mib == 8000 + 1000  # P0 and "other" only
+    runner.running["other"].handle.stop()
+    alloc.check_invariants()
+
+
+def test_a_paused_job_whose_row_is_damaged_is_stopped_not_resumed_and_the_others_go_on(tmp_path):
+    """A PAUSED job whose row was damaged: reading it back to resume it raised at every step. Its
+    (stopped) process is ended, it is reported once, and the queued jobs start."""
+    clock, alloc, q, runner = setup(tmp_path)
+    q.submit(sleeper("ckpt", checkpointable=True), now=0.0)
+    runner.step(clock.now())
+    pid = runner.running["ckpt"].handle.proc.pid  # type: ignore[attr-defined]
+    handle = runner.running["ckpt"].handle
+    out = alloc.allocate(p0("agent-1"), preempt=True)
+    assert out.granted
+    runner.step(clock.advance(1.0))
+    assert q.get("ckpt").state is JobState.PAUSED and wait_for(lambda: proc_state(pid) == "T")
+    damage(tmp_path, "ckpt")
+    alloc.release(out.lease.id)
+    q.submit(BatchJobSpec(id="later", vram_mib=1000, command=(sys.executable, "-c", "pass")), now=2.0)
+    runner.step(clock.advance(1.0))
+    assert wait_for(lambda: handle.poll() is not None)  # ended, not resumed
+    assert not runner.paused and "ckpt" not in runner.running and "later" in runner.running
+    assert wait_for(lambda: runner.running["later"].handle.poll() is not None)
+    runner.step(clock.advance(1.0))
+    runner.step(clock.advance(1.0))
+    assert q.get("later").state is JobState.DONE and not runner.stopping
+    skipped = [(job_id, what) for _, job_id, what in runner.log if what.startswith("skipped")]
+    assert len(skipped) == 1 and skipped[0][0] == "ckpt" and "'ckpt'" in skipped[0][1]
+    assert q._db.execute("SELECT state FROM batch_jobs WHERE id = 'ckpt'").fetchone()[0] == "queued"
+    assert alloc.slice_state("gpu-0").granted.vram_mib == 0
     alloc.check_invariants()

@@ -7,6 +7,7 @@ import pytest
 
 from gpupool.adapters.store import MemoryLeaseStore
 from gpupool.core import P0, P1, P2, LeaseState, ManualClock, OutcomeCode, SliceKind, UnknownId
+from gpupool.core.admission import AdmissionConfig
 from gpupool.core.controller import Backend, ControllerConfig, LeaseController
 from gpupool.core.ids import seeded_lease_ids
 from gpupool.core.poolview import pool_view
@@ -78,6 +79,18 @@ def test_queue_deadline_sheds() -> None:
     c.tick()
     assert c.ticket(q.ticket or "").state == "shed"
     assert events[-1].kind == "shed"
+
+
+def test_a_request_shed_because_its_band_is_full_is_counted_apart_from_deadline_sheds() -> None:
+    c, clock, _, _ = make(a_slice("g0", gpu="g0", vram_gib=40), admission=AdmissionConfig(max_per_band=1))
+    assert c.acquire(a_request("holder", vram_gib=40, priority=P0, preemptible=False)).granted
+    assert c.acquire(a_request("a", priority=P1), wait_s=60.0).code is OutcomeCode.QUEUED
+    out = c.acquire(a_request("b", priority=P1), wait_s=60.0)
+    assert (out.code, out.reason, out.ticket) == (OutcomeCode.SHED, "queue of band P1 is full", None)
+    assert c.outcomes[("P1", "shed_queue_full")] == 1 and c.outcomes[("P1", "shed")] == 0
+    clock.advance(60.0)
+    c.tick()
+    assert c.outcomes[("P1", "shed")] == 1 and c.outcomes[("P1", "shed_queue_full")] == 1
 
 
 def test_unresolvable_and_sheddable_without_queue() -> None:

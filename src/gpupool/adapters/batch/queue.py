@@ -14,8 +14,8 @@ Invariants:
   changes nothing (each write is one statement or one transaction).
 - A row that cannot be read back as a job (damaged on disk, edited by hand) raises `QueueDamaged`
   naming the file and the job id (the gateway answers 503 with it, never 500); ``jobs(damaged=...)``
-  skips it instead and names it there (the runner goes on with the other jobs), and `recover`
-  works on the state column alone, so one such row stops neither a start nor the queue.
+  skips it instead and names it there (the runner goes on with the other jobs), and `recover` and
+  `set_state` work on the state column alone, so one such row stops neither a start nor the queue.
 """
 
 from __future__ import annotations
@@ -173,9 +173,23 @@ class BatchJobQueue:
         lease_id: str | None = None,
         returncode: int | None = None,
     ) -> JobRecord:
+        self.set_state(job_id, new, now=now, reason=reason, lease_id=lease_id, returncode=returncode)
+        return self.get(job_id)
+
+    def set_state(
+        self,
+        job_id: str,
+        new: JobState,
+        *,
+        now: float,
+        reason: str = "",
+        lease_id: str | None = None,
+        returncode: int | None = None,
+    ) -> None:
+        """`transition` without reading the job back: only the state column is read, so it also
+        moves a row whose spec is damaged."""
         with _refused(f"move {job_id} to {new.value}"):
             self._transition(job_id, new, now=now, reason=reason, lease_id=lease_id, returncode=returncode)
-        return self.get(job_id)
 
     def _transition(
         self,

@@ -19,6 +19,10 @@ e.g. ``unresolvable: no healthy slice ... could ever hold 1000000 MiB``), not st
 shows it, so a job the pool cannot hold does not wait in silence; it is recomputed every step.
 A queued row that is not a job (damaged on disk, a hand edit) is skipped, so the jobs after it
 still start; it is kept in ``damaged`` and reported once in the log (``skipped: ...``, naming it).
+A running or paused job whose row is found damaged when it is read back (its lease ended, or it is
+due to resume) is requeued by its state alone, its process stopped (the lease it holds is released
+once the process is gone) and then skipped and reported like a damaged queued row. The runner's
+other writes (`set_state`) do not read the row back: on the SQLite queue only its state column.
 The caller owns the clock (``now``) and the lease port (an `Allocator`, or the gateway's
 `LeaseController` through `ControllerLeases`, so job leases pass the same admission, the same
 durable store and the same events as every other lease); the runner never reads a clock itself.
@@ -37,13 +41,14 @@ runs on the gateway's event loop, which a job that ignores SIGTERM must not hold
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpupool.adapters.batch.queue import BatchJobQueue
 from gpupool.core.controller import LeaseController
-from gpupool.core.errors import InvalidInput, StoreRefused
+from gpupool.core.errors import InvalidInput, StoreDamaged, StoreRefused
 from gpupool.core.model import Lease, Request
 from gpupool.core.outcome import Outcome
 from gpupool.core.tidal.jobs import FINAL, BatchJobSpec, JobRecord, JobState, lease_request
@@ -190,7 +195,7 @@ class BatchRunner:
         for job_id, r in held:
             try:
                 self.allocator.release(r.lease_id, reason="batch runner stopped")
-                self.queue.transition(job_id, JobState.QUEUED, now=now, reason="runner stopped; requeued")
+                self.queue.set_state(job_id, JobState.QUEUED, now=now, reason="runner stopped; requeued")
             except Exception as exc:  # (the store's refusal: its type is the store adapter's)
                 first = first or exc
         if first is not None:
@@ -206,7 +211,7 @@ class BatchRunner:
                 continue
             state = JobState.DONE if rc == 0 else JobState.FAILED
             # recorded first: a store that refuses the write leaves the job here, reaped next step
-            self.queue.transition(job_id, state, now=now, returncode=rc, reason=f"exit {rc}")
+            self.queue.set_state(job_id, state, now=now, returncode=rc, reason=f"exit {rc}")
             del self.running[job_id]
             self.allocator.release(r.lease_id, reason=f"job {job_id} exited {rc}")
             self._event(now, job_id, state.value)
@@ -216,21 +221,40 @@ class BatchRunner:
             lease = self.allocator.get(r.lease_id)
             if not lease.state.ended:
                 continue
+            spec = self._spec(job_id, now, self.running)
+            if spec is None:
+                continue
             del self.running[job_id]
-            spec = self.queue.get(job_id).spec
             why = f"lease {lease.state.value}: {lease.reason}"
             t0 = self.stopwatch()
             if spec.checkpointable and r.handle.pause():
                 self.paused[job_id] = r
                 self._path("pause", t0)
-                self.queue.transition(job_id, JobState.PAUSED, now=now, reason=why)
+                self.queue.set_state(job_id, JobState.PAUSED, now=now, reason=why)
                 self._event(now, job_id, "paused")
             else:
                 r.handle.terminate(grace_s=self.stop_grace_s)
                 self.stopping[job_id] = r  # (not started again until its process is gone)
                 self._path("requeue", t0)
-                self.queue.transition(job_id, JobState.QUEUED, now=now, reason=f"{why}; requeued")
+                self.queue.set_state(job_id, JobState.QUEUED, now=now, reason=f"{why}; requeued")
                 self._event(now, job_id, "requeued")
+
+    def _spec(self, job_id: str, now: float, held: dict[str, _Running]) -> BatchJobSpec | None:
+        """The spec of ``job_id`` (in ``held``: running or paused) read back from the queue; None when
+        its row is no job any more: requeued by its state (recorded first: a refused write keeps it
+        in ``held``, tried again next step), its process stopped, reported once (see the docstring)."""
+        try:
+            return self.queue.get(job_id).spec
+        except StoreDamaged as exc:
+            why = str(exc)
+        with contextlib.suppress(StoreDamaged):  # (etcd: a damaged value cannot be rewritten; it stays)
+            self.queue.set_state(job_id, JobState.QUEUED, now=now, reason="damaged row: stopped, requeued")
+        r = held.pop(job_id)
+        r.handle.terminate(grace_s=self.stop_grace_s)
+        self.stopping[job_id] = r  # (its lease is released once the process is gone)
+        self.damaged[job_id] = why  # (`_start_queued` skips it from now on, without a second report)
+        self._event(now, job_id, f"skipped: {why}; its process is stopped and its lease released")
+        return None
 
     def _shrink(self, now: float) -> None:
         """Over ``max_running`` (NIGHT -> DAY): the newest jobs give their leases back and are
@@ -251,7 +275,9 @@ class BatchRunner:
         for job_id, r in list(self.paused.items()):
             if limit is not None and len(self.running) >= limit:
                 return
-            spec = self.queue.get(job_id).spec
+            spec = self._spec(job_id, now, self.paused)
+            if spec is None:
+                continue
             attempt = r.attempt + 1
             out = self.allocator.allocate(
                 lease_request(spec, attempt=attempt, ttl_s=self.lease_ttl_s), preempt=False
@@ -261,7 +287,7 @@ class BatchRunner:
             del self.paused[job_id]
             r.handle.resume()
             self.running[job_id] = _Running(r.handle, out.lease.id, attempt)
-            self.queue.transition(job_id, JobState.RUNNING, now=now, lease_id=out.lease.id, reason="resumed")
+            self.queue.set_state(job_id, JobState.RUNNING, now=now, lease_id=out.lease.id, reason="resumed")
             self._event(now, job_id, "resumed")
 
     def _start_queued(self, now: float) -> None:

@@ -5,7 +5,9 @@ Scrape-time gauges read the `LeaseController` directly (no double bookkeeping):
 ``gpupool serve --metrics-tenant-labels``: tenant names are not shown to whoever can scrape by default),
 ``gpupool_slice_capacity_{vram_mib,compute_milli}{node,gpu,slice,kind}``,
 ``gpupool_slice_granted_{vram_mib,compute_milli}{...}``, ``gpupool_gpu_granted_vram_mib{node,gpu}``,
-``gpupool_queue_depth{band}``, ``gpupool_admission_total{band,outcome}``, ``gpupool_preemptions_total``,
+``gpupool_queue_depth{band}``, ``gpupool_admission_total{band,outcome}`` (``outcome``: an admission
+code, ``granted_from_queue``, ``failed``, or ``shed_queue_full`` for a request shed at once because
+its band's queue was full, apart from ``shed``), ``gpupool_preemptions_total``,
 ``gpupool_backpressure{gpu}`` (1 = PAUSED by the watermark machine), ``gpupool_request_leases{model}``,
 ``gpupool_store_commits_total`` / ``gpupool_store_writes_total`` (group-commit batches and writes).
 Observed: ``gpupool_lease_events_total{kind,band}``, ``gpupool_queue_wait_seconds{band}``,

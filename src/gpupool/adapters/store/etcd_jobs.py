@@ -184,6 +184,19 @@ class EtcdJobQueue:
                 return out
         raise NotLeader(f"job {job_id}: {MAX_CAS_TRIES} concurrent changes in a row; not applied")
 
+    def set_state(
+        self,
+        job_id: str,
+        new: JobState,
+        *,
+        now: float,
+        reason: str = "",
+        lease_id: str | None = None,
+        returncode: int | None = None,
+    ) -> None:
+        """`transition` (the SQLite queue's counterpart; a damaged value raises `JobValueDamaged`)."""
+        self.transition(job_id, new, now=now, reason=reason, lease_id=lease_id, returncode=returncode)
+
     def recover(self, *, now: float) -> list[str]:
         """Requeue the RUNNING/PAUSED jobs a previous leader left behind; returns their ids."""
         ids = [r.spec.id for r in self.jobs(damaged={}) if r.state in (JobState.RUNNING, JobState.PAUSED)]
