@@ -240,6 +240,28 @@ def reset_state(data_dir: Path) -> list[Path]:
     return removed
 
 
+async def _agents_once_listening(
+    listening: asyncio.Event, url: str, token: str, bundle: Any, runtimes: list[Any]
+) -> None:
+    """Start one node agent per simulated node once the gateway accepts connections (started
+    before, their first report met a refused connection and said so at every start); they join
+    ``runtimes``, which `stop_agents` stops. A failure to start them is said, not swallowed."""
+    from gpupool.agent.engines import Engine
+    from gpupool.agent.runtime import start_simulated_agents
+
+    await listening.wait()
+    engines = [Engine(gpu_id=b.gpu_id, endpoint=b.url, reserved_mib=b.kv_budget_mib) for b in bundle.backends]
+    try:
+        started = await asyncio.to_thread(
+            start_simulated_agents, url, token=token, cluster=bundle.sim, engines=engines
+        )
+    except Exception as exc:  # (whatever the agents' start raises: the run goes on without them)
+        say(f"node agents: not started: {exc}")
+        return
+    runtimes.extend(started)
+    say(f"node agents: {len(started)} (one per simulated node, 200 ms period)")
+
+
 def stop_agents(runtimes: list[Any]) -> None:
     """Stop the node agents in parallel (each joins its own loop thread)."""
     import threading
@@ -356,16 +378,15 @@ def run(  # noqa: PLR0917 (typer options)
             extra.append(serve_k8s.run(bundle, kube, kube_opts))
         if traffic:
             extra.append(synthetic_workload(url, demo, bundle, shape=shape))
-        if agents and bundle.sim is not None:
-            from gpupool.agent.engines import Engine
-            from gpupool.agent.runtime import start_simulated_agents
-
-            engines = [
-                Engine(gpu_id=b.gpu_id, endpoint=b.url, reserved_mib=b.kv_budget_mib) for b in bundle.backends
-            ]
-            runtimes = start_simulated_agents(url, token=admin, cluster=bundle.sim, engines=engines)
-            say(f"node agents: {len(runtimes)} (one per simulated node, 200 ms period)")
-        run_loop(serve_forever(bundle, host=host, port=port, extra=extra, feed_readings=not runtimes))
+        listening = asyncio.Event()
+        with_agents = agents and bundle.sim is not None
+        if with_agents:
+            extra.append(_agents_once_listening(listening, url, admin, bundle, runtimes))
+        run_loop(
+            serve_forever(
+                bundle, host=host, port=port, extra=extra, feed_readings=not with_agents, listening=listening
+            )
+        )
     except KeyboardInterrupt:
         pass  # NOTE: Ctrl-C during start-up; once serving, serve_forever handles the signal itself
     finally:

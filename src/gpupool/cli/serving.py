@@ -100,6 +100,7 @@ async def serve_forever(
     server_options: dict[str, Any] | None = None,
     sockets: list[socket.socket] | None = None,
     stop_event: asyncio.Event | None = None,
+    listening: asyncio.Event | None = None,
 ) -> None:
     """Run the gateway server (+ any extra `uvicorn_server`s / coroutines) until Ctrl-C or SIGTERM.
 
@@ -108,7 +109,9 @@ async def serve_forever(
     ``feed_readings``: push the simulated cluster's readings in-process; `gpupool run` turns it off
     when real node agents report them over HTTP instead. ``server_options``: `server_config`'s
     (header_timeout_s, keep_alive_s, max_connections). ``sockets``: listen on these (already bound)
-    instead of host:port; ``stop_event``: stop as on a signal once it is set (`gpupool.cli.ha`)."""
+    instead of host:port; ``stop_event``: stop as on a signal once it is set (`gpupool.cli.ha`);
+    ``listening``: set once the gateway server accepts connections (`gpupool run` starts its node
+    agents then, so their first report does not meet a refused connection)."""
     import logging
     import signal
 
@@ -131,6 +134,14 @@ async def serve_forever(
     for x in extra:
         if not isinstance(x, uvicorn.Server):
             tasks.append(asyncio.create_task(x))
+    if listening is not None:
+
+        async def set_when_started(event: asyncio.Event) -> None:
+            while not server.started:  # (uvicorn sets it once its sockets listen)
+                await asyncio.sleep(0.02)
+            event.set()
+
+        tasks.append(asyncio.create_task(set_when_started(listening)))
 
     def stop() -> None:
         if not server.should_exit:

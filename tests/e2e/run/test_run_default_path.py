@@ -6,7 +6,8 @@ within the test. Proves, from outside the process, that:
 - the synthetic agent workload runs: P0 chat and P1 embeddings are proxied to the emulated backends
   with status 200 (``gpupool_proxy_requests_total``), and tenant ``batch`` holds P2 leases;
 - the tidal loop runs on the compressed clock: it announces itself, switches day -> night, and
-  lends spare capacity to tenant ``tidal-batch`` as P2 leases visible in ``/v1/leases``.
+  lends spare capacity to tenant ``tidal-batch`` as P2 leases visible in ``/v1/leases``;
+- the node agents start once the gateway listens, so none of their reports is refused.
 A coroutine that raises on entry is swallowed by the server's task list, so each of these is checked
 by its effect, not by the process staying up.
 """
@@ -97,3 +98,9 @@ def test_default_run_drives_traffic_and_tidal(tmp_path: Path) -> None:
     assert proc.returncode == 0, out
     assert "tidal: compressed clock x1440" in out
     assert "gpupool: stopped" in out
+    # the node agents start once the gateway listens: their first report is not refused (it was,
+    # at every start, with two "Connection refused ... retrying" lines). (At the stop the server
+    # closes before the agents stop, so a last report may still be refused then.)
+    assert re.search(r"node agents: \d+ \(one per simulated node", out), out
+    started = out.split("gpupool: stopping")[0]
+    assert "Connection refused" not in started and "failed attempts" not in started, out
