@@ -112,7 +112,12 @@ class FragTable:
             self.ge, self.lt = model.stats(mirror.gpu_free)
             self.free_total = mirror.free_total()
         self.node_frag = model.numerators(
-            self.ge, self.lt, self.free_total, mirror.cpu_free, mirror.model, mem_free=mirror.mem_free
+            self.ge,
+            self.lt,
+            self.free_total,
+            mirror.cpu_free,
+            mirror.model,
+            mem_free=self._mem_after(slice(None), 0),
         )
         self.cluster_frag = float(self.node_frag.sum())
 
@@ -131,10 +136,15 @@ class FragTable:
             self.free_total[node : node + 1],
             m.cpu_free[node : node + 1],
             m.model[node : node + 1],
-            mem_free=m.mem_free[node : node + 1],
+            mem_free=self._mem_after(one, 0),
         )[0]
         self.cluster_frag += float(new - self.node_frag[node])
         self.node_frag[node] = new
+
+    def _mem_after(self, nodes: np.ndarray | slice, memory_mib: int) -> np.ndarray | None:
+        """Free memory of ``nodes`` after taking ``memory_mib``; None (not computed) for a
+        memory-blind model, which never reads it (FGD's own hot path)."""
+        return self.mirror.mem_free[nodes] - memory_mib if self.model.memory else None
 
     def cluster_frag_milli(self) -> float:
         """Cluster fragmentation in expected milli-GPU."""
@@ -156,7 +166,7 @@ class FragTable:
             self.free_total[nodes] - gpu_milli,
             m.cpu_free[nodes] - cpu_milli,
             m.model[nodes],
-            mem_free=m.mem_free[nodes] - memory_mib,
+            mem_free=self._mem_after(nodes, memory_mib),
         )
 
     def after_whole(self, nodes: np.ndarray, num_gpu: int, cpu_milli: int, memory_mib: int = 0) -> np.ndarray:
@@ -170,5 +180,5 @@ class FragTable:
             self.free_total[nodes] - 1000 * num_gpu,
             m.cpu_free[nodes] - cpu_milli,
             m.model[nodes],
-            mem_free=m.mem_free[nodes] - memory_mib,
+            mem_free=self._mem_after(nodes, memory_mib),
         )

@@ -68,10 +68,11 @@ def shape_of(p: PodSpec) -> Shape:
 
 
 def target_workload(pods: Sequence[PodSpec], *, popularity: float = POPULARITY) -> TargetWorkload:
-    counts = Counter(shape_of(p) for p in pods)
+    counts: Counter[Shape] = Counter()
     least_mib: dict[Shape, int] = {}
     for p in pods:
         key = shape_of(p)
+        counts[key] += 1
         least_mib[key] = min(least_mib.get(key, p.memory_mib), p.memory_mib)
     ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
     need = popularity * len(pods)
