@@ -41,6 +41,7 @@ def context(
             m.gpu_free[i, : len(row)] = row
     if cpu_free is not None:
         m.cpu_free[:] = cpu_free
+    m.resync()
     ft = FragTable(FragModel(tw, m.models), m)
     return SimContext(mirror=m, frag=ft, target=tw, rng=np.random.default_rng(seed))
 

@@ -17,7 +17,9 @@ What lives where (the design choice the issue asks to document):
 
 Invariants: rows are nodes in tie order (row 0 wins every tie); ``0 <= gpu_free <= 1000`` on real
 GPUs and ``gpu_free == 0`` on padding columns (absent GPUs never fit and add nothing to any sum);
-``0 <= cpu_free <= cpu capacity`` and the same for memory.
+``0 <= cpu_free <= cpu capacity`` and the same for memory. State changes go through `apply`,
+which also keeps ``first_of_value`` and bumps the node's ``version`` (what `gpupool.sim.memo` and
+the placement enumeration rely on); code that writes the arrays directly calls `resync` after.
 """
 
 from __future__ import annotations
@@ -45,6 +47,28 @@ class MirrorLedger:
         self.cpu_free = self.cpu_cap.copy()
         self.mem_free = self.mem_cap.copy()
         self.capacity_milli = int(self.gpu_count.sum()) * MILLI_PER_GPU
+        self.version = np.zeros(len(self.nodes), dtype=np.int64)
+        """Per node, how many placements changed it: a value computed from a node's state alone
+        stays valid while its node's version is unchanged (`gpupool.sim.memo`)."""
+        self.first_of_value = self._first_of_value(self.gpu_free)
+        """Per node and GPU: no lower-index GPU of the node has the same free milli (kept by
+        `apply`); the placements of a sharing pod are one per distinct free value."""
+
+    def resync(self) -> None:
+        """Recompute what `apply` keeps after a caller wrote ``gpu_free``, ``cpu_free`` or
+        ``mem_free`` directly (tests building a state); every node counts as changed."""
+        self.first_of_value = self._first_of_value(self.gpu_free)
+        self.version += 1
+
+    @staticmethod
+    def _first_of_value(gpu_free: np.ndarray) -> np.ndarray:
+        width = gpu_free.shape[1]
+        if width == 1:
+            return np.ones(gpu_free.shape, dtype=bool)
+        earlier = np.tri(width, width, -1, dtype=bool).T  # earlier[g', g] = g' < g
+        dup = ((gpu_free[:, :, None] == gpu_free[:, None, :]) & earlier[None, :, :]).any(axis=1)
+        out: np.ndarray = ~dup
+        return out
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -64,6 +88,8 @@ class MirrorLedger:
             self.gpu_free[node, g] -= gpu_milli
         self.cpu_free[node] -= cpu_milli
         self.mem_free[node] -= memory_mib
+        self.first_of_value[node] = self._first_of_value(self.gpu_free[node : node + 1])[0]
+        self.version[node] += 1
 
     def slice_id(self, node: int, gpu: int) -> str:
         return f"{self.nodes[node].name}/gpu{gpu}"

@@ -157,10 +157,22 @@ class WholeCardReserve:
         """Scaled shortfall after a pod takes ``cards_taken[i]`` full cards, ``gpu_milli`` and
         ``cpu_milli`` on ``rows[i]``."""
         m = self.mirror
-        full = self.full[rows] - cards_taken
-        after = self._slots(full, m.cpu_free[rows] - cpu_milli, m.model[rows])
-        supply = self.supply[None, :] - self.slots[rows] + after
-        return self._shortfall(supply, self.horizon_milli(gpu_milli, cpu_milli))
+        # The value depends on the candidate node only through (full cards, cards taken, free CPU,
+        # model): nodes alike (most of them, early in a run) are computed once.
+        full, cpu, model = self.full[rows], m.cpu_free[rows], m.model[rows]
+        key = (cpu * (len(self._by_full) + 1) + full) * (int(cards_taken.max(initial=0)) + 1) + cards_taken
+        _, first, inverse = np.unique(key * len(m.models) + model, return_index=True, return_inverse=True)
+        u = rows[first]
+        after = self._slots(full[first] - cards_taken[first], cpu[first] - cpu_milli, model[first])
+        horizon = self.horizon_milli(gpu_milli, cpu_milli)
+        # a node that keeps its slots leaves the cluster's supply as it is: one value
+        changed = np.flatnonzero((after != self.slots[u]).any(axis=1))
+        out = np.full(len(u), int(self._shortfall(self.supply[None, :], horizon)[0]), dtype=np.int64)
+        if len(changed):
+            supply = self.supply[None, :] - self.slots[u[changed]] + after[changed]
+            out[changed] = self._shortfall(supply, horizon)
+        result: np.ndarray = out[inverse.reshape(-1)]
+        return result
 
     def never_short(self, cards: int, gpu_milli: int, cpu_milli: int) -> bool:
         """True when NO placement of a pod taking at most ``cards`` full cards, ``gpu_milli`` and

@@ -165,14 +165,22 @@ class FGDReserveBalancePolicy(FGDReserveServablePolicy):
         distance = np.abs(node_ranks(ctx.frag.free_total, ctx.mirror.cpu_free)[rows] - self._ranks.rank(pod))
         keep = np.flatnonzero(distance == distance.min())
         rows, gpus, values = _fgd_best(
-            ctx, pod, rows[keep], gpus[keep], values[keep], table=self._fgd_table(ctx)
+            ctx,
+            pod,
+            rows[keep],
+            gpus[keep],
+            values[keep],
+            table=self._fgd_table(ctx),
+            memo=self._fgd_memo(ctx),
         )
         best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
     def _capacity_choice(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
         """FGD's best integer score, then the capacity gain, then node order (no reserve)."""
-        rows, gpus, values = _fgd_best(ctx, pod, *placements(ctx, pod, feasible), table=self._fgd_table(ctx))
+        rows, gpus, values = _fgd_best(
+            ctx, pod, *placements(ctx, pod, feasible), table=self._fgd_table(ctx), memo=self._fgd_memo(ctx)
+        )
         best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 

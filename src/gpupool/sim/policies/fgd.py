@@ -50,12 +50,7 @@ def placements(
         zeros = np.zeros(len(feasible), dtype=np.int64)
         return feasible, zeros - 1, zeros
     free = ctx.mirror.gpu_free[feasible]
-    width = free.shape[1]
-    fits = free >= pod.gpu_milli
-    if width > 1:
-        earlier = np.tri(width, width, -1, dtype=bool).T  # earlier[g', g] = g' < g
-        dup = ((free[:, :, None] == free[:, None, :]) & earlier[None, :, :]).any(axis=1)
-        fits &= ~dup
+    fits = (free >= pod.gpu_milli) & ctx.mirror.first_of_value[feasible]
     r, g = np.nonzero(fits)
     return feasible[r], g.astype(np.int64), free[r, g]
 

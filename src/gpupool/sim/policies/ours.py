@@ -66,6 +66,7 @@ import numpy as np
 
 from gpupool.sim.capfrag import CapacityFragTable
 from gpupool.sim.frag import FragTable
+from gpupool.sim.memo import NodeMemo
 from gpupool.sim.policies.base import Choice, PodView, SimContext, StatelessPolicy
 from gpupool.sim.policies.fgd import after, candidates, fgd_scores, finish, placements
 from gpupool.sim.reserve import WholeCardReserve
@@ -92,11 +93,18 @@ def _fgd_best(
     values: np.ndarray,
     *,
     table: FragTable | None = None,
+    memo: NodeMemo | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The placements among (rows, gpus, values) with FGD's best integer score (under ``table``,
-    default ``ctx.frag``), order kept."""
+    default ``ctx.frag``), order kept. ``memo``: a cache of that table's numerators (one per table)."""
     t = table if table is not None else ctx.frag
-    score = fgd_scores(ctx, rows, after(t, pod, rows, values), t)
+    if memo is None:
+        numerators = after(t, pod, rows, values)
+    else:
+        key = (pod.gpu_milli, pod.num_gpu, pod.cpu_milli, pod.memory_mib if t.model.memory else 0)
+        cols = np.maximum(gpus, 0)
+        numerators = memo.get(key, rows, cols, lambda miss: after(t, pod, rows[miss], values[miss]))
+    score = fgd_scores(ctx, rows, numerators, t)
     top = np.flatnonzero(score == score.max())  # only FGD's ties need the second opinion
     return rows[top], gpus[top], values[top]
 
@@ -108,32 +116,30 @@ class FGDCapacityPolicy:
 
     def __init__(self) -> None:
         self._cap: CapacityFragTable | None = None
-        # (per-GPU milli, GPU count, cpu milli) -> [node, gpu] capacity numerator after placing that
-        # pod there (NaN = not computed). A placement changes one node, so only that row goes stale.
-        self._memo: dict[tuple[int, int, int], np.ndarray] = {}
+        # per pod shape, the [node, gpu] capacity numerator after placing the pod there, and the
+        # same for FGD's numerator under `_fgd_table` (a placement changes one node: `NodeMemo`)
+        self._cap_memo: NodeMemo | None = None
+        self._fgd_numerators: NodeMemo | None = None
 
     def _table(self, ctx: SimContext) -> CapacityFragTable:
         if self._cap is None or self._cap.mirror is not ctx.mirror:
             self._cap = CapacityFragTable(ctx.population or ctx.target, ctx.mirror)
-            self._memo = {}
+            self._cap_memo = NodeMemo(ctx.mirror)
         return self._cap
+
+    def _fgd_memo(self, ctx: SimContext) -> NodeMemo:
+        if self._fgd_numerators is None or self._fgd_numerators.mirror is not ctx.mirror:
+            self._fgd_numerators = NodeMemo(ctx.mirror)
+        return self._fgd_numerators
 
     def _cap_after(
         self, ctx: SimContext, pod: PodView, rows: np.ndarray, gpus: np.ndarray, values: np.ndarray
     ) -> np.ndarray:
         cap = self._table(ctx)
+        assert self._cap_memo is not None
         key = (pod.gpu_milli, pod.num_gpu, pod.cpu_milli)
-        memo = self._memo.get(key)
-        if memo is None:
-            memo = np.full(ctx.mirror.gpu_free.shape, np.nan)
-            self._memo[key] = memo
         cols = np.maximum(gpus, 0)
-        got: np.ndarray = memo[rows, cols]
-        miss = np.isnan(got)
-        if miss.any():
-            got[miss] = after(cap, pod, rows[miss], values[miss])
-            memo[rows[miss], cols[miss]] = got[miss]
-        return got
+        return self._cap_memo.get(key, rows, cols, lambda miss: after(cap, pod, rows[miss], values[miss]))
 
     def _fgd_table(self, ctx: SimContext) -> FragTable:
         """The fragmentation table FGD's score key reads: the engine's (the artifact's measure)."""
@@ -143,7 +149,9 @@ class FGDCapacityPolicy:
         self, ctx: SimContext, pod: PodView, feasible: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The placements (rows, gpus, values) with FGD's best score, in node order."""
-        return _fgd_best(ctx, pod, *placements(ctx, pod, feasible), table=self._fgd_table(ctx))
+        return _fgd_best(
+            ctx, pod, *placements(ctx, pod, feasible), table=self._fgd_table(ctx), memo=self._fgd_memo(ctx)
+        )
 
     def _cap_gain(
         self, ctx: SimContext, pod: PodView, rows: np.ndarray, gpus: np.ndarray, values: np.ndarray
@@ -158,8 +166,6 @@ class FGDCapacityPolicy:
 
     def placed(self, ctx: SimContext, pod: PodView, choice: Choice) -> None:
         self._table(ctx).refresh(choice[0])
-        for memo in self._memo.values():
-            memo[choice[0]] = np.nan
 
 
 class FGDReservePolicy(FGDCapacityPolicy):
@@ -188,7 +194,9 @@ class FGDReservePolicy(FGDCapacityPolicy):
             short = reserve.shortfall_after(rows, taken, pod.total_gpu_milli, pod.cpu_milli)
             keep = np.flatnonzero(short == short.min())
             rows, gpus, values = rows[keep], gpus[keep], values[keep]
-        rows, gpus, values = _fgd_best(ctx, pod, rows, gpus, values, table=self._fgd_table(ctx))
+        rows, gpus, values = _fgd_best(
+            ctx, pod, rows, gpus, values, table=self._fgd_table(ctx), memo=self._fgd_memo(ctx)
+        )
         best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))  # first = node order
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
