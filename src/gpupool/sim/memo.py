@@ -22,9 +22,9 @@ import numpy as np
 
 from gpupool.sim.mirror import MirrorLedger
 
-DEFAULT_BUDGET_CELLS = 8_000_000
-"""About 128 MB of cache (a float64 value and an int64 stamp per cell): 800 shapes of a
-1,250-node, 8-GPU cluster."""
+DEFAULT_BUDGET_CELLS = 4_000_000
+"""About 64 MB per memo (a float64 value and an int64 stamp per cell): 400 shapes of a 1,250-node,
+8-GPU cluster (the default trace has 151)."""
 
 
 class NodeMemo:
