@@ -1,5 +1,6 @@
-"""The project's own docs: every relative link in the README, CONTRIBUTING.md, docs/architecture.md,
-docs/ops/ and deploy/README.md points at a file of the repository (none leaves it), the README shows
+"""The project's own docs: every relative link in the README, CONTRIBUTING.md, docs/ (every page)
+and deploy/README.md points at a file of the repository (none leaves it) and, with a #fragment, at
+a heading of that page, the README shows
 the console screenshot, the working notes are gone, no tracked file names an absolute path of a
 development machine, and the admin calls docs/ops shows are accepted by a real gateway."""
 
@@ -15,9 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
     ROOT / "README.md",
     ROOT / "CONTRIBUTING.md",
-    ROOT / "docs" / "architecture.md",
     ROOT / "deploy" / "README.md",
-    *sorted((ROOT / "docs" / "ops").glob("*.md")),
+    *sorted((ROOT / "docs").rglob("*.md")),
 ]
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _MACHINE_PATH = re.compile(r"(?<![\w.])/(work|home/[a-z][\w-]*|root|Users/[A-Za-z][\w-]*)/")
@@ -26,11 +26,34 @@ _MACHINE_PATH = re.compile(r"(?<![\w.])/(work|home/[a-z][\w-]*|root|Users/[A-Za-
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_relative_links_stay_in_the_repository(page: Path) -> None:
     for target in _LINK.findall(page.read_text()):
-        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
-            continue  # a URL or an anchor on the same page
-        path = (page.parent / target.split("#", 1)[0]).resolve()
+        if re.match(r"^[a-z]+:", target):
+            continue  # a URL
+        path = (page.parent / target.split("#", 1)[0]).resolve() if not target.startswith("#") else page
         assert path.is_relative_to(ROOT), f"{page.name}: {target} leaves the repository"
         assert path.exists(), f"{page.name}: {target} does not exist"
+        anchor = target.partition("#")[2]
+        if anchor and path.suffix == ".md":
+            assert anchor in _anchors(path), f"{page.name}: {target}: no heading with that anchor"
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors of a page: lower case, punctuation dropped, spaces as dashes,
+    a repeated heading numbered (-1, -2, ...)."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_anchors_follow_githubs_rule() -> None:
+    page = ROOT / "docs" / "fgd" / "README.md"
+    assert "the-core-policy-frag-gradient-issue-17" in _anchors(page)
+    assert "api-cli-events-metrics" in _anchors(ROOT / "docs" / "tidal" / "README.md")
 
 
 def test_readme_shows_the_console_and_links_the_design() -> None:

@@ -4,13 +4,14 @@ Checks (names as in the JSON): ``driver`` (>= 535.129), ``cuda`` (driver CUDA >=
 ``gpu <id>`` (model, MIG capability, current and pending MIG mode, the mode discovery picks; a
 pending MIG mode change fails it), ``mps-control`` (``nvidia-cuda-mps-control`` on PATH),
 ``mps-pipe-dir`` (exists or can be created, writable) and ``ipc-namespace`` (shared with the host, as
-MPS clients need) when a GPU is served by MPS, ``kubelet-socket`` (``kubelet.sock`` in the device-plugin
-directory), ``gpu-operator`` (NVIDIA mig-manager on this node or not: informational, it decides who
+MPS clients need) when a GPU is served by MPS, ``kubelet-socket`` (``kubelet.sock`` in the
+device-plugin directory; only with ``--kube`` or a ``--plugin-dir`` given: a bare host has no
+kubelet), ``gpu-operator`` (NVIDIA mig-manager on this node or not: informational, it decides who
 applies MIG layouts), ``clock-skew`` (against the gateway's ``Date``, at most ``MAX_SKEW_S``) and
 ``gateway`` (``GET /healthz``).
 
 Output: ``--json`` prints ``{"checks": [{"name", "ok", "detail", "fix"}]}``; otherwise one line per
-check. A check that does not apply here (no gateway given, no Kubernetes API) passes with a detail
+check. A check that does not apply here (no gateway given, no Kubernetes, no MPS GPU) passes with a detail
 that says so. Exit code 0 when every check passes, 1 otherwise, 2 on bad arguments.
 
 Invariants: doctor only reads (never changes MIG mode or starts daemons); each check is a pure
@@ -41,6 +42,7 @@ MIN_CUDA = 12020
 """``nvmlSystemGetCudaDriverVersion`` encoding: 1000 x major + 10 x minor (12020 = 12.2)."""
 MAX_SKEW_S = 2.0
 MPS_CONTROL = "nvidia-cuda-mps-control"
+PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 MIG_MANAGER_LABELS = (
     "nvidia.com/gpu.deploy.mig-manager",
     "nvidia.com/mig.config.state",
@@ -69,7 +71,9 @@ class Probe:
     ipc_self: str | None = None
     ipc_host: str | None = None
     ipc_error: str = ""
-    plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    plugin_dir: str = PLUGIN_DIR
+    kubelet_expected: bool = True
+    """Whether this node should run kubelet (``--kube`` or ``--plugin-dir`` given)."""
     node_labels: dict[str, str] | None = None
     kube_error: str = ""
     gateway: str = ""
@@ -217,6 +221,8 @@ def _ipc(p: Probe) -> Check:
 
 
 def _kubelet(p: Probe) -> Check:
+    if not p.kubelet_expected:
+        return Check("kubelet-socket", True, "no --kube: not checked (a bare host runs no kubelet)")
     sock = Path(p.plugin_dir) / "kubelet.sock"
     try:
         ok = stat.S_ISSOCK(sock.stat().st_mode)
@@ -402,7 +408,10 @@ def doctor(
     ),
     mps_pipe_dir: str = typer.Option("/tmp/nvidia-mps", "--mps-pipe-dir", help="MPS pipe directory."),  # noqa: S108
     plugin_dir: str = typer.Option(
-        "/var/lib/kubelet/device-plugins", "--plugin-dir", help="kubelet device-plugin directory."
+        "",
+        "--plugin-dir",
+        help=f"kubelet device-plugin directory (default {PLUGIN_DIR}); its kubelet.sock is checked "
+        "with --kube or when this is given.",
     ),
     kube: bool = typer.Option(
         False, "--kube", help="Read this node's labels (GPU Operator) from the Kubernetes API."
@@ -435,7 +444,8 @@ def doctor(
         ipc_self=ipc_self,
         ipc_host=ipc_host,
         ipc_error=ipc_err,
-        plugin_dir=plugin_dir,
+        plugin_dir=plugin_dir or PLUGIN_DIR,
+        kubelet_expected=kube or bool(plugin_dir),
         node_labels=labels,
         kube_error=kube_err,
         gateway=gateway.rstrip("/"),

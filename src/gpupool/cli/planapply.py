@@ -10,7 +10,8 @@ changes nothing; ``--apply`` acts and prints each node's outcome. Actuators:
   with no instances yet (a demo of the path; nothing outside the process changes).
 
 Invariants: MIG mode is never toggled; a GPU whose MIG mode is off is reported, not changed; the
-exit code is 0 when every node is as planned (or the dry run succeeded), 1 when an apply failed.
+exit code is 0 when every node is as planned (or the dry run succeeded), 1 when an apply failed, 2
+(one line, nothing changed) when the actuator cannot be used here (no NVML, no Kubernetes API).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from enum import StrEnum
 
 import typer
 
+from gpupool.cli.errors import UserError
 from gpupool.hardware.capability import GpuMode
 from gpupool.hardware.mig import MigInstance
 from gpupool.hardware.migactuate import ApplyOutcome, MigActuator, NvmlMigActuator, render_change
@@ -66,12 +68,21 @@ def _actuators(
     if kind is ActuatorKind.NVML:
         from gpupool.adapters.nvml.mig import NvmlMigHardware
 
-        hw = NvmlMigHardware()
+        try:  # no driver or no nvidia-ml-py on this machine: one line, not a traceback
+            hw = NvmlMigHardware()
+        except Exception as exc:
+            raise UserError(f"invalid --actuator={kind.value}: not usable here: {exc}") from None
         return {node: NvmlMigActuator(hw) for node in wanted}
-    from gpupool.adapters.k8s.kubeapi import KubeApi
+    from gpupool.adapters.k8s.kubeapi import KubeApi, KubeConfigError
     from gpupool.adapters.k8s.migmanager import MigManagerActuator
 
-    api = KubeApi.for_host(kube_api) if kube_api else KubeApi.from_environment()
+    try:
+        api = KubeApi.for_host(kube_api) if kube_api else KubeApi.from_environment()
+    except KubeConfigError as exc:
+        raise UserError(
+            f"invalid --actuator={kind.value}: no Kubernetes API ({exc}): "
+            "give --kube-api URL or run in-cluster"
+        ) from None
     mm = MigManagerActuator(api, namespace=namespace, config_map=config_map)
     return dict.fromkeys(wanted, mm)
 

@@ -95,6 +95,24 @@ def stack() -> Iterator[Stack]:
 MSG = [{"role": "user", "content": "hello there"}]
 
 
+def test_the_stream_example_of_docs_openai_runs_as_written(stack: Stack) -> None:
+    """docs/openai.md's first example: a chat stream without max_tokens, get_final_completion().
+    vLLM's chat route has no default cap (the model ends its answer: "stop"); the emulated backend
+    cut it at 16 tokens with "length", on which the SDK helper raises LengthFinishReasonError, so
+    the example failed against `gpupool run`. The completions route keeps vLLM's default of 16."""
+    with stack.sdk().chat.completions.stream(
+        model=CHAT, messages=[{"role": "user", "content": "hi"}], stream_options={"include_usage": True}
+    ) as s:
+        final = s.get_final_completion()  # finish_reason and usage are set
+    assert final.choices[0].finish_reason == "stop", final
+    assert final.usage is not None and final.usage.completion_tokens == 16
+    plain = stack.sdk().chat.completions.create(model=CHAT, messages=MSG)
+    assert plain.choices[0].finish_reason == "stop" and plain.usage is not None
+    done = stack.sdk().completions.create(model=CHAT, prompt="hi")
+    assert done.choices[0].finish_reason == "length" and done.usage is not None
+    assert done.usage.completion_tokens == 16
+
+
 def test_stream_helper_reports_finish_reason_and_usage(stack: Stack) -> None:
     # Before: no chunk had a role or a finish reason, so stream() reported None for both and no usage.
     with stack.sdk().chat.completions.stream(

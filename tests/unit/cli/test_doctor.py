@@ -197,6 +197,22 @@ def test_doctor_lines_and_exit_1_when_a_check_fails(tmp_path: Path) -> None:
     assert any("fix: mount /var/lib/kubelet/device-plugins" in line for line in lines)
 
 
+def test_a_bare_host_without_kube_passes_doctor_as_the_docs_show(tmp_path: Path) -> None:
+    """docs/ops/node-discovery.md: `gpupool doctor --devices simulated --json` exits 0 when all
+    pass, and checks that do not apply (no --kube) pass and say so. A bare host has no kubelet: the
+    kubelet socket is checked only with --kube or a --plugin-dir given (it failed every bare host)."""
+    out = doctor("--devices", "simulated", "--json", "--mps-pipe-dir", str(tmp_path / "mps"))
+    by = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    kubelet = by["kubelet-socket"]
+    assert kubelet["ok"] and "not checked" in kubelet["detail"], kubelet
+    assert out.returncode == 0, out.stdout
+    kube_dir = tmp_path / "plugins"  # named by the user: checked (and absent here)
+    out = doctor("--devices", "simulated", "--json", "--plugin-dir", str(kube_dir))
+    by = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    assert not by["kubelet-socket"]["ok"] and str(kube_dir) in by["kubelet-socket"]["detail"]
+    assert out.returncode == 1
+
+
 @pytest.mark.parametrize(
     ("args", "want"),
     [

@@ -16,11 +16,13 @@ show it (`gpupool emulate-backend --hold-vram-mib`).
 
 OpenAI semantics honoured: ``n`` choices (index = prompt * n + sample), list prompts, ``stop`` (text cut
 before the stop string, ``finish_reason: stop``), ``finish_reason: length`` at ``max_tokens`` (default
-16), streaming with ``delta.role`` on the first chunk, ``finish_reason`` on each choice's last content
-chunk and, with ``stream_options.include_usage``, a final ``choices: []`` usage chunk; embeddings as
-floats or ``encoding_format: base64`` (little-endian float32), ``dimensions`` <= the model's width.
-A request whose client hangs up is aborted, streamed or not (vLLM cancels it too): its sequences
-leave the engine and free their KV blocks.
+16 on the completions route, as vLLM; a chat request without ``max_tokens`` has no cap in vLLM, so the
+emulated model ends its answer by itself after 16 tokens: ``finish_reason: stop``), streaming with
+``delta.role`` on the first chunk, ``finish_reason`` on each choice's last content chunk and, with
+``stream_options.include_usage``, a final ``choices: []`` usage chunk; embeddings as floats or
+``encoding_format: base64`` (little-endian float32), ``dimensions`` <= the model's width. A request
+whose client hangs up is aborted, streamed or not (vLLM cancels it too): its sequences leave the engine
+and free their KV blocks.
 Prefix caching: a prompt's token ids are hashed per 512-token chunk (`kvcache.chunk_keys`), so text
 whose chunks agree hits the same cached blocks; an explicit ``kv_hash_ids`` list of integers (one per
 512-token chunk, a Mooncake trace's ``hash_ids``) replaces the hashing. Metrics add vLLM's
@@ -61,6 +63,7 @@ SLEEP_L1_BYTES_S = 64.0 / 3.0 * 1024**3
 """Weights copied to or from pinned host memory per second (vLLM sleep level 1: 64 GiB in ~3 s)."""
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DEFAULT_MAX_TOKENS = 16
+"""Completions without ``max_tokens`` stop here (``length``); an uncapped chat answer ends here (``stop``)."""
 
 
 class BadRequest(Exception):
@@ -235,10 +238,12 @@ def create_backend_app(
         n = _int(body, "n", 1, 1, 128)
         mt = _int(body, "max_tokens", -1, 1, 1 << 24)
         mct = _int(body, "max_completion_tokens", -1, 1, 1 << 24)
+        capped = mt > 0 or mct > 0 or not chat
         if mct > 0 and (mt < 0 or chat):  # vLLM's chat route: max_completion_tokens or max_tokens
             mt = mct
         elif mt < 0:
             mt = DEFAULT_MAX_TOKENS
+        at_end = "length" if capped else "stop"  # uncapped chat: the model's own end of answer
         stops = _stops(body)
         p = prio(body)
         stream = body.get("stream") is True
@@ -274,7 +279,7 @@ def create_backend_app(
         def step(i: int, tokn: int | None) -> str | None:
             """Append token ``tokn`` (None = sequence done) to choice i; return the new text piece."""
             if tokn is None:
-                reasons[i] = "length"
+                reasons[i] = at_end
                 return None
             piece = "".join(f" tok{k}" for k in range(used[i] + 1, tokn + 1))  # several: stream_interval
             used[i] = tokn
@@ -291,7 +296,7 @@ def create_backend_app(
                     return piece
             texts[i] = new
             if tokn >= seqs[i].max_tokens:
-                reasons[i] = "length"
+                reasons[i] = at_end
             return piece
 
         def usage() -> dict[str, int]:
