@@ -22,7 +22,7 @@ Constants (public spec sheets, dense, no sparsity):
 - ETA_PREFILL = 0.55 and ETA_BANDWIDTH = 0.80 are assumptions (typical achieved fractions of peak
   for large GEMMs and for streaming reads); they are inputs, stated in the report, not measured here.
 
-Pauser costs (``../shared/reference/gateway.md`` sections 2.6, 2.7 and lesson 12):
+Pauser costs (public sources: vLLM's sleep mode, llm-d's fast model actuation, NVIDIA's cuda-checkpoint):
 - vLLM sleep level 1 wake: weights copied back from pinned host memory; llm-d FMA measured ~3 s for
   64 GiB, i.e. ~21 GiB/s; sleeping (offload) runs at the same rate; the KV cache is discarded.
 - cuda-checkpoint: device memory copied to host; ~15 s per 80 GB-class GPU toggle (#29), i.e.
