@@ -120,6 +120,11 @@ def test_runtime_pauses_reports_and_serves_dcgm_metrics(batch_job: subprocess.Po
             and s.endswith(" 48.0")
             for s in series(text, "DCGM_FI_DEV_XID_ERRORS")
         )
+        # a GPU that raised no XID reads 0, as dcgm-exporter's does (not absent until the first XID)
+        assert any(
+            'UUID="GPU-0000"' in s and 'err_code="0"' in s and "err_msg" not in s and s.endswith(" 0.0")
+            for s in series(text, "DCGM_FI_DEV_XID_ERRORS")
+        )
         assert any(
             'gpu="0"' in s and s.endswith(" 1.0") for s in series(text, "gpupool_agent_watermark_paused")
         )

@@ -90,7 +90,7 @@ def gauges_of(
         gpus.append(
             _gauge(
                 s,
-                last_xid=last_xid.get(s.gpu_id),
+                last_xid=last_xid.get(s.gpu_id, 0),  # the agent watches XIDs from its start: none = 0
                 effective_used_mib=g.reading.vram_used_mib if g.reading is not None else None,
                 paused=g.paused,
                 healthy=g.healthy,

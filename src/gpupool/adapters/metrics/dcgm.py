@@ -106,6 +106,8 @@ any other code is ``Unknown Error``."""
 def xid_labels(xid: float) -> dict[str, str]:
     """dcgm-exporter's extra labels on ``DCGM_FI_DEV_XID_ERRORS``: ``err_code`` and ``err_msg``."""
     code = int(xid)
+    if code == 0:  # no XID since the agent started: dcgm-exporter's 0 carries no message
+        return {"err_code": "0"}
     return {"err_code": str(code), "err_msg": XID_NAMES.get(code, "Unknown Error")}
 
 
