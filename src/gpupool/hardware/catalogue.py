@@ -1,6 +1,7 @@
 """GPU model catalogue: memory, SMs, architecture, compute capability, MIG and MPS capability.
 
-Role: the planning-time facts about every GPU model gpupool knows (NVIDIA's datasheets and the MIG and MPS user guides).
+Role: the planning-time facts about every GPU model gpupool knows (NVIDIA's datasheets and the MIG
+and MPS user guides).
 Real devices are always read through NVML; these numbers are for planning, tests and the simulator.
 
 Public API:
