@@ -15,8 +15,9 @@ P0/P1 loops follow the trace's demand shape at the compressed time of day, real 
 
 Starts from an empty lease store (the previous run's leases would otherwise be recovered and hold
 the pool) unless ``--keep-state``. Prints the URL and the admin token, then a timestamped status line
-every 5 s. Ctrl-C stops everything at once: in-flight requests get ``serving.SHUTDOWN_GRACE_S``, then the
-servers, the traffic and the node agents stop together (about a second).
+every 5 s. Ctrl-C stops the node agents first (their last report still reaches the gateway), then
+everything else at once: in-flight requests get ``serving.SHUTDOWN_GRACE_S``, then the servers and the
+traffic stop together (about a second).
 """
 
 from __future__ import annotations
@@ -384,7 +385,13 @@ def run(  # noqa: PLR0917 (typer options)
             extra.append(_agents_once_listening(listening, url, admin, bundle, runtimes))
         run_loop(
             serve_forever(
-                bundle, host=host, port=port, extra=extra, feed_readings=not with_agents, listening=listening
+                bundle,
+                host=host,
+                port=port,
+                extra=extra,
+                feed_readings=not with_agents,
+                listening=listening,
+                before_stop=lambda: stop_agents(runtimes),  # their last report still meets the gateway
             )
         )
     except KeyboardInterrupt:

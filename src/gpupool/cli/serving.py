@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from gpupool.cli.console import say
@@ -101,6 +101,7 @@ async def serve_forever(
     sockets: list[socket.socket] | None = None,
     stop_event: asyncio.Event | None = None,
     listening: asyncio.Event | None = None,
+    before_stop: Callable[[], None] | None = None,
 ) -> None:
     """Run the gateway server (+ any extra `uvicorn_server`s / coroutines) until Ctrl-C or SIGTERM.
 
@@ -111,7 +112,10 @@ async def serve_forever(
     (header_timeout_s, keep_alive_s, max_connections). ``sockets``: listen on these (already bound)
     instead of host:port; ``stop_event``: stop as on a signal once it is set (`gpupool.cli.ha`);
     ``listening``: set once the gateway server accepts connections (`gpupool run` starts its node
-    agents then, so their first report does not meet a refused connection)."""
+    agents then, so their first report does not meet a refused connection); ``before_stop``: run (in
+    a thread, the servers still serving) when the stop begins, before any server closes (`gpupool
+    run` stops its node agents there, so their last report does not meet a closed gateway either);
+    a second signal meanwhile stops the servers at once."""
     import logging
     import signal
 
@@ -143,8 +147,19 @@ async def serve_forever(
 
         tasks.append(asyncio.create_task(set_when_started(listening)))
 
+    loop = asyncio.get_running_loop()
+    draining: list[asyncio.Future[None]] = []
+
     def stop() -> None:
-        if not server.should_exit:
+        if before_stop is not None and not draining and not server.should_exit:
+            say(f"gpupool: stopping (in-flight requests get {SHUTDOWN_GRACE_S:g} s)")
+            draining.append(loop.run_in_executor(None, before_stop))
+            draining[0].add_done_callback(lambda _: None if server.should_exit else halt())
+            return
+        halt()
+
+    def halt() -> None:
+        if not server.should_exit and not draining:
             say(f"gpupool: stopping (in-flight requests get {SHUTDOWN_GRACE_S:g} s)")
         # NOTE: uvicorn logs each request it cancels at the end of the grace period with a traceback
         logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
@@ -154,7 +169,6 @@ async def serve_forever(
         for t in tasks:
             t.cancel()
 
-    loop = asyncio.get_running_loop()
     handled = (signal.SIGINT, signal.SIGTERM)
     for sig in handled:
         loop.add_signal_handler(sig, stop)
@@ -170,7 +184,7 @@ async def serve_forever(
     try:
         await serving[0]
     finally:
-        stop()
-        await asyncio.gather(*tasks, *serving[1:], return_exceptions=True)
+        halt()
+        await asyncio.gather(*draining, *tasks, *serving[1:], return_exceptions=True)
         for sig in handled:
             loop.remove_signal_handler(sig)

@@ -1,17 +1,20 @@
 """Exceptions for misuse and broken invariants only; an expected "no" is an `Outcome`, not an error.
 
 Every message names the offending field or id and its value, so that adapters can show it verbatim
-(HTTP 4xx body, CLI one-line error with exit code 2). The value is shown abridged (`show_value`): a
-client that sends a megabyte-long name gets a short error, at a bounded cost.
+(HTTP 4xx body, CLI one-line error with exit code 2). The value is shown as JSON, as clients and
+config files send it (``true``, ``null``, ``"x"``; the repr only for what JSON cannot hold), and
+abridged (`show_value`): a client that sends a megabyte-long name gets a short error, at a bounded
+cost.
 """
 
 from __future__ import annotations
 
-from gpupool.hardware.abridge import abridger
+from gpupool.hardware.abridge import json_abridger
 
-show_value = abridger(items=20, chars=200, levels=2)
-"""``repr(value)`` when short; past 200 characters per string, 20 items per container or 2 levels of
-nesting, abridged with ``...`` (so at most 400 elements are ever walked)."""
+show_value = json_abridger(items=20, chars=200, levels=2)
+"""``value`` as JSON text (``true``, ``null``, ``"x"``; the repr for a value JSON cannot hold); past
+200 characters per string, 20 items per container or 2 levels of nesting, abridged with ``...`` (so
+at most 400 elements are ever walked)."""
 
 
 class GpupoolError(Exception):

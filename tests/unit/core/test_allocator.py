@@ -88,7 +88,7 @@ def test_release_is_idempotent_and_unknown_id_is_an_error() -> None:
     assert lease is not None
     assert alloc.release(lease.id).code is OutcomeCode.RELEASED
     assert alloc.release(lease.id).code is OutcomeCode.ALREADY_ENDED
-    with pytest.raises(UnknownId, match="unknown lease 'nope'"):
+    with pytest.raises(UnknownId, match='unknown lease "nope"'):
         alloc.release("nope")
 
 

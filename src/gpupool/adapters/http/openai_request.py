@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.core.errors import InvalidInput
+from gpupool.core.errors import InvalidInput, show_value
 from gpupool.core.priority import P0, P1, P2, parse_priority
 
 CHARS_PER_TOKEN = 4
@@ -86,7 +86,8 @@ def text_units(s: str) -> int:
 
 
 def _show(v: Any) -> str:
-    s = repr(v) if not isinstance(v, str) else f'"{v}"'
+    """``v`` as JSON text (`show_value`), cut at 40 characters."""
+    s = show_value(v)
     return s if len(s) <= 40 else s[:37] + "..."
 
 

@@ -127,6 +127,11 @@ class LendingGuard:
         self.changes.append(ch)
         return ch
 
+    def raise_possible_at(self) -> float:
+        """The earliest time the level can rise: after the calm period of the last back-off and one
+        window after the last raise (-inf when nothing holds it; then measurements decide, any tick)."""
+        return max(self._calm_until, self._last_raise + self.config.window_s)
+
     def admit(self) -> bool:
         """Let one P2 request in at the current level (deterministic credit, see the docstring)."""
         if self.level <= 0:

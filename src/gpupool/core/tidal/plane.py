@@ -10,14 +10,19 @@ Role: the core half of ``gpupool serve``'s day/night time-sharing. It composes t
 - **DAY reservation** (admission): a P2 *placement* lease (not a request lease inside an online
   engine's KV budget) is refused when P2 would then hold more than ``p2_share`` of the pool's VRAM
   (DAY: ``1 - day_reserved_fraction``, 20 % by default; NIGHT: ``1 - night_reserved_fraction``).
-  The refusal is a reason string; the controller turns it into SHED (HTTP 429 + reason). Back in
+  The controller turns the refusal into SHED (HTTP 429 + reason). A lease larger than the whole DAY
+  share waits for NIGHT: its Retry-After is the wait until NIGHT can begin (`night_opens_in_s`);
+  one that only the P2 leases already held keep out can pass at any release (load: the short
+  Retry-After of the controller). Back in
   DAY, `reclaim` names the P2 placement leases (newest first) that take P2 back under its share.
 - **P2 requests to online engines** (request leases in their KV budgets): by DAY refused under
   ``day_policy: strict`` (the seed), lent at the `LendingGuard`'s level under ``lending`` (the guard
   is fed P0 TTFTs through `observe_ttft` and updated by `tick`): with ``lending_scope: requests`` a
   fraction ``level`` of them is let in; with ``kv-budget`` (slice level) one is let in while the P2
   request leases of its model then hold at most ``level`` x the model's spare KV budget (per instance:
-  its budget above ``lending_kv_reserve`` less what its online requests hold; `kv_usage_of`). By
+  its budget above ``lending_kv_reserve`` less what its online requests hold; `kv_usage_of`). A
+  lending refusal at level 0 retries when the guard may rise again or NIGHT can begin, whichever is
+  first; above level 0 (or with nothing holding the guard) the next request may pass: short. By
   NIGHT let in (but for the holdback). A ``strict`` refusal is a `Refusal` whose Retry-After is the
   wait until NIGHT can begin at the earliest (`night_opens_in_s`), a holdback's the rest of the
   holdback, in real seconds and at most `MAX_RETRY_AFTER_S`.
@@ -69,8 +74,9 @@ PATHS = ("free", "preempt", "queued", "refused", "pause", "requeue", "sleep")
 PATH_SAMPLES = 512
 """Timings kept per path (the newest; quantiles are over these)."""
 MAX_RETRY_AFTER_S = 3600
-"""The longest Retry-After of a refusal that waits for NIGHT or the holdback's end (the wait for NIGHT
-can be most of a day: a client still asks at least hourly, so it sees a changed schedule or policy)."""
+"""The longest Retry-After of a refusal that waits for NIGHT, the holdback's end or the lending guard
+(the wait for NIGHT can be most of a day: a client still asks at least hourly, so it sees a changed
+schedule or policy)."""
 
 
 class DemandMeter:
@@ -207,11 +213,14 @@ class TidalPlane:
             key = "day-reservation" if self.mode is Mode.DAY else "night-share"
             self.refusals[key] += 1
             reserved = 1.0 - self.p2_share()
-            return (
+            reason = (
                 f"tidal: {self.mode.value.upper()} reservation: P2 holds {held} MiB of its {share_mib} MiB "
                 f"share ({100 * self.p2_share():.0f} % of {cap} MiB); {want} MiB more would cut into the "
                 f"{100 * reserved:.0f} % kept for P0/P1"
             )
+            if self.mode is Mode.DAY and want > share_mib:
+                return self._until_night(now, f"{reason}; larger than the whole DAY share", math.inf)
+            return reason
         return None
 
     def _p2_request(self, now: float, request: Request) -> str | Refusal | None:
@@ -229,14 +238,34 @@ class TidalPlane:
             self.refusals["day-strict"] += 1
             return self._strict_refusal(now)
         if self.config.lending_scope == "kv-budget":
-            return self._kv_lend(request)
+            return self._kv_lend(now, request)
         if self.guard.admit():
             return None
         self.refusals["day-lending"] += 1
-        return (
+        return self._lending_refusal(
+            now,
             f"tidal: DAY lending at level {self.guard.level:g} (P0 TTFT attainment guard): "
-            "this P2 request is not lent now"
+            "this P2 request is not lent now",
         )
+
+    def _lending_refusal(self, now: float, reason: str) -> str | Refusal:
+        """A day-lending refusal and when retrying can help. Above level 0 the next request may be lent
+        (the guard's credit, or KV that online or P2 requests give back): that depends on load and can
+        change at any moment, so a plain reason (the controller's short Retry-After). At level 0
+        nothing is lent until the guard may rise again (`LendingGuard.raise_possible_at`) or NIGHT
+        begins, whichever comes first; when neither holds it (no calm period left, the low stretch
+        already due) the next tick's measurements decide, again any moment."""
+        if self.guard.level > 0:
+            return reason
+        return self._until_night(now, reason, self.guard.raise_possible_at() - now)
+
+    def _until_night(self, now: float, reason: str, other_wait_s: float) -> str | Refusal:
+        """``reason`` with a Retry-After of the wait until NIGHT can begin or ``other_wait_s`` passes,
+        whichever is first (a plain reason when that is now: retrying can help any moment)."""
+        wait_s = min(self.night_opens_in_s(now), other_wait_s)
+        if wait_s <= 0:
+            return reason
+        return self._refusal(f"{reason}; retry in {self._real_s(wait_s)} s", wait_s)
 
     def night_opens_in_s(self, now: float) -> float:
         """Schedule seconds until NIGHT can begin at the earliest: the night window's start; inside the
@@ -278,7 +307,7 @@ class TidalPlane:
         held = sum(p2 for _, _, p2 in rows)
         return int(self.guard.level * spare), spare, held
 
-    def _kv_lend(self, request: Request) -> str | None:
+    def _kv_lend(self, now: float, request: Request) -> str | Refusal | None:
         """``kv-budget`` lending: the P2 request fits in the lent share of its model's spare KV."""
         model = request.model or ""
         lent, spare, held = self.kv_lending(model)
@@ -286,11 +315,12 @@ class TidalPlane:
         if self.guard.level > 0 and held + want <= lent:
             return None
         self.refusals["day-lending"] += 1
-        return (
+        return self._lending_refusal(
+            now,
             f"tidal: DAY KV lending at level {self.guard.level:g} (P0 TTFT attainment guard): P2 holds "
             f"{held} MiB of the {lent} MiB lent from {model}'s spare KV budget ({spare} MiB above the "
             f"{100 * self.config.lending_kv_reserve:.0f} % kept for online work); {want} MiB more "
-            "does not fit"
+            "does not fit",
         )
 
     def observe_ttft(self, ttft_s: float) -> None:
