@@ -262,6 +262,6 @@ def test_cli_agent_logs_gateway_outages_and_failures_once(tmp_path: Path) -> Non
         assert gw.gets.count("/v1/leases") >= 2  # the same bad lease was seen more than once
         failures = [line for line in ok.stderr.splitlines() if line.startswith("pauser_failure")]
         assert len(failures) == 1, ok.stderr
-        assert "lease bad-pids" in failures[0] and "gpupool.io/pids='12,abc'" in failures[0]
+        assert "lease bad-pids" in failures[0] and 'gpupool.io/pids="12,abc"' in failures[0]
     finally:
         gw.stop()

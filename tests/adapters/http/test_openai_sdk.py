@@ -8,6 +8,7 @@ JSON, vLLM's ``priority`` sent to backends that reject it, and prompt sizes neve
 from __future__ import annotations
 
 import base64
+import json
 import struct
 import time
 from collections.abc import Iterator
@@ -204,7 +205,8 @@ def test_wrong_task_missing_fields_and_context_are_400(stack: Stack) -> None:
             err = r.json()["error"]
             assert err["param"] == param and set(err) == {"message", "type", "param", "code"}
             if param in body:  # the value as sent is named too
-                assert repr(body[param]) in err["message"] or f'"{body[param]}"' in err["message"], err
+                shown = json.dumps(body[param], ensure_ascii=False)
+                assert shown in err["message"], err  # as JSON, as it was sent
 
 
 def test_errors_have_openai_shape_and_status(stack: Stack) -> None:

@@ -147,9 +147,9 @@ _N = {"NodeNames": ["gpu-a"]}
 @pytest.mark.parametrize(
     ("verb", "args", "fragment"),
     [
-        ("filter", {"Pod": _pod({"gpupool.io/vram-mib": "²"}), **_N}, "vram-mib]='²'"),
-        ("filter", {"Pod": _pod({"gpupool.io/vram-mib": "１２"}), **_N}, "vram-mib]='１２'"),
-        ("filter", {"Pod": _pod(_VRAM, initContainers=5), **_N}, "initContainers='int'"),
+        ("filter", {"Pod": _pod({"gpupool.io/vram-mib": "²"}), **_N}, 'vram-mib]="²"'),
+        ("filter", {"Pod": _pod({"gpupool.io/vram-mib": "１２"}), **_N}, 'vram-mib]="１２"'),
+        ("filter", {"Pod": _pod(_VRAM, initContainers=5), **_N}, 'initContainers="int"'),
         ("prioritize", {"Pod": _pod(_VRAM, initContainers=5), **_N}, None),
         ("filter", {"Pod": _pod(_VRAM), "Nodes": {"items": [{"metadata": 5}]}}, "items[0].metadata.name"),
         ("preempt", {"Pod": _pod({}), "NodeNameToMetaVictims": {"gpu-a": {"Pods": 5}}}, None),
@@ -176,7 +176,7 @@ def test_an_error_about_a_huge_value_stays_short(extender_http: Any) -> None:
     status, body = extender_http.raw(
         "filter", json.dumps({"Pod": _pod({"gpupool.io/vram-mib": huge}), **_N}).encode()
     )
-    assert status == 200 and "vram-mib]='9999" in body["Error"] and "..." in body["Error"], body["Error"][
+    assert status == 200 and 'vram-mib]="9999' in body["Error"] and "..." in body["Error"], body["Error"][
         :300
     ]
     assert len(body["Error"]) < 2_000
