@@ -24,9 +24,11 @@ replica runs the same command on the same etcd prefix, with the same ``--auth-fi
 4. a leader that loses its etcd lease (could not renew within ``ttl_s``: paused, partitioned, etcd
    unreachable) or sees a write whose outcome etcd left unknown (its in-memory ledger may differ
    from the store) stops serving and the process exits with `EXIT_LOST_LEADERSHIP`; its writes
-   were already fenced off inside etcd. A supervisor (Kubernetes, systemd) restarts it as a
-   standby. Exiting rather than demoting in place keeps one rule: a ledger in memory is only ever
-   built from the store right after winning an election;
+   were already fenced off inside etcd. Its batch runner steps down without a write or a wait on
+   the event loop (`BatchService.step_down`: SIGKILL after the grace period, off the loop). A
+   supervisor (Kubernetes, systemd) restarts it as a standby. Exiting rather than demoting in
+   place keeps one rule: a ledger in memory is only ever built from the store right after winning
+   an election;
 5. SIGTERM / Ctrl-C: a leader resigns (deletes its key at once, a standby takes over without
    waiting for the TTL); a standby just stops.
 """
@@ -252,7 +254,9 @@ async def run_replica(
         return EXIT_LOST_LEADERSHIP
     say(f"gpupool: leader serving on http://{host}:{port} (ledger rebuilt in {loop.time() - t0:.2f} s)")
     try:
-        await serve_leader(bundle, sockets=[sock.dup()], stop_event=lost, gate=lambda: election.is_leader)
+        # (the leader-only services stop leading too once the leadership is lost or in doubt)
+        leading = lambda: election.is_leader and not lost.is_set()  # noqa: E731
+        await serve_leader(bundle, sockets=[sock.dup()], stop_event=lost, gate=leading)
     finally:
         sock.close()
         if extender is not None:

@@ -34,6 +34,7 @@ from typing import Any
 
 import typer
 
+from gpupool.cli import fresh_start
 from gpupool.cli.batch_first import batch_queue_first
 from gpupool.cli.console import say
 from gpupool.cli.data_dir import data_dir_option
@@ -226,21 +227,6 @@ def standby_mig_gpus(bundle: Bundle) -> tuple[str, ...]:
     return tuple(sorted(mig - used))[:1]
 
 
-STORE_FILES = ("leases.db", "leases.db-wal", "leases.db-shm", "batch.db", "batch.db-wal", "batch.db-shm")
-"""What a fresh `gpupool run` removes from --data-dir (the admin token stays: printed URLs keep working)."""
-
-
-def reset_state(data_dir: Path) -> list[Path]:
-    """Remove the SQLite lease store of a previous run; returns the files removed."""
-    removed = []
-    for name in STORE_FILES:
-        path = data_dir / name
-        if path.is_file():
-            path.unlink()
-            removed.append(path)
-    return removed
-
-
 async def _agents_once_listening(
     listening: asyncio.Event, url: str, token: str, bundle: Any, runtimes: list[Any]
 ) -> None:
@@ -319,21 +305,17 @@ def run(  # noqa: PLR0917 (typer options)
         kube_opts = serve_k8s.KubeOptions(host=host, port=extender_port, no_kube=True)
         kube = serve_k8s.check(kube_opts)
     planned = plan_cluster(cluster, workloads)  # a bad spec file is exit 2 before the data dir is touched
-    from gpupool.adapters.store import owner
-
-    try:  # held for the process's life: a gateway still running on this data dir keeps its store
-        owner.claim(data_dir / "leases.db")
-    except (OSError, owner.StoreInUse) as exc:
-        raise UserError(f"invalid --data-dir={str(data_dir)!r}: {exc}") from None
+    aside = None
     if not keep_state:  # only once every option is known good: bad input leaves the last run's state
-        removed = reset_state(data_dir)
-        if removed:
-            say(
-                f"gpupool: fresh start: removed the previous run's lease store {removed[0]} "
-                "(--keep-state keeps it)"
-            )
+        from gpupool.adapters.store.owner import StoreInUse
+
+        try:  # (moved back if the start is refused: `gpupool.cli.fresh_start`)
+            aside = fresh_start.set_aside(data_dir)
+        except (OSError, StoreInUse) as exc:
+            raise UserError(f"invalid --data-dir={str(data_dir)!r}: {exc}") from None
     runtimes: list[Any] = []
     bundle: Bundle | None = None
+    started = False
     try:
         with contextlib.ExitStack() as start:  # batch.db first: a refused start leaves no trace of it
             queue = start.enter_context(batch_queue_first(data_dir)) if tidal_speed > 0 else None
@@ -374,6 +356,12 @@ def run(  # noqa: PLR0917 (typer options)
                 if traffic:
                     extra.append(tp.demo_batch_jobs(rt))
                     shape = functools.partial(tp.demand_shape, rt)
+        started = True
+        if aside is not None and (removed := fresh_start.discard(data_dir, aside)):
+            say(
+                f"gpupool: fresh start: removed the previous run's lease store {removed[0]} "
+                "(--keep-state keeps it)"
+            )
         extra.append(status_printer(bundle))
         if kube is not None:
             extra.append(serve_k8s.run(bundle, kube, kube_opts))
@@ -400,4 +388,6 @@ def run(  # noqa: PLR0917 (typer options)
         stop_agents(runtimes)
         if bundle is not None:  # (SQLite folds its write-ahead log into leases.db and removes it)
             bundle.controller.store.close()
+        if aside is not None and not started:  # refused: the previous run's files are back, as they were
+            fresh_start.restore(data_dir, aside)
     say("gpupool: stopped")

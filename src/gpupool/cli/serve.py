@@ -546,7 +546,7 @@ def serve(  # noqa: PLR0917 (typer options)
             if bundle.tidal is not None:
                 from gpupool.cli.tidalplane import tidal_loop
 
-                out.append(tidal_loop(bundle.tidal))
+                out.append(tidal_loop(bundle.tidal, leading=gate))
             if kube is not None:
                 out.append(serve_k8s.run(bundle, kube, kube_opts, gate=gate))
             return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -378,9 +379,14 @@ def attach_tidal(
     return rt
 
 
-async def tidal_loop(rt: TidalRuntime, *, period_s: float = 0.5) -> None:
+async def tidal_loop(
+    rt: TidalRuntime, *, period_s: float = 0.5, leading: Callable[[], bool] | None = None
+) -> None:
     """`TidalRuntime.step` every ``period_s`` until cancelled; on the way out running jobs stop and
-    are requeued (the next start runs them again)."""
+    are requeued (the next start runs them again). ``leading``: whether this replica still leads
+    (`gpupool.cli.ha`); when it no longer does on the way out, the batch runner steps down instead
+    (`BatchService.step_down`): no write, no wait on the event loop, the processes killed after
+    the grace period off it, the jobs requeued by the next leader."""
     try:
         while True:
             try:
@@ -391,7 +397,10 @@ async def tidal_loop(rt: TidalRuntime, *, period_s: float = 0.5) -> None:
     finally:
         if rt.batch is not None:
             with contextlib.suppress(Exception):
-                rt.batch.close()
+                if leading is not None and not leading():
+                    rt.batch.step_down()
+                else:
+                    rt.batch.close()
 
 
 # --------------------------------------------------------------------------- `gpupool run`'s demo

@@ -422,3 +422,24 @@ def test_a_paused_job_whose_row_is_damaged_is_stopped_not_resumed_and_the_others
     assert q._db.execute("SELECT state FROM batch_jobs WHERE id = 'ckpt'").fetchone()[0] == "queued"
     assert alloc.slice_state("gpu-0").granted.vram_mib == 0
     alloc.check_invariants()
+
+
+def test_step_down_writes_nothing_and_returns_while_a_job_that_ignores_sigterm_runs(tmp_path):
+    """A leader stepping down (its writes refused: another replica leads) stopped its jobs as at a
+    shutdown, waiting on the event loop for each process; `step_down` sends SIGTERM, writes
+    nothing and returns; SIGKILL follows after the grace period, off the caller's thread."""
+    clock = ManualClock(0.0)
+    alloc = Allocator([GPU], clock=clock)
+    q = RefusingQueue(tmp_path / "jobs.db")
+    runner = BatchRunner(q, alloc, LocalExecutor(), lease_ttl_s=3600.0, stop_grace_s=0.5)
+    spec, ready, term, _go = stubborn("s", tmp_path, vram=1000)
+    q.submit(spec, now=0.0)
+    runner.step(clock.now())
+    assert wait_for(ready.exists)
+    q.refuse = True
+    handles = runner.step_down()  # (a write would raise here)
+    assert len(handles) == 1 and handles[0].poll() is None  # returned while the process runs
+    assert runner.running == {} and runner.paused == {} and runner.stopping == {}
+    assert wait_for(term.exists)
+    assert wait_for(lambda: handles[0].poll() is not None) and handles[0].poll() == -9
+    assert q.get("s").state is JobState.RUNNING  # left for the next leader to requeue

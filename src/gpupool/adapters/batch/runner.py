@@ -37,6 +37,10 @@ Stopping never waits: the handle's ``terminate`` sends SIGTERM and returns (SIGK
 gone; only then is the lease it still holds released (`reap_stopped`, at every step). The runner
 runs on the gateway's event loop, which a job that ignores SIGTERM must not hold up. `stop_all`
 (shutdown) alone waits, for all the processes at once: at most one grace period in all.
+`step_down` (a leader that lost its election) neither waits nor writes: every process is told to
+end the same way (SIGKILL after the grace period, off the caller's thread) and the runner forgets
+its jobs; the store already refuses this replica's writes, and the next leader requeues the jobs
+and releases their leases (`gpupool.cli.tidalplane.attach_tidal`).
 """
 
 from __future__ import annotations
@@ -200,6 +204,18 @@ class BatchRunner:
                 first = first or exc
         if first is not None:
             raise first
+
+    def step_down(self) -> list[Handle]:
+        """A leader stepping down: SIGTERM to every process now (SIGKILL after ``stop_grace_s``, off
+        this thread), no write, no wait; the runner holds no job afterwards. The handles told to
+        end (those of jobs already stopping included)."""
+        held = [*self.running.values(), *self.paused.values(), *self.stopping.values()]
+        self.running.clear()
+        self.paused.clear()
+        self.stopping.clear()
+        for r in held:
+            r.handle.terminate(grace_s=self.stop_grace_s)  # (a second call changes nothing)
+        return [r.handle for r in held]
 
     def _event(self, now: float, job_id: str, what: str) -> None:
         self.log.append((now, job_id, what))

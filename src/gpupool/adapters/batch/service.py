@@ -5,7 +5,8 @@ the gateway's event loop thread (the routes and the tidal loop), so the runner's
 and the SQLite queue are never used from two threads. Time comes from the injected ``now``.
 `cancel` answers once the job's process is gone and its lease released, and never holds the loop
 meanwhile: it awaits (polling every `STOP_POLL_S`) while SIGTERM, then SIGKILL after the runner's
-grace period, ends a process that ignores SIGTERM.
+grace period, ends a process that ignores SIGTERM. `step_down` (a leader that lost its election)
+returns at once too: no write, the processes killed after the grace period off the loop.
 """
 
 from __future__ import annotations
@@ -79,7 +80,14 @@ class BatchService:
         self.runner.step(self.now())
 
     def close(self) -> None:
+        """Shutdown: every process stopped (at most one grace period), its job requeued."""
         self.runner.stop_all(now=self.now())
+        self.queue.close()
+
+    def step_down(self) -> None:
+        """A leader that lost its election: the processes are told to end and killed after the grace
+        period off the loop (`BatchRunner.step_down`); nothing is written, nothing waited for."""
+        self.runner.step_down()
         self.queue.close()
 
 
