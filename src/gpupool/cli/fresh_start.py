@@ -66,9 +66,14 @@ def restore(data_dir: Path, aside: Path) -> None:
 
 
 def discard(data_dir: Path, aside: Path) -> list[Path]:
-    """Delete the set-aside files (the start went through); returns the paths they had."""
+    """Delete the set-aside files (the start went through); returns the paths they had. Folders a
+    fresh start killed between `set_aside` and here left behind (SIGKILL, power loss) go too: they
+    hold an older run's store, which this fresh start replaces anyway (the lock is held)."""
     removed = [data_dir / name for name in STORE_FILES if (aside / name).is_file()]
     shutil.rmtree(aside, ignore_errors=True)
+    for stale in data_dir.glob(ASIDE_PREFIX + "*"):
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
     return removed
 
 

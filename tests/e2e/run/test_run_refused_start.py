@@ -63,6 +63,9 @@ def test_a_fresh_run_that_starts_removes_the_previous_store(tmp_path: Path) -> N
     data = tmp_path / "data"
     previous_run(data)
     (data / "batch.db").write_bytes(b"the previous run's batch queue")
+    stale = data / ".gpupool-previous-run-killed"  # what a fresh start killed mid-way leaves
+    stale.mkdir()
+    (stale / "leases.db").write_bytes(b"an older run's lease store")
     p = subprocess.Popen(
         [sys.executable, "-m", "gpupool.cli.main", *RUN, "--data-dir", str(data)],
         stdout=subprocess.PIPE,
@@ -80,7 +83,8 @@ def test_a_fresh_run_that_starts_removes_the_previous_store(tmp_path: Path) -> N
     finally:
         p.send_signal(signal.SIGINT)
         p.wait(timeout=60)
-    assert not [q.name for q in data.iterdir() if q.name.startswith(".")]  # nothing set aside is left
+    left = [q.name for q in data.iterdir() if q.name.startswith(".")]
+    assert not left  # nothing set aside is left, old or new
     with contextlib.closing(sqlite3.connect(data / "leases.db")) as db:
         ids = {row[0] for row in db.execute("SELECT id FROM leases")}  # (the run's backends hold some)
     assert "l-previous" not in ids  # a new lease store: the previous run's lease is gone
