@@ -50,7 +50,7 @@ def ticket(tid: str, *, state: str = "queued", ended_at: float | None = None) ->
 def test_ticket_codec_round_trips_and_names_a_malformed_ticket() -> None:
     for t in (ticket("a"), ticket("b", state="granted", ended_at=7.25)):
         assert decode_ticket(encode_ticket(t)) == t
-    with pytest.raises(InvalidInput, match="ticket='t9'"):
+    with pytest.raises(InvalidInput, match='ticket="t9"'):
         ticket_from_dict({"ticket": "t9", "state": "queued"})
 
 

@@ -62,7 +62,7 @@ def test_bad_tidal_setting_stops_serve_before_it_starts(tmp_path: Path) -> None:
     r = cli("serve", "--data-dir", str(tmp_path / "d"), "--port", "0", "--timezone", "Nowhere/City")
     # the option as typed, not the setting it overrides (that is the file's name for it)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "gpupool: error: invalid --timezone='Nowhere/City': unknown IANA time zone"
+        'gpupool: error: invalid --timezone="Nowhere/City": unknown IANA time zone'
     ], r.stderr
     assert not (tmp_path / "d" / "leases.db").exists()  # nothing was opened
 
