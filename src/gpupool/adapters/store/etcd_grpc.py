@@ -12,9 +12,10 @@ files and auth token this reuses. The stubs are generated from a hand-written su
 (`gpupool.adapters.store.etcd_aio`).
 
 The Txn request is written straight to its protobuf bytes (`encode_txn`), not built as protobuf
-messages: a 24-write group commit has ~75 nested messages, and building them field by field cost
-about 150 us of the loop's time per Txn (~12 us per lease round trip of the gateway benchmark)
-against ~15 us for the bytes. The bytes are those that ``TxnRequest.SerializeToString`` writes for
+messages: a 24-write group commit has ~75 nested messages. Measured on the 2-core machine (thread
+time, best of 9, other jobs running), building and serializing them cost 164-268 us per Txn, the
+bytes 91-118 us (the gateway benchmark sends one Txn per ~12 lease round trips). The bytes are
+those that ``TxnRequest.SerializeToString`` writes for
 the same messages (the unit tests compare the two over random Txns); the answer is still decoded
 by the generated ``TxnResponse``.
 
