@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 
 from gpupool.adapters import fastjson
 from gpupool.core.model import Grant, Lease, LeaseState, Request, Resources
-from gpupool.core.ports import TicketRecord, decode_lease, decode_ticket, encode_lease, encode_ticket
+from gpupool.core.ports import (
+    TicketRecord,
+    decode_lease,
+    decode_ticket,
+    encode_lease,
+    encode_ticket,
+    lease_to_dict,
+)
+from gpupool.hardware.slices import SliceKind
 
 NAMES = st.text(min_size=1, max_size=12)
 LEASES = st.builds(
@@ -80,3 +88,60 @@ def test_the_standard_library_fallback_gives_the_same_bytes_shape(monkeypatch: p
     assert out == '{"a":"é","b":1}'.encode()
     with pytest.raises(ValueError, match="Out of range float"):
         fastjson.dumps({"x": float("nan")})  # refused, as starlette's JSONResponse refused it
+
+
+_TEXT = st.text(max_size=8)
+_GRANTS = st.lists(
+    st.builds(
+        Grant,
+        _TEXT,
+        _TEXT,
+        st.builds(Resources, st.integers(0, 2**70), st.integers(0, 1000)),  # (2**70: orjson refuses)
+    ),
+    max_size=3,
+)
+RICH_LEASES = st.builds(
+    lambda lid, req, grants, t0, state, rev, ended_at, reason: Lease(
+        id=lid,
+        request=req,
+        node="n0",
+        grants=tuple(grants),
+        granted_at=t0,
+        expires_at=t0 + 60.0,
+        state=state,
+        revision=rev,
+        ended_at=ended_at,
+        reason=reason,
+    ),
+    _TEXT,
+    st.builds(
+        Request,
+        id=_TEXT,
+        tenant=_TEXT,
+        priority=st.integers(-100, 100),
+        demand=st.builds(Resources, st.integers(1, 2**20), st.integers(0, 1000)),
+        ttl_s=st.floats(1e-3, 1e6, allow_nan=False),
+        kinds=st.frozensets(st.sampled_from(list(SliceKind))),
+        preemptible=st.one_of(st.none(), st.booleans()),
+        gpu_count=st.integers(1, 8),
+        nodes=st.frozensets(_TEXT, max_size=3),
+        model=_TEXT,
+        labels=st.lists(st.tuples(_TEXT, _TEXT), max_size=3).map(tuple),
+    ),
+    _GRANTS,
+    st.floats(0, 2e9, allow_nan=False),
+    st.sampled_from(list(LeaseState)),
+    st.integers(1, 2**40),
+    st.one_of(st.none(), st.floats(0, 2e9, allow_nan=False)),
+    _TEXT,
+)
+
+
+@given(RICH_LEASES)
+def test_lease_record_writes_the_bytes_of_the_sorted_core_dictionary(lease: Lease) -> None:
+    """`lease_record` builds its object with the keys already sorted: the same bytes as encoding
+    `lease_to_dict` with sorted keys, whichever encoder ran (big numbers fall back to the standard
+    library), and the same value as the core's own encoder."""
+    sorted_dict = fastjson.dumps(lease_to_dict(lease), sort_keys=True)
+    assert fastjson.lease_record(lease) == sorted_dict
+    assert json.loads(fastjson.lease_record(lease)) == json.loads(encode_lease(lease))

@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -46,8 +47,55 @@ def dumps(obj: Any, *, sort_keys: bool = False) -> bytes:
 
 
 def lease_record(lease: Lease) -> bytes:
-    """A lease as a store keeps it: what `gpupool.core.ports.encode_lease` writes, encoded faster."""
+    """A lease as a store keeps it: what `gpupool.core.ports.encode_lease` writes, encoded faster.
+
+    With orjson, the object is built with its keys already in sorted order at every level (the
+    order ``lease_to_dict`` + ``sort_keys`` gives) and written as it is: one dictionary per level
+    instead of two, no sort (each lease is written at least twice per round trip: grant, end).
+    The bytes are those of ``dumps(lease_to_dict(lease), sort_keys=True)`` (unit-tested)."""
+    if _fast_dumps is not None:
+        with contextlib.suppress(TypeError):  # (what orjson refuses, see `dumps`: the fallback)
+            return _fast_dumps(_sorted_lease(lease))
     return dumps(lease_to_dict(lease), sort_keys=True)
+
+
+def _sorted_lease(lease: Lease) -> dict[str, Any]:
+    """`lease_to_dict` with its keys in sorted order at every level."""
+    r = lease.request
+    demand = r.demand
+    return {
+        "ended_at": lease.ended_at,
+        "expires_at": lease.expires_at,
+        "granted_at": lease.granted_at,
+        "grants": [
+            {
+                "compute_milli": g.resources.compute_milli,
+                "gpu_id": g.gpu_id,
+                "slice_id": g.slice_id,
+                "vram_mib": g.resources.vram_mib,
+            }
+            for g in lease.grants
+        ],
+        "id": lease.id,
+        "node": lease.node,
+        "reason": lease.reason,
+        "request": {
+            "compute_milli": demand.compute_milli,
+            "gpu_count": r.gpu_count,
+            "id": r.id,
+            "kinds": sorted(k.value for k in r.kinds) if r.kinds else [],
+            "labels": [list(kv) for kv in r.labels],
+            "model": r.model,
+            "nodes": sorted(r.nodes) if r.nodes else [],
+            "preemptible": r.preemptible,
+            "priority": r.priority,
+            "tenant": r.tenant,
+            "ttl_s": r.ttl_s,
+            "vram_mib": demand.vram_mib,
+        },
+        "revision": lease.revision,
+        "state": lease.state.value,
+    }
 
 
 def ticket_record(ticket: TicketRecord) -> bytes:

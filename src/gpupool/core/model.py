@@ -142,6 +142,8 @@ class Lease:
 
     @property
     def total(self) -> Resources:
+        if len(self.grants) == 1:
+            return self.grants[0].resources  # (a lease on one slice: no sum to build)
         total = Resources(0, 0)
         for g in self.grants:
             total = total + g.resources

@@ -199,3 +199,20 @@ def test_marking_a_slice_of_a_drained_gpu_healthy_is_409_and_the_gpu_stays_close
         assert r.status_code == 503 and r.json()["code"] == "unresolvable", r.text
         assert cl.post("/v1/admin/gpus/gpu-c/0/drain", json={"undo": True}).status_code == 200
         assert cl.post("/v1/leases", json=aimed).status_code == 201
+
+
+def test_each_granted_request_gets_its_own_uuid4_id(gw: tuple[str, LeaseController]) -> None:
+    """The core request behind a lease (stored with it) has a fresh UUID version 4 as its id, in
+    the canonical text form."""
+    import uuid
+
+    url, c = gw
+    with httpx.Client(base_url=url, headers=h(A)) as cl:
+        body = {"priority": "P1", "vram_mib": 1024}
+        ids = [cl.post("/v1/leases", json=body).json()["id"] for _ in range(8)]
+    request_ids = [c.get(i).request.id for i in ids]
+    assert len(set(request_ids)) == len(request_ids)
+    for rid in request_ids:
+        assert str(uuid.UUID(rid)) == rid and uuid.UUID(rid).version == 4
+        stored = c.store.get(ids[request_ids.index(rid)])
+        assert stored is not None and stored.request.id == rid

@@ -146,3 +146,28 @@ def test_a_backend_that_fails_mid_response_is_counted_as_the_502_the_client_got(
     assert _sample(text, "gpupool_proxy_requests_total", 'model="cut-model",status="502"') == 1
     assert _sample(text, "gpupool_proxy_latency_seconds_count", 'model="cut-model"') == 1
     assert c.request_lease_count() == 0
+
+
+def test_lease_events_are_counted_per_kind_and_band() -> None:
+    """`observe_event` keeps one counter child per (kind, band): each event lands in its own series."""
+    from gpupool.core.model import Lease, Request
+    from gpupool.core.ports import GatewayEvent
+    from gpupool.hardware.units import Resources
+
+    c = LeaseController(seed_example_pool(), clock=FunctionClock(time.time), store=MemoryLeaseStore())
+    m = GatewayMetrics(c)
+
+    def lease(priority: int) -> Lease:
+        req = Request(id="r", tenant="t", priority=priority, demand=Resources(1024, 0), ttl_s=60.0)
+        return Lease(id="l", request=req, node="n", grants=(), granted_at=0.0, expires_at=60.0)
+
+    events = [("granted", 50), ("granted", 50), ("released", 50), ("granted", 100), ("released", -1)]
+    for kind, prio in events:
+        m.observe_event(GatewayEvent(kind=kind, at=0.0, lease=lease(prio)))
+    m.observe_event(GatewayEvent(kind="paused", at=0.0))
+    text = m.render()[0].decode()
+    assert _sample(text, "gpupool_lease_events_total", 'band="P1",kind="granted"') == 2
+    assert _sample(text, "gpupool_lease_events_total", 'band="P1",kind="released"') == 1
+    assert _sample(text, "gpupool_lease_events_total", 'band="P0",kind="granted"') == 1
+    assert _sample(text, "gpupool_lease_events_total", 'band="P2",kind="released"') == 1
+    assert _sample(text, "gpupool_lease_events_total", 'band="",kind="paused"') == 1

@@ -9,13 +9,12 @@ beyond the body's schema: VRAM from ``model`` + tokens when ``vram_mib`` is abse
 
 from __future__ import annotations
 
-import uuid
-
 from gpupool.adapters.http import schemas as s
 from gpupool.adapters.http.auth import Principal
 from gpupool.adapters.http.context import Gateway
 from gpupool.adapters.http.errors import HttpError as _HttpError
 from gpupool.core.errors import InvalidInput
+from gpupool.core.ids import random_lease_id
 from gpupool.core.model import Request as CoreRequest
 from gpupool.core.priority import parse_priority
 from gpupool.hardware.slices import SliceKind
@@ -62,7 +61,7 @@ def build_request(gw: Gateway, body: s.LeaseIn, who: Principal) -> CoreRequest:
         # like an unknown gpu_id: a typo is bad input, not a pool that could never serve it (503)
         raise InvalidInput("nodes", sorted(set(body.nodes)), "no such node in the pool")
     return CoreRequest(
-        id=str(uuid.uuid4()),
+        id=random_lease_id(),  # a UUID4's text, from the batched OS random source
         tenant=who.tenant,
         priority=prio,
         demand=Resources(vram, compute),

@@ -63,6 +63,7 @@ def lease_json(
     b = gw.controller.backend_of(lease)
     victims = list(out.victims) if out else []
     mine = [v.id for v in victims if who is None or who.is_admin or v.request.tenant == who.tenant]
+    total = lease.total
     return {
         "id": lease.id,
         "state": lease.state.value,
@@ -72,8 +73,8 @@ def lease_json(
         "node": lease.node,
         "slice_id": g0.slice_id if g0 else "",
         "gpu_id": g0.gpu_id if g0 else "",
-        "vram_mib": lease.total.vram_mib,
-        "compute_milli": lease.total.compute_milli,
+        "vram_mib": total.vram_mib,
+        "compute_milli": total.compute_milli,
         "grants": [
             {
                 "slice_id": g.slice_id,

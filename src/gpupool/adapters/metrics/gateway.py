@@ -193,10 +193,16 @@ class GatewayMetrics:
         self._proxy = _ProxyCollector()
         self.registry.register(self._proxy)
         self._pending: list[tuple[str, int, float | None, float]] = []
+        self._event_children: dict[tuple[str, str], Any] = {}
 
     def observe_event(self, e: GatewayEvent) -> None:
+        """Per event (two per lease round trip): the counter's child for (kind, band) is looked up
+        once and kept (`labels` validates and locks on every call)."""
         b = band(e.lease.priority) if e.lease is not None else ""
-        self.events.labels(e.kind, b).inc()
+        child = self._event_children.get((e.kind, b))
+        if child is None:
+            child = self._event_children[(e.kind, b)] = self.events.labels(e.kind, b)
+        child.inc()
         if e.kind == "granted" and e.ticket and e.lease is not None:
             self.wait.labels(b).observe(e.wait_s)
 
