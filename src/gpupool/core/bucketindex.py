@@ -57,7 +57,7 @@ class BucketIndex:
         """Per bucket >= ``compute`` (ascending), its least-VRAM key with VRAM >= ``vram``."""
         buckets = self._buckets
         for c in self._values.iter_from(compute):
-            first = next(buckets[c].iter_from((vram, "")), None)
+            first = buckets[c].first_from((vram, ""))
             if first is not None:
                 yield (first[0], c, first[1])
 

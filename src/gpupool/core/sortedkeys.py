@@ -81,6 +81,15 @@ class SortedKeys(Generic[K]):
         i = bisect_left(sub, key)
         return i < len(sub) and sub[i] == key
 
+    def first_from(self, key: K) -> K | None:
+        """The least key >= ``key``, or None (two bisections, no iterator)."""
+        maxes = self._maxes
+        pos = bisect_left(maxes, key)
+        if pos == len(maxes):
+            return None
+        sub = self._lists[pos]
+        return sub[bisect_left(sub, key)]  # (sub[-1] == maxes[pos] >= key: in range)
+
     def iter_from(self, key: K) -> Iterator[K]:
         """Keys >= ``key`` in ascending order. Do not mutate the index while iterating."""
         lists = self._lists

@@ -28,6 +28,8 @@ def test_sortedkeys_matches_a_sorted_list(ops: list[tuple[bool, int, int]], prob
         assert len(idx) == len(model)
     assert list(idx) == model
     assert list(idx.iter_from((probe, -1))) == [k for k in model if k >= (probe, -1)]
+    for at in ((probe, -1), (probe, 3), (probe, 7)):  # between keys, on one, past a run of them
+        assert idx.first_from(at) == next((k for k in model if k >= at), None)
     assert idx.last() == (model[-1] if model else None)
 
 
