@@ -250,8 +250,8 @@ class EtcdLeaseStore(PipelinedCommits):
         self._learn_unknown({lid: exp for lid, (exp, _) in leases.items() if exp is not None})
         compares: list[Cmp] = []
         expected_mod: dict[str, int | None] = {}
-        for lid, (exp, _) in leases.items():
-            key = self._key("lease", lid)
+        keys = [self._key("lease", lid) for lid in leases]  # (each lease key: compare, put, read)
+        for key, (lid, (exp, _)) in zip(keys, leases.items(), strict=True):
             if exp is None:
                 compares.append((key, "VERSION", 0))
                 expected_mod[lid] = None
@@ -263,9 +263,9 @@ class EtcdLeaseStore(PipelinedCommits):
                 raise RevisionConflict(lid, exp, known[0])
             compares.append((key, "MOD", known[1]))
             expected_mod[lid] = known[1]
-        puts = [(self._key("lease", lid), lease_record(x)) for lid, (_, x) in leases.items()]
+        puts = [(key, lease_record(x)) for key, (_, x) in zip(keys, leases.values(), strict=True)]
         puts += [(self._key("ticket", tid), ticket_record(t)) for tid, t in tickets.items()]
-        reads = [self._key("lease", lid) for lid in leases]
+        reads = keys
         if chain is not None:
             puts.append((chain.key, chain.token))
             if chain.after is not None:
