@@ -84,7 +84,7 @@ def test_variant_report_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> 
     root = _root(tmp_path)
     out, cache = tmp_path / "out", tmp_path / "cache"
     for extra, msg in (
-        (["--variants", "base,cpu999"], "invalid variant='cpu999'"),
+        (["--variants", "base,cpu999"], 'invalid variant="cpu999"'),
         (["--bound", "share60"], "invalid --bound entry 'share60'"),
         (["--variant-seed", "-3"], "invalid --variant-seed=-3"),
         (["--policies", "fgd,nope"], "invalid --policies entry 'nope'"),

@@ -11,6 +11,7 @@ variant loads back unchanged; bad names exit 2 naming the variant and token.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,7 @@ def test_written_variant_loads_back_unchanged(tmp_path: Path) -> None:
 def test_bad_names_name_the_variant_and_token(name: str, message: str) -> None:
     with pytest.raises(InvalidInput) as err:
         parse_variant(name)
-    assert f"invalid variant={name!r}" in str(err.value) and message in str(err.value)
+    assert f"invalid variant={json.dumps(name)}" in str(err.value) and message in str(err.value)
 
 
 def test_cli_writes_reproducible_files_and_rejects_bad_names(tmp_path: Path) -> None:
@@ -150,7 +151,7 @@ def test_cli_writes_reproducible_files_and_rejects_bad_names(tmp_path: Path) -> 
         PODS, NODES, "share60", seed=1
     )
     for args, msg in (
-        (["--variants", "share60,bogus"], "invalid variant='bogus'"),
+        (["--variants", "share60,bogus"], 'invalid variant="bogus"'),
         (["--variants", "share60,share60"], "'share60' is the same variant as 'share60'"),
         (["--variants", "cpu050,cpu50"], "'cpu50' is the same variant as 'cpu050'"),
         (["--variants", "cpu0-share20,share20-cpu0"], "is the same variant as"),
