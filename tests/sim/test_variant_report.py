@@ -124,3 +124,26 @@ def test_floor_is_the_arrivals_where_cpu_cannot_bind() -> None:
     pods = [_pod(f"p{i}", 1000, 500, 1) for i in range(10)]  # 5 GPUs asked of 4: 8 pods arrive by 100 %
     r = offline_bound(nodes, pods, seed=42)
     assert r.arrived_milli == 4000 == r.placeable_milli and r.unallocated_pct == 0.0
+
+
+def test_a_damaged_or_stale_floor_entry_is_recomputed(tmp_path: Path) -> None:
+    """A floor entry cut short is run again; after the base pod list changes, the same --cache gives
+    what a fresh cache gives (entries are keyed by the inputs, not the variant name alone)."""
+    root = _root(tmp_path)
+    cache = tmp_path / "cache"
+    args = ("--variants", "base", "--policies", "fgd", "--seeds", "42")
+    assert _report(root, tmp_path / "first", cache, *args)[0] == 0
+    first = json.loads((tmp_path / "first" / "variants.json").read_text())
+    (floor,) = cache.rglob("base__floor*__42.json")
+    floor.write_text(floor.read_text()[:50])
+    code, output = _report(root, tmp_path / "again", cache, *args)
+    assert code == 0, output
+    assert json.loads((tmp_path / "again" / "variants.json").read_text()) == first
+    pods = root / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
+    lines = pods.read_text().splitlines()
+    pods.write_text("\n".join(lines[: len(lines) // 2]) + "\n")
+    assert _report(root, tmp_path / "reused", cache, *args)[0] == 0
+    assert _report(root, tmp_path / "fresh", tmp_path / "fresh-cache", *args)[0] == 0
+    fresh = json.loads((tmp_path / "fresh" / "variants.json").read_text())
+    assert json.loads((tmp_path / "reused" / "variants.json").read_text()) == fresh
+    assert fresh["bound"] != first["bound"]
