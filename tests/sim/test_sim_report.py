@@ -91,6 +91,15 @@ def test_report_bad_input_exits_2_naming_it(tmp_path: Path) -> None:
     assert code == 2 and "openb_pod_list_missing.csv" in output
     code, output = _report(root, out, cache, "--seeds", "4x")
     assert code == 2 and "--seeds" in output and "4x" in output
+    for extra, message in (
+        (("--workers", "100000"), "invalid --workers=100000: must be in [1, 1024]"),  # not 100000 forks
+        (("--policies", ""), "invalid --policies='': no policy given"),  # not the default list
+        (("--workloads", ""), "invalid --workloads='': no workload given"),  # not an empty table
+        (("--workloads", " , "), "invalid --workloads=' , ': no workload given"),
+        (("--workloads", "tiny,tiny"), "invalid --workloads='tiny,tiny': a workload is listed twice"),
+    ):
+        code, output = _report(root, out, cache, *extra)
+        assert code == 2 and message in output and len(output.strip().splitlines()) == 1, (extra, output)
     assert not out.exists()  # nothing written on bad input
 
 

@@ -90,6 +90,10 @@ def test_variant_report_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> 
         (["--policies", "fgd,nope"], "invalid --policies entry 'nope'"),
         (["--policies", "fgd,fgd"], "a policy is listed twice"),
         (["--seeds", "42,42"], "a seed is listed twice"),
+        (["--bound", "base,base"], "invalid --bound='base,base': 'base' is the same variant as 'base'"),
+        (["--bound", ""], "invalid --bound='': no variant given"),
+        (["--bound", "cpu300,x"], 'invalid variant="x"'),
+        (["--policies", ""], "invalid --policies='': no policy given"),
     ):
         code, output = _report(root, out, cache, *extra)
         assert code == 2, (extra, output)
@@ -147,3 +151,15 @@ def test_a_damaged_or_stale_floor_entry_is_recomputed(tmp_path: Path) -> None:
     fresh = json.loads((tmp_path / "fresh" / "variants.json").read_text())
     assert json.loads((tmp_path / "reused" / "variants.json").read_text()) == fresh
     assert fresh["bound"] != first["bound"]
+
+
+def test_bound_names_a_variant_as_variants_does(tmp_path: Path) -> None:
+    """--bound cpu0300 is the variant --variants calls cpu300 (as cpu050 is cpu50 there): it gets
+    the floor under the name --variants gave it."""
+    root = _root(tmp_path)
+    out = tmp_path / "out"
+    code, output = _report(
+        root, out, tmp_path / "cache", "--policies", "fgd", "--seeds", "42", "--bound", "cpu0300"
+    )
+    assert code == 0, output
+    assert set(json.loads((out / "variants.json").read_text())["bound"]) == {"cpu300"}
