@@ -81,10 +81,10 @@ def variants(
 
     Knobs, integer %: cpu<P> scales the CPU request of GPU pods (0..300); share<P> makes GPU-sharing
     pods carry P % of the GPU request (1..100); multi<P> makes multi-GPU pods carry at least P %
-    (1..90); spec<P> pins P % of GPU pods to one GPU model (0..100). Join knobs with '-'.
+    (1..90); spec<P> pins at least P % of GPU pods to one GPU model (0..100). Join knobs with '-'.
     """
     from gpupool.sim.trace import check_trace_file
-    from gpupool.sim.variant_report import prepare_variants
+    from gpupool.sim.variant_report import build_variants, write_variants
 
     check_range("--seed", seed, lo=0, hi=2**32 - 1)
     seed_value = seed
@@ -96,7 +96,9 @@ def variants(
         if not path.exists():
             raise UserError(f"file not found: {path} (set --pods/--nodes or GPUPOOL_DATA_DIR)")
         check_trace_file(path)  # (/dev/null, a directory: says what it is)
-    mixes = prepare_variants(base, node_list, wanted, seed=seed_value, directory=ensure_dir("--out", out))
+    ensure_dir("--out", out, create=False)  # a file there is told before the work
+    built = build_variants(base, node_list, wanted, seed=seed_value)  # bad input: nothing written
+    mixes = write_variants(built, ensure_dir("--out", out))
     typer.echo("variant\tpods\tgpu_request_milli\tsharing_pct\tmulti_pct\tpinned_pct\tcpu_per_gpu_milli")
     for name, m in mixes.items():
         typer.echo(
@@ -322,7 +324,13 @@ def _variant_report(
 ) -> None:
     from gpupool.sim.policies import DEFAULT_SIM_POLICY
     from gpupool.sim.report import run_matrix
-    from gpupool.sim.variant_report import bound_matrix, prepare_variants, variant_path, variants_markdown
+    from gpupool.sim.variant_report import (
+        bound_matrix,
+        build_variants,
+        variant_path,
+        variants_markdown,
+        write_variants,
+    )
 
     text = bound.strip()
     if text in ("none", "all"):
@@ -340,9 +348,12 @@ def _variant_report(
     for path in (nodes_path, base):
         if not path.is_file():
             raise UserError(f"file not found: {path} (set --data or GPUPOOL_DATA_DIR)")
+    ensure_dir("--out", out, create=False)
+    ensure_dir("--cache", cache, create=False)
+    built = build_variants(base, nodes_path, names, seed=variant_seed)  # bad input: nothing written
     ensure_dir("--out", out)  # before the runs: an unusable --out is told now, not after them
     directory = ensure_dir("--cache", cache) / f"variants-seed{variant_seed}"
-    mixes = prepare_variants(base, nodes_path, names, seed=variant_seed, directory=directory)
+    mixes = write_variants(built, directory)
     results = run_matrix(
         nodes_path, [variant_path(directory, n) for n in names], pols, seed_list,
         cache=directory / "runs", workers=workers, stop_arrived_pct=VARIANT_STOP_PCT,

@@ -1,7 +1,8 @@
 """The variant matrix: workload variants x policies (median of seeds) next to a floor no packing beats.
 
-Role: `prepare_variants` writes the variant pod lists of `gpupool.sim.variants` for one generator
-seed into a directory (so `gpupool.sim.report.run_matrix` runs and caches them like any workload);
+Role: `build_variants` makes the variant pod lists of `gpupool.sim.variants` for one generator
+seed (all of them first, so bad input writes nothing) and `write_variants` writes them into a
+directory (so `gpupool.sim.report.run_matrix` runs and caches them like any workload);
 `bound_matrix` runs `gpupool.sim.bound.offline_bound` (a floor no packing can beat) per
 (variant, seed) in worker processes, cached as JSON; `variants_markdown` writes the table: per
 variant the measured mix, each policy's median unallocated GPU % at 100 % arrived, the floor, the
@@ -21,7 +22,7 @@ from typing import Any
 
 from gpupool.sim.bound import offline_bound
 from gpupool.sim.runcache import check_writable, inputs_key, read_entry, write_entry
-from gpupool.sim.trace import load_nodes, load_pods, require_gpu_work
+from gpupool.sim.trace import PodSpec, TraceFormatError, load_nodes, load_pods, require_gpu_work
 from gpupool.sim.variants import VariantStats, make_variant, stats, write_pods
 
 
@@ -29,14 +30,21 @@ def variant_path(directory: Path, name: str) -> Path:
     return directory / f"openb_pod_list_{name}.csv"
 
 
-def prepare_variants(
-    base_pods: Path, nodes_path: Path, names: Sequence[str], *, seed: int, directory: Path
-) -> dict[str, VariantStats]:
-    """Write every variant's pod list into ``directory``; return each one's measured mix."""
+def build_variants(
+    base_pods: Path, nodes_path: Path, names: Sequence[str], *, seed: int
+) -> dict[str, tuple[PodSpec, ...]]:
+    """Every variant's pods, in memory: a bad name or input raises before anything is written.
+    The node list needs a GPU node (the cpu and spec knobs are sized by the GPU nodes)."""
     nodes, pods = load_nodes(nodes_path), load_pods(base_pods)
+    if not any(n.gpu_count for n in nodes):
+        raise TraceFormatError(f"{nodes_path}: no node has a GPU (the variants are sized by the GPU nodes)")
+    return {name: make_variant(pods, nodes, name, seed=seed) for name in names}
+
+
+def write_variants(variants: dict[str, tuple[PodSpec, ...]], directory: Path) -> dict[str, VariantStats]:
+    """Write each variant's pod list into ``directory``; return each one's measured mix."""
     out: dict[str, VariantStats] = {}
-    for name in names:
-        v = make_variant(pods, nodes, name, seed=seed)
+    for name, v in variants.items():
         write_pods(v, variant_path(directory, name))
         out[name] = stats(v)
     return out
