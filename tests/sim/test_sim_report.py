@@ -144,3 +144,14 @@ def test_a_cached_run_is_not_reused_for_another_pod_list_of_the_same_name(tmp_pa
     fresh = json.loads((tmp_path / "fresh" / "results.json").read_text())
     assert json.loads((tmp_path / "reused" / "results.json").read_text()) == fresh
     assert fresh != json.loads((tmp_path / "first" / "results.json").read_text())
+
+
+def test_a_malformed_workload_is_told_before_anything_is_written(tmp_path: Path) -> None:
+    root = _data_root(tmp_path)
+    bad = root / "alibaba-gpu-v2023" / "openb_pod_list_bad.csv"
+    bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1x,1,1,500\n")
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    code, output = _report(root, out, cache, "--workloads", "tiny,bad")
+    assert code == 2 and f"{bad}:2: column cpu_milli='1x' is not an integer" in output, output
+    assert len(output.strip().splitlines()) == 1
+    assert not out.exists() and not cache.exists()

@@ -235,3 +235,24 @@ def test_cli_bad_variant_or_node_list_writes_nothing(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, [*report, "--variants", "cpu50,share100-multi40"])
     assert r.exit_code == 2 and 'invalid variant="share100-multi40"' in r.output, r.output
     assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_cli_refuses_a_base_without_gpu_pods(tmp_path: Path) -> None:
+    """A variant with no GPU pod gives the experiment nothing to run (`sim fgd` refuses it): said
+    when the variants are made, with nothing written."""
+    cpu_only = tmp_path / "cpu_only.csv"
+    cpu_only.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1,0,0\n")
+    out = tmp_path / "out"
+    args = [
+        "sim",
+        "variants",
+        "--pods",
+        str(cpu_only),
+        "--nodes",
+        str(GOLDEN / "nodes.csv"),
+        "--out",
+        str(out),
+    ]
+    r = CliRunner().invoke(app, [*args, "--variants", "cpu200"])
+    assert r.exit_code == 2 and f"{cpu_only}: no pod asks for a GPU" in r.output, r.output
+    assert not out.exists()

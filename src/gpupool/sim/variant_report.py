@@ -38,7 +38,10 @@ def build_variants(
     nodes, pods = load_nodes(nodes_path), load_pods(base_pods)
     if not any(n.gpu_count for n in nodes):
         raise TraceFormatError(f"{nodes_path}: no node has a GPU (the variants are sized by the GPU nodes)")
-    return {name: make_variant(pods, nodes, name, seed=seed) for name in names}
+    out = {name: make_variant(pods, nodes, name, seed=seed) for name in names}
+    for v in out.values():
+        require_gpu_work(nodes, v, nodes_path=nodes_path, pods_path=base_pods)
+    return out
 
 
 def write_variants(variants: dict[str, tuple[PodSpec, ...]], directory: Path) -> dict[str, VariantStats]:
