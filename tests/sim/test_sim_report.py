@@ -91,4 +91,67 @@ def test_report_bad_input_exits_2_naming_it(tmp_path: Path) -> None:
     assert code == 2 and "openb_pod_list_missing.csv" in output
     code, output = _report(root, out, cache, "--seeds", "4x")
     assert code == 2 and "--seeds" in output and "4x" in output
+    for extra, message in (
+        (("--workers", "100000"), "invalid --workers=100000: must be in [1, 1024]"),  # not 100000 forks
+        (("--policies", ""), "invalid --policies='': no policy given"),  # not the default list
+        (("--workloads", ""), "invalid --workloads='': no workload given"),  # not an empty table
+        (("--workloads", " , "), "invalid --workloads=' , ': no workload given"),
+        (("--workloads", "tiny,tiny"), "invalid --workloads='tiny,tiny': a workload is listed twice"),
+    ):
+        code, output = _report(root, out, cache, *extra)
+        assert code == 2 and message in output and len(output.strip().splitlines()) == 1, (extra, output)
     assert not out.exists()  # nothing written on bad input
+
+
+def test_a_damaged_cache_entry_is_recomputed_never_used(tmp_path: Path) -> None:
+    """Truncated JSON, JSON of another shape and an entry of another seed are run again and
+    rewritten; the results equal the first run's. A cache entry that cannot be written (a directory
+    in its place) is exit 2 naming the file, not a traceback."""
+    root = _data_root(tmp_path)
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    assert _report(root, out, cache)[0] == 0
+    results = json.loads((out / "results.json").read_text())
+    entries = sorted(cache.glob("tiny__*.json"))
+    assert len(entries) == 4
+    entries[0].write_text(entries[0].read_text()[:100])  # an interrupted write
+    entries[1].write_text("[]")
+    entries[2].write_text(entries[3].read_text())  # another seed's result under this name
+    code, output = _report(root, tmp_path / "again", cache)
+    assert code == 0, output
+    assert json.loads((tmp_path / "again" / "results.json").read_text()) == results
+    for entry in entries:
+        assert json.loads(entry.read_text())["seed"] == int(entry.stem.rsplit("__", 1)[1])
+    entries[0].unlink()
+    entries[0].mkdir()
+    code, output = _report(root, tmp_path / "third", cache)
+    assert code == 2 and output.count("error:") == 1
+    assert f"cache entry {entries[0]}: not a file" in output.strip().splitlines()[-1]
+
+
+def test_a_cached_run_is_not_reused_for_another_pod_list_of_the_same_name(tmp_path: Path) -> None:
+    """The cache is keyed by the inputs, not the workload name alone: after the pod list changes,
+    the same --cache gives what a fresh cache gives."""
+    root = _data_root(tmp_path)
+    cache = tmp_path / "cache"
+    assert _report(root, tmp_path / "first", cache)[0] == 0
+    pods = root / "alibaba-gpu-v2023" / "openb_pod_list_tiny.csv"
+    lines = pods.read_text().splitlines()
+    pods.write_text("\n".join(lines[: len(lines) // 2]) + "\n")  # half the pods
+    code, output = _report(root, tmp_path / "reused", cache)
+    assert code == 0, output
+    code, output = _report(root, tmp_path / "fresh", tmp_path / "fresh-cache")
+    assert code == 0, output
+    fresh = json.loads((tmp_path / "fresh" / "results.json").read_text())
+    assert json.loads((tmp_path / "reused" / "results.json").read_text()) == fresh
+    assert fresh != json.loads((tmp_path / "first" / "results.json").read_text())
+
+
+def test_a_malformed_workload_is_told_before_anything_is_written(tmp_path: Path) -> None:
+    root = _data_root(tmp_path)
+    bad = root / "alibaba-gpu-v2023" / "openb_pod_list_bad.csv"
+    bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1x,1,1,500\n")
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    code, output = _report(root, out, cache, "--workloads", "tiny,bad")
+    assert code == 2 and f"{bad}:2: column cpu_milli='1x' is not an integer" in output, output
+    assert len(output.strip().splitlines()) == 1
+    assert not out.exists() and not cache.exists()

@@ -85,3 +85,16 @@ def test_a_byte_order_mark_is_no_part_of_the_header_and_other_encodings_are_name
 def test_workload_name() -> None:
     assert workload_name("x/openb_pod_list_gpuspec20.csv") == "gpuspec20"
     assert workload_name("mine.csv") == "mine"
+
+
+def test_line_numbers_count_blank_lines_and_line_breaks_inside_quoted_fields(tmp_path: Path) -> None:
+    """The line an error names is the file's line (an editor's), not the row's index: blank lines
+    and a quoted name that spans two lines come before the bad value."""
+    pods = write(tmp_path, "p.csv", POD_HEADER + "\n\na,1000,10,1,300,,LS\n\n" + '"b\nc",1000,10,1,300,,LS\n')
+    with open(pods, "a") as fh:
+        fh.write("d,1x,10,1,300,,LS\n")
+    with pytest.raises(TraceFormatError, match=rf"{pods}:8: column cpu_milli='1x'"):
+        load_pods(pods)
+    nodes = write(tmp_path, "n.csv", "sn,cpu_milli,memory_mib,gpu,model\n\nx,8000,1024,2,T4\n\ny,1,1,2,\n")
+    with pytest.raises(TraceFormatError, match=rf"{nodes}:5: column model is empty"):
+        load_nodes(nodes)

@@ -84,12 +84,16 @@ def test_variant_report_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> 
     root = _root(tmp_path)
     out, cache = tmp_path / "out", tmp_path / "cache"
     for extra, msg in (
-        (["--variants", "base,cpu999"], "invalid variant='cpu999'"),
+        (["--variants", "base,cpu999"], 'invalid variant="cpu999"'),
         (["--bound", "share60"], "invalid --bound entry 'share60'"),
         (["--variant-seed", "-3"], "invalid --variant-seed=-3"),
         (["--policies", "fgd,nope"], "invalid --policies entry 'nope'"),
         (["--policies", "fgd,fgd"], "a policy is listed twice"),
         (["--seeds", "42,42"], "a seed is listed twice"),
+        (["--bound", "base,base"], "invalid --bound='base,base': 'base' is the same variant as 'base'"),
+        (["--bound", ""], "invalid --bound='': no variant given"),
+        (["--bound", "cpu300,x"], 'invalid variant="x"'),
+        (["--policies", ""], "invalid --policies='': no policy given"),
     ):
         code, output = _report(root, out, cache, *extra)
         assert code == 2, (extra, output)
@@ -124,3 +128,38 @@ def test_floor_is_the_arrivals_where_cpu_cannot_bind() -> None:
     pods = [_pod(f"p{i}", 1000, 500, 1) for i in range(10)]  # 5 GPUs asked of 4: 8 pods arrive by 100 %
     r = offline_bound(nodes, pods, seed=42)
     assert r.arrived_milli == 4000 == r.placeable_milli and r.unallocated_pct == 0.0
+
+
+def test_a_damaged_or_stale_floor_entry_is_recomputed(tmp_path: Path) -> None:
+    """A floor entry cut short is run again; after the base pod list changes, the same --cache gives
+    what a fresh cache gives (entries are keyed by the inputs, not the variant name alone)."""
+    root = _root(tmp_path)
+    cache = tmp_path / "cache"
+    args = ("--variants", "base", "--policies", "fgd", "--seeds", "42")
+    assert _report(root, tmp_path / "first", cache, *args)[0] == 0
+    first = json.loads((tmp_path / "first" / "variants.json").read_text())
+    (floor,) = cache.rglob("base__floor*__42.json")
+    floor.write_text(floor.read_text()[:50])
+    code, output = _report(root, tmp_path / "again", cache, *args)
+    assert code == 0, output
+    assert json.loads((tmp_path / "again" / "variants.json").read_text()) == first
+    pods = root / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
+    lines = pods.read_text().splitlines()
+    pods.write_text("\n".join(lines[: len(lines) // 2]) + "\n")
+    assert _report(root, tmp_path / "reused", cache, *args)[0] == 0
+    assert _report(root, tmp_path / "fresh", tmp_path / "fresh-cache", *args)[0] == 0
+    fresh = json.loads((tmp_path / "fresh" / "variants.json").read_text())
+    assert json.loads((tmp_path / "reused" / "variants.json").read_text()) == fresh
+    assert fresh["bound"] != first["bound"]
+
+
+def test_bound_names_a_variant_as_variants_does(tmp_path: Path) -> None:
+    """--bound cpu0300 is the variant --variants calls cpu300 (as cpu050 is cpu50 there): it gets
+    the floor under the name --variants gave it."""
+    root = _root(tmp_path)
+    out = tmp_path / "out"
+    code, output = _report(
+        root, out, tmp_path / "cache", "--policies", "fgd", "--seeds", "42", "--bound", "cpu0300"
+    )
+    assert code == 0, output
+    assert set(json.loads((out / "variants.json").read_text())["bound"]) == {"cpu300"}

@@ -11,6 +11,7 @@ variant loads back unchanged; bad names exit 2 naming the variant and token.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,7 @@ def test_written_variant_loads_back_unchanged(tmp_path: Path) -> None:
 def test_bad_names_name_the_variant_and_token(name: str, message: str) -> None:
     with pytest.raises(InvalidInput) as err:
         parse_variant(name)
-    assert f"invalid variant={name!r}" in str(err.value) and message in str(err.value)
+    assert f"invalid variant={json.dumps(name)}" in str(err.value) and message in str(err.value)
 
 
 def test_cli_writes_reproducible_files_and_rejects_bad_names(tmp_path: Path) -> None:
@@ -150,7 +151,7 @@ def test_cli_writes_reproducible_files_and_rejects_bad_names(tmp_path: Path) -> 
         PODS, NODES, "share60", seed=1
     )
     for args, msg in (
-        (["--variants", "share60,bogus"], "invalid variant='bogus'"),
+        (["--variants", "share60,bogus"], 'invalid variant="bogus"'),
         (["--variants", "share60,share60"], "'share60' is the same variant as 'share60'"),
         (["--variants", "cpu050,cpu50"], "'cpu50' is the same variant as 'cpu050'"),
         (["--variants", "cpu0-share20,share20-cpu0"], "is the same variant as"),
@@ -174,3 +175,84 @@ def test_cli_writes_reproducible_files_and_rejects_bad_names(tmp_path: Path) -> 
         assert r.exit_code == 2 and f"invalid --out={str(out)!r}: {msg}" in r.output, r.output
         r = CliRunner().invoke(app, [*report, "--out", str(out)])
         assert r.exit_code == 2 and f"invalid --out={str(out)!r}: {msg}" in r.output, r.output
+
+
+def test_a_knob_that_finds_nothing_to_copy_names_the_whole_variant_and_why() -> None:
+    """share100 turns the base's multi-GPU pod into a sharing one: multi<P> after it has nothing to
+    copy, and the error says so (not "the base has none", which is false) under the variant's name."""
+    assert any(p.num_gpu > 1 for p in PODS)
+    with pytest.raises(InvalidInput) as err:
+        make_variant(PODS, NODES, "share100-multi40", seed=1)
+    assert 'invalid variant="share100-multi40": share100 turns every multi-GPU pod' in str(err.value)
+    sharing_only = [p for p in PODS if p.is_sharing]
+    with pytest.raises(InvalidInput, match='invalid variant="cpu50-share60": the base has no whole 1-GPU'):
+        make_variant(sharing_only, NODES, "cpu50-share60", seed=1)
+
+
+def test_knob_values_are_ascii_digits() -> None:
+    with pytest.raises(InvalidInput, match="token 'cpu\u0665\u0660'"):
+        parse_variant("cpu\u0665\u0660")  # Arabic-Indic 50: int() reads it, a file name should not
+
+
+def test_cli_bad_variant_or_node_list_writes_nothing(tmp_path: Path) -> None:
+    """The first variant is valid, the second is not: no file of the first is left behind (all are
+    made before any is written); a node list without a GPU node is refused (nothing sizes cpu/spec)."""
+    base = ["sim", "variants", "--pods", str(GOLDEN / "pods.csv")]
+    out = tmp_path / "out"
+    r = CliRunner().invoke(
+        app,
+        [
+            *base,
+            "--nodes",
+            str(GOLDEN / "nodes.csv"),
+            "--out",
+            str(out),
+            "--variants",
+            "cpu50,share100-multi40",
+        ],
+    )
+    assert r.exit_code == 2 and 'invalid variant="share100-multi40"' in r.output, r.output
+    assert not out.exists()
+    no_gpu = tmp_path / "cpu_nodes.csv"
+    no_gpu.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,1024,0,\n")
+    r = CliRunner().invoke(app, [*base, "--nodes", str(no_gpu), "--out", str(out), "--variants", "cpu300"])
+    assert r.exit_code == 2 and f"{no_gpu}: no node has a GPU" in r.output, r.output
+    assert not out.exists()
+    data = tmp_path / "data" / "alibaba-gpu-v2023"
+    data.mkdir(parents=True)
+    (data / "openb_node_list_gpu_node.csv").write_bytes((GOLDEN / "nodes.csv").read_bytes())
+    (data / "openb_pod_list_default.csv").write_bytes((GOLDEN / "pods.csv").read_bytes())
+    report = [
+        "sim",
+        "report",
+        "--data",
+        str(data.parent),
+        "--out",
+        str(out),
+        "--cache",
+        str(tmp_path / "cache"),
+    ]
+    r = CliRunner().invoke(app, [*report, "--variants", "cpu50,share100-multi40"])
+    assert r.exit_code == 2 and 'invalid variant="share100-multi40"' in r.output, r.output
+    assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_cli_refuses_a_base_without_gpu_pods(tmp_path: Path) -> None:
+    """A variant with no GPU pod gives the experiment nothing to run (`sim fgd` refuses it): said
+    when the variants are made, with nothing written."""
+    cpu_only = tmp_path / "cpu_only.csv"
+    cpu_only.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1,0,0\n")
+    out = tmp_path / "out"
+    args = [
+        "sim",
+        "variants",
+        "--pods",
+        str(cpu_only),
+        "--nodes",
+        str(GOLDEN / "nodes.csv"),
+        "--out",
+        str(out),
+    ]
+    r = CliRunner().invoke(app, [*args, "--variants", "cpu200"])
+    assert r.exit_code == 2 and f"{cpu_only}: no pod asks for a GPU" in r.output, r.output
+    assert not out.exists()

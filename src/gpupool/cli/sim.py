@@ -22,6 +22,7 @@ DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,seed-bestfit,f
 VARIANT_POLICIES = "fgd,fgd-balance-mem"
 VARIANT_STOP_PCT = 101  # variant runs end past 101.5 % arrived: the table needs the value at 100 %
 DEFAULT_SIM_POLICY_NAME = "fgd-balance-mem"  # = gpupool.sim.policies.DEFAULT_SIM_POLICY (a test checks)
+MAX_WORKERS = 1024  # each worker is a forked process: a typo like --workers 100000 must not fork that many
 
 
 def _seeds(text: str) -> list[int]:
@@ -80,10 +81,10 @@ def variants(
 
     Knobs, integer %: cpu<P> scales the CPU request of GPU pods (0..300); share<P> makes GPU-sharing
     pods carry P % of the GPU request (1..100); multi<P> makes multi-GPU pods carry at least P %
-    (1..90); spec<P> pins P % of GPU pods to one GPU model (0..100). Join knobs with '-'.
+    (1..90); spec<P> pins at least P % of GPU pods to one GPU model (0..100). Join knobs with '-'.
     """
     from gpupool.sim.trace import check_trace_file
-    from gpupool.sim.variant_report import prepare_variants
+    from gpupool.sim.variant_report import build_variants, write_variants
 
     check_range("--seed", seed, lo=0, hi=2**32 - 1)
     seed_value = seed
@@ -95,7 +96,9 @@ def variants(
         if not path.exists():
             raise UserError(f"file not found: {path} (set --pods/--nodes or GPUPOOL_DATA_DIR)")
         check_trace_file(path)  # (/dev/null, a directory: says what it is)
-    mixes = prepare_variants(base, node_list, wanted, seed=seed_value, directory=ensure_dir("--out", out))
+    ensure_dir("--out", out, create=False)  # a file there is told before the work
+    built = build_variants(base, node_list, wanted, seed=seed_value)  # bad input: nothing written
+    mixes = write_variants(built, ensure_dir("--out", out))
     typer.echo("variant\tpods\tgpu_request_milli\tsharing_pct\tmulti_pct\tpinned_pct\tcpu_per_gpu_milli")
     for name, m in mixes.items():
         typer.echo(
@@ -105,22 +108,30 @@ def variants(
     typer.echo(f"wrote {len(mixes)} pod lists to {out}")
 
 
-def _variant_names(text: str) -> list[str]:
-    from gpupool.sim.variants import DEFAULT_MATRIX, parse_variant
+def _variant_names(text: str, option: str = "--variants") -> list[str]:
+    from gpupool.sim.variants import DEFAULT_MATRIX
 
-    if text.strip() == "default":
+    if text.strip() == "default" and option == "--variants":
         return list(DEFAULT_MATRIX)
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise UserError(f"invalid --variants={text!r}: no variant given")
+        raise UserError(f"invalid {option}={text!r}: no variant given")
     seen: dict[tuple[int | None, ...], str] = {}
     for n in names:
-        v = parse_variant(n)  # InvalidInput names the variant and the bad token
-        knobs = (v.cpu_pct, v.share_pct, v.multi_pct, v.spec_pct)  # cpu050 is cpu50; order is free
+        knobs = _knobs(n)
         if knobs in seen:
-            raise UserError(f"invalid --variants={text!r}: {n!r} is the same variant as {seen[knobs]!r}")
+            raise UserError(f"invalid {option}={text!r}: {n!r} is the same variant as {seen[knobs]!r}")
         seen[knobs] = n
     return names
+
+
+def _knobs(name: str) -> tuple[int | None, ...]:
+    """What makes a variant (cpu050 is cpu50; knob order is free); `InvalidInput` naming the
+    variant and the bad token."""
+    from gpupool.sim.variants import parse_variant
+
+    v = parse_variant(name)
+    return (v.cpu_pct, v.share_pct, v.multi_pct, v.spec_pct)
 
 
 @app.command("fgd")
@@ -193,7 +204,9 @@ def report(
         Path(".gpupool/sim-cache"), "--cache", help="Per-run result cache (resumable)."
     ),
     workers: int = typer.Option(
-        max(1, (os.cpu_count() or 2)), "--workers", help="Parallel worker processes."
+        max(1, min(os.cpu_count() or 2, MAX_WORKERS)),
+        "--workers",
+        help=f"Parallel worker processes (1..{MAX_WORKERS}; never more than the runs to do).",
     ),
     data: Path | None = typer.Option(
         None, "--data", help="Data root (default ../shared/data or $GPUPOOL_DATA_DIR)."
@@ -217,14 +230,16 @@ def report(
 
     from gpupool.sim.plots import plot_frag_rate, plot_unallocated
     from gpupool.sim.report import authors_curves, authors_medians, markdown_table, run_matrix
+    from gpupool.sim.trace import load_nodes, load_pods, require_gpu_work
 
     seed_list = _seeds(seeds)
-    check_range("--workers", workers, lo=1)
+    check_range("--workers", workers, lo=1, hi=MAX_WORKERS)
     check_range("--variant-seed", variant_seed, lo=0, hi=2**32 - 1)
     root = data if data is not None else _data_dir()
     if variant_names is not None:
+        pols = _policy_list(VARIANT_POLICIES if policies is None else policies)
         _variant_report(
-            root, _variant_names(variant_names), _policy_list(policies or VARIANT_POLICIES), seed_list,
+            root, _variant_names(variant_names), pols, seed_list,
             variant_seed=variant_seed, bound=bound, out=out, cache=cache,
             workers=workers,
         )  # fmt: skip
@@ -239,11 +254,18 @@ def report(
         wls = sorted(found, key=lambda w: (w != "default", w))  # the paper's main trace first
     else:
         wls = [w.strip() for w in workloads.split(",") if w.strip()]
-    pols = _policy_list(policies or DEFAULT_POLICIES)
+        if not wls:
+            raise UserError(f"invalid --workloads={workloads!r}: no workload given")
+        if len(set(wls)) != len(wls):  # a repeated workload would be a repeated row
+            raise UserError(f"invalid --workloads={workloads!r}: a workload is listed twice")
+    pols = _policy_list(DEFAULT_POLICIES if policies is None else policies)
     pods_paths = [trace_dir / f"openb_pod_list_{w}.csv" for w in wls]
     for pp in pods_paths:
         if not pp.is_file():
             raise UserError(f"workload file not found: {pp}")
+    nodes = load_nodes(nodes_path)  # read every list now: a malformed one is told before anything is written
+    for pp in pods_paths:
+        require_gpu_work(nodes, load_pods(pp), nodes_path=nodes_path, pods_path=pp)
     ensure_dir("--out", out)  # before the runs: an unusable --out is told now, not after them
     ensure_dir("--cache", cache)
     with Progress() as bar:
@@ -306,22 +328,36 @@ def _variant_report(
 ) -> None:
     from gpupool.sim.policies import DEFAULT_SIM_POLICY
     from gpupool.sim.report import run_matrix
-    from gpupool.sim.variant_report import bound_matrix, prepare_variants, variant_path, variants_markdown
+    from gpupool.sim.variant_report import (
+        bound_matrix,
+        build_variants,
+        variant_path,
+        variants_markdown,
+        write_variants,
+    )
 
     text = bound.strip()
-    bound_names = [] if text == "none" else list(names) if text == "all" else _variant_names(bound)
-    for b in bound_names:
-        if b not in names:
-            raise UserError(f"invalid --bound entry {b!r}: not among --variants")
+    if text in ("none", "all"):
+        bound_names = [] if text == "none" else list(names)
+    else:
+        by_knobs = {_knobs(n): n for n in names}
+        bound_names = []
+        for b in _variant_names(bound, "--bound"):
+            if _knobs(b) not in by_knobs:
+                raise UserError(f"invalid --bound entry {b!r}: not among --variants")
+            bound_names.append(by_knobs[_knobs(b)])  # as --variants spells it (cpu050 -> cpu50)
     trace_dir = root / "alibaba-gpu-v2023"
     nodes_path = trace_dir / "openb_node_list_gpu_node.csv"
     base = trace_dir / "openb_pod_list_default.csv"
     for path in (nodes_path, base):
         if not path.is_file():
             raise UserError(f"file not found: {path} (set --data or GPUPOOL_DATA_DIR)")
+    ensure_dir("--out", out, create=False)
+    ensure_dir("--cache", cache, create=False)
+    built = build_variants(base, nodes_path, names, seed=variant_seed)  # bad input: nothing written
     ensure_dir("--out", out)  # before the runs: an unusable --out is told now, not after them
     directory = ensure_dir("--cache", cache) / f"variants-seed{variant_seed}"
-    mixes = prepare_variants(base, nodes_path, names, seed=variant_seed, directory=directory)
+    mixes = write_variants(built, directory)
     results = run_matrix(
         nodes_path, [variant_path(directory, n) for n in names], pols, seed_list,
         cache=directory / "runs", workers=workers, stop_arrived_pct=VARIANT_STOP_PCT,

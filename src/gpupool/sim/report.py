@@ -2,7 +2,8 @@
 
 Role: `run_experiment` is one (workload, policy, seeds) cell (the ``gpupool sim fgd`` output);
 `run_matrix` fans cells x seeds out over worker processes (each job is one run; results are cached
-as JSON per (workload, policy, seed) so an interrupted matrix resumes); `authors_medians` reads the
+as JSON per (workload, policy, seed) so an interrupted matrix resumes, keyed by the inputs:
+`gpupool.sim.runcache`); `authors_medians` reads the
 authors' per-run CSVs; `markdown_table` and `plot_*` write the report. No wall-clock timings here:
 `run_experiment` only reports them when asked (benchmarks).
 """
@@ -10,7 +11,6 @@ authors' per-run CSVs; `markdown_table` and `plot_*` write the report. No wall-c
 from __future__ import annotations
 
 import csv
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gpupool.sim.engine import run
 from gpupool.sim.metrics import RunCurves, run_curves, summary
+from gpupool.sim.runcache import check_writable, inputs_key, read_entry, write_entry
 from gpupool.sim.trace import load_nodes, load_pods, require_gpu_work, workload_name
 
 AUTHOR_POLICIES = {
@@ -69,19 +70,25 @@ def _cache_file(cache: Path, workload: str, policy: str, seed: int) -> Path:
     return cache / f"{workload}__{policy}__{seed}.json"
 
 
-def _curves_from_json(d: dict[str, object]) -> RunCurves:
+def _curves_from_json(d: dict[str, object]) -> RunCurves | None:
+    """The cached curves, or None when the entry does not have their shape (a damaged cache)."""
+
     def keyed(v: object) -> dict[int, float]:
-        assert isinstance(v, dict)
+        if not isinstance(v, dict):
+            raise TypeError(v)
         return {int(k): float(x) for k, x in v.items()}
 
-    return RunCurves(
-        seed=int(d["seed"]),  # type: ignore[call-overload]
-        alloc_pct=keyed(d["alloc_pct"]),
-        frag_amount_pct=keyed(d["frag_amount_pct"]),
-        frag_rate_pct=keyed(d["frag_rate_pct"]),
-        num_pods=int(d["num_pods"]),  # type: ignore[call-overload]
-        num_failed=int(d["num_failed"]),  # type: ignore[call-overload]
-    )
+    try:
+        return RunCurves(
+            seed=int(d["seed"]),  # type: ignore[call-overload]
+            alloc_pct=keyed(d["alloc_pct"]),
+            frag_amount_pct=keyed(d["frag_amount_pct"]),
+            frag_rate_pct=keyed(d["frag_rate_pct"]),
+            num_pods=int(d["num_pods"]),  # type: ignore[call-overload]
+            num_failed=int(d["num_failed"]),  # type: ignore[call-overload]
+        )
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
 
 
 def run_matrix(
@@ -96,26 +103,38 @@ def run_matrix(
     stop_arrived_pct: int | None = None,
 ) -> dict[tuple[str, str], dict[str, object]]:
     """Every (workload, policy) summary over ``seeds``; missing runs go to ``workers`` processes.
-    ``stop_arrived_pct``: end each run there (see `gpupool.sim.engine.run`); curves stop there too."""
+    ``stop_arrived_pct``: end each run there (see `gpupool.sim.engine.run`); curves stop there too.
+    A cached run is used only when made from the same node and pod lists and stop point
+    (`gpupool.sim.runcache`); a damaged one is recomputed."""
     cache.mkdir(parents=True, exist_ok=True)
+    settings = f"run:stop={stop_arrived_pct}"
+    keys = {pp: inputs_key((nodes_path, pp), settings) for pp in pods_paths}
+    got: dict[tuple[str, str, int], RunCurves] = {}
     jobs = []
     for pp in pods_paths:
         wl = workload_name(pp)
         for pol in policies:
             for s in seeds:
-                if not _cache_file(cache, wl, pol, s).is_file():
+                entry = read_entry(_cache_file(cache, wl, pol, s), keys[pp])
+                c = None if entry is None else _curves_from_json(entry)
+                if c is not None and c.seed == s:
+                    got[(wl, pol, s)] = c
+                else:
+                    check_writable(_cache_file(cache, wl, pol, s))
                     jobs.append((pp, wl, pol, s))
     total, done = len(jobs), 0
     if jobs:
-        with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        with ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
+            nodes_arg = str(nodes_path)
             futs = {
-                pool.submit(run_curves_for, str(nodes_path), str(pp), pol, s, stop_arrived_pct): (wl, pol, s)
+                pool.submit(run_curves_for, nodes_arg, str(pp), pol, s, stop_arrived_pct): (pp, wl, pol, s)
                 for pp, wl, pol, s in jobs
             }
             for fut in as_completed(futs):
-                wl, pol, s = futs[fut]
+                pp, wl, pol, s = futs[fut]
                 c = fut.result()
-                _cache_file(cache, wl, pol, s).write_text(json.dumps(asdict(c)))
+                write_entry(_cache_file(cache, wl, pol, s), keys[pp], asdict(c))
+                got[(wl, pol, s)] = c
                 done += 1
                 if progress is not None:
                     progress(done, total, f"{wl}/{pol}/{s}")
@@ -123,10 +142,7 @@ def run_matrix(
     for pp in pods_paths:
         wl = workload_name(pp)
         for pol in policies:
-            curves = [
-                _curves_from_json(json.loads(_cache_file(cache, wl, pol, s).read_text())) for s in seeds
-            ]
-            out[(wl, pol)] = summary(pol, wl, curves)
+            out[(wl, pol)] = summary(pol, wl, [got[(wl, pol, s)] for s in seeds])
     return out
 
 

@@ -103,7 +103,10 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
             missing = [c for c in required if c not in header]
             if missing:
                 raise TraceFormatError(f"{path}: header lacks column(s) {missing}; got {header}")
-            for lineno, row in enumerate(reader, start=2):
+            for row in reader:
+                # the file's line (where the row ends), not the row's index: DictReader skips blank
+                # lines and a quoted field may hold a line break
+                lineno = reader.line_num
                 extra = row.pop(None, None)  # DictReader's restkey: fields past the header
                 short = sum(v is None for v in row.values())
                 if extra or short:

@@ -1,7 +1,8 @@
 """The variant matrix: workload variants x policies (median of seeds) next to a floor no packing beats.
 
-Role: `prepare_variants` writes the variant pod lists of `gpupool.sim.variants` for one generator
-seed into a directory (so `gpupool.sim.report.run_matrix` runs and caches them like any workload);
+Role: `build_variants` makes the variant pod lists of `gpupool.sim.variants` for one generator
+seed (all of them first, so bad input writes nothing) and `write_variants` writes them into a
+directory (so `gpupool.sim.report.run_matrix` runs and caches them like any workload);
 `bound_matrix` runs `gpupool.sim.bound.offline_bound` (a floor no packing can beat) per
 (variant, seed) in worker processes, cached as JSON; `variants_markdown` writes the table: per
 variant the measured mix, each policy's median unallocated GPU % at 100 % arrived, the floor, the
@@ -12,15 +13,16 @@ relative change over the variants. No timings here.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from gpupool.sim.bound import offline_bound
-from gpupool.sim.trace import load_nodes, load_pods, require_gpu_work
+from gpupool.sim.runcache import check_writable, inputs_key, read_entry, write_entry
+from gpupool.sim.trace import PodSpec, TraceFormatError, load_nodes, load_pods, require_gpu_work
 from gpupool.sim.variants import VariantStats, make_variant, stats, write_pods
 
 
@@ -28,14 +30,24 @@ def variant_path(directory: Path, name: str) -> Path:
     return directory / f"openb_pod_list_{name}.csv"
 
 
-def prepare_variants(
-    base_pods: Path, nodes_path: Path, names: Sequence[str], *, seed: int, directory: Path
-) -> dict[str, VariantStats]:
-    """Write every variant's pod list into ``directory``; return each one's measured mix."""
+def build_variants(
+    base_pods: Path, nodes_path: Path, names: Sequence[str], *, seed: int
+) -> dict[str, tuple[PodSpec, ...]]:
+    """Every variant's pods, in memory: a bad name or input raises before anything is written.
+    The node list needs a GPU node (the cpu and spec knobs are sized by the GPU nodes)."""
     nodes, pods = load_nodes(nodes_path), load_pods(base_pods)
+    if not any(n.gpu_count for n in nodes):
+        raise TraceFormatError(f"{nodes_path}: no node has a GPU (the variants are sized by the GPU nodes)")
+    out = {name: make_variant(pods, nodes, name, seed=seed) for name in names}
+    for v in out.values():
+        require_gpu_work(nodes, v, nodes_path=nodes_path, pods_path=base_pods)
+    return out
+
+
+def write_variants(variants: dict[str, tuple[PodSpec, ...]], directory: Path) -> dict[str, VariantStats]:
+    """Write each variant's pod list into ``directory``; return each one's measured mix."""
     out: dict[str, VariantStats] = {}
-    for name in names:
-        v = make_variant(pods, nodes, name, seed=seed)
+    for name, v in variants.items():
         write_pods(v, variant_path(directory, name))
         out[name] = stats(v)
     return out
@@ -43,6 +55,23 @@ def prepare_variants(
 
 FLOOR_VERSION = 2
 """1: the pooled-CPU relaxation alone; 2: the larger of it and the sharing pods' card floor."""
+
+
+_FLOOR_FIELDS = (
+    "arrived_milli",
+    "capacity_milli",
+    "cpu_placeable_milli",
+    "cards_placeable_milli",
+    "pooled_bfd_placeable_milli",
+)
+
+
+def _floor_entry_ok(entry: dict[str, object], seed: int) -> bool:
+    """A cached floor has the fields the table reads, as numbers (else it is recomputed)."""
+    if entry.get("seed") != seed or not all(type(entry.get(f)) is int for f in _FLOOR_FIELDS):
+        return False
+    share = entry.get("unallocated_pct")
+    return entry["capacity_milli"] != 0 and type(share) in (int, float)
 
 
 def _pct_left(r: dict[str, int], key: str) -> float:
@@ -66,24 +95,36 @@ def bound_matrix(
     workers: int,
 ) -> dict[str, dict[str, object]]:
     """Per variant: the per-seed floor and its median (cached per (variant, seed); the file name
-    carries `FLOOR_VERSION`, so a cache written by an older floor is not read)."""
+    carries `FLOOR_VERSION`, so a cache written by an older floor is not read; an entry is used only
+    when made from the same node and pod lists, and a damaged one is recomputed, see
+    `gpupool.sim.runcache`)."""
     cache.mkdir(parents=True, exist_ok=True)
 
     def file(name: str, seed: int) -> Path:
         return cache / f"{name}__floor{FLOOR_VERSION}__{seed}.json"
 
-    jobs = [(n, s) for n in names for s in seeds if not file(n, s).is_file()]
+    keys = {n: inputs_key((nodes_path, variant_path(directory, n)), "floor") for n in names}
+    got: dict[tuple[str, int], dict[str, object]] = {}
+    for n in names:
+        for s in seeds:
+            entry = read_entry(file(n, s), keys[n])
+            if entry is not None and _floor_entry_ok(entry, s):
+                got[(n, s)] = entry
+    jobs = [(n, s) for n in names for s in seeds if (n, s) not in got]
+    for n, s in jobs:
+        check_writable(file(n, s))
     if jobs:
-        with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        with ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
             futs = {
                 (n, s): pool.submit(_bound_job, str(nodes_path), str(variant_path(directory, n)), s)
                 for n, s in jobs
             }
             for (n, s), fut in futs.items():
-                file(n, s).write_text(json.dumps(fut.result()))
+                got[(n, s)] = fut.result()
+                write_entry(file(n, s), keys[n], got[(n, s)])
     out: dict[str, dict[str, object]] = {}
     for n in names:
-        per_seed = [json.loads(file(n, s).read_text()) for s in seeds]
+        per_seed: list[dict[str, Any]] = [got[(n, s)] for s in seeds]
         cpu_binds = any(r["cpu_placeable_milli"] < r["cards_placeable_milli"] for r in per_seed)
         bfd = statistics.median(_pct_left(r, "pooled_bfd_placeable_milli") for r in per_seed)
         out[n] = {

@@ -16,9 +16,10 @@ to four knobs changed; every other property of the base is kept. A variant is na
 - ``multi<P>``: multi-GPU pods carry at least P % (1..90) of the GPU request: copies of random
   multi-GPU pods of the base are appended under new names (like the authors' ``multigpu20/30``,
   whose task count grows). A base already at or above P % is left alone.
-- ``spec<P>``: P % (0..100) of GPU pods are pinned to one GPU model (like ``gpuspec10/20``; the
-  production share is about 33 %): random unpinned pods get a model drawn with probability
-  proportional to the GPUs of the nodes that could host the pod (enough GPUs and CPU).
+- ``spec<P>``: at least P % (0..100) of GPU pods are pinned to one GPU model (like
+  ``gpuspec10/20``; the production share is about 33 %): random unpinned pods get a model drawn
+  with probability proportional to the GPUs of the nodes that could host the pod (enough GPUs and
+  CPU). Pins of the base are kept, so a base already at or above P % is left alone.
 
 Order of application: share, multi, cpu, spec (spec last so it sees the final CPU requests).
 Reproducibility: each knob draws from its own generator, ``default_rng([seed, knob])``, so a variant
@@ -69,7 +70,7 @@ class VariantSpec:
     spec_pct: int | None = None
 
 
-_TOKEN = re.compile(r"^(cpu|share|multi|spec)(\d{1,9})$")
+_TOKEN = re.compile(r"^(cpu|share|multi|spec)([0-9]{1,9})$")  # ASCII digits: a name is a file name
 
 
 def parse_variant(name: str) -> VariantSpec:
@@ -207,13 +208,25 @@ def with_spec(pods: Sequence[PodSpec], pct: int, seed: int, nodes: Sequence[Node
 def make_variant(
     pods: Sequence[PodSpec], nodes: Sequence[NodeSpec], name: str, *, seed: int
 ) -> tuple[PodSpec, ...]:
-    """The variant ``name`` of ``pods`` for ``seed`` (see the module docstring)."""
+    """The variant ``name`` of ``pods`` for ``seed`` (see the module docstring). `InvalidInput`
+    naming the whole variant when the pods lack what a knob copies."""
     spec = parse_variant(name)
     out = list(pods)
-    if spec.share_pct is not None:
-        out = with_share(out, spec.share_pct, seed)
-    if spec.multi_pct is not None:
-        out = with_multi(out, spec.multi_pct, seed)
+    try:
+        if spec.share_pct is not None:
+            out = with_share(out, spec.share_pct, seed)
+        if spec.multi_pct is not None:
+            multi = any(p.num_gpu > 1 for p in pods)
+            if multi and not any(p.num_gpu > 1 for p in out):  # the base had some: share took them
+                raise InvalidInput(
+                    "variant",
+                    name,
+                    f"share{spec.share_pct} turns every multi-GPU pod into a sharing one, so multi"
+                    f"{spec.multi_pct} has none left to copy",
+                )
+            out = with_multi(out, spec.multi_pct, seed)
+    except InvalidInput as exc:  # a knob's error names the knob: name the whole variant
+        raise InvalidInput("variant", spec.name, exc.reason) from None
     if spec.cpu_pct is not None:
         out = with_cpu(out, spec.cpu_pct, nodes)
     if spec.spec_pct is not None:
