@@ -14,7 +14,8 @@ to four knobs changed; every other property of the base is kept. A variant is na
   and GPU share of a random sharing pod of the base; while above, a sharing pod takes the resources
   of a random whole 1-GPU pod.
 - ``multi<P>``: multi-GPU pods carry at least P % (1..90) of the GPU request: copies of random
-  multi-GPU pods of the base are appended under new names (like the authors' ``multigpu20/30``,
+  multi-GPU pods of the list so far (the base, after ``share<P>`` when both are given) are appended
+  under new names (like the authors' ``multigpu20/30``,
   whose task count grows). A base already at or above P % is left alone.
 - ``spec<P>``: at least P % (0..100) of GPU pods are pinned to one GPU model (like
   ``gpuspec10/20``; the production share is about 33 %): random unpinned pods get a model drawn
