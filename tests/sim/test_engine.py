@@ -43,6 +43,38 @@ def test_runs_are_deterministic_per_seed() -> None:
     assert not np.array_equal(a.arrived_milli, c.arrived_milli)
 
 
+def test_progress_follows_the_pods_and_ends_at_the_total() -> None:
+    nodes, pods = golden()
+    seen: list[tuple[int, int]] = []
+    rec = engine.run(
+        nodes, pods, policy="fgd", seed=42, progress=lambda done, total: seen.append((done, total))
+    )
+    assert seen[-1] == (rec.num_pods, rec.num_pods)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[0][0] == 0
+    assert (
+        len(seen) == -(-rec.num_pods // engine.PROGRESS_EVERY) + 1
+    )  # every PROGRESS_EVERY pods, then the end
+    # stopped early (the variant matrix), the last call says where it stopped
+    seen.clear()
+    short = engine.run(
+        nodes, pods, policy="fgd", seed=42, stop_arrived_pct=50, progress=lambda d, t: seen.append((d, t))
+    )
+    assert seen[-1] == (short.num_pods, short.num_pods) and short.num_pods < rec.num_pods
+
+
+def test_sim_fgd_json_stays_one_object_on_stdout_with_the_progress_bar(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "gpupool.cli.main", "sim", "fgd", "--pods", str(GOLDEN / "pods.csv"),
+         "--nodes", str(GOLDEN / "nodes.csv"), "--policy", "fgd", "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["policy"] == "fgd"
+
+
 def test_workload_top_up_and_node_order() -> None:
     nodes, pods = golden()
     arr, nrng, _ = streams(42)

@@ -156,6 +156,8 @@ def fgd(
 ) -> None:
     """Run the FGD experiment: shuffle, top up to 130 % of GPU capacity, place one by one, no departures.
 
+    A progress bar on standard error follows each seed's pods (on a terminal; gone when done).
+
     JSON fields: policy, workload, seeds, unallocated_gpu_pct_at_100 (median over seeds of the
     unallocated GPU % when the arrived GPU request equals 100 % of capacity), frag_rate_pct_at_90,
     per_seed (those numbers per seed, plus pods and failed), curve (medians per integer arrived %).
@@ -166,9 +168,20 @@ def fgd(
     seed_list = _seeds(seeds)
     if policy not in SIM_POLICIES:
         raise UserError(f"invalid --policy={policy!r}: known policies: {', '.join(SIM_POLICIES)}")
-    out = run_experiment(
-        nodes, pods, policy=policy, seeds=seed_list, timings=timings, cross_check=cross_check
-    )
+    from rich.console import Console
+    from rich.progress import Progress
+
+    # on standard error and gone when done: standard output stays the result (and --json one object)
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("sim fgd", total=None)
+
+        def progress(seed: int, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=f"seed {seed}: pods")
+
+        out = run_experiment(
+            nodes, pods, policy=policy, seeds=seed_list, timings=timings, cross_check=cross_check,
+            progress=progress,
+        )  # fmt: skip
     if as_json:
         typer.echo(json.dumps(out, sort_keys=False))
         return

@@ -25,7 +25,7 @@ Recorded per pod event: cumulative arrived GPU milli, allocated GPU milli, clust
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +51,8 @@ NOMINAL_VRAM_MIB = 16_384
 POD_VRAM_MIB = 1
 TTL_S = 365 * 24 * 3600.0
 CHECK_EVERY = 500
+PROGRESS_EVERY = 1000
+"""Pods between two calls of a run's ``progress`` callback."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +126,14 @@ def run(
     target: TargetWorkload | None = None,
     cross_check_steps: bool = False,
     stop_arrived_pct: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> RunRecord:
     """Run one experiment; see the module docstring. With ``stop_arrived_pct`` the run ends after
     the first pod that takes the arrived GPU request past ``stop_arrived_pct + 0.5`` % of capacity:
     nothing departs, so every event whose arrived % rounds to at most ``stop_arrived_pct`` is the
-    same as in the full run (the variant matrix needs only the value at 100 %)."""
+    same as in the full run (the variant matrix needs only the value at 100 %). ``progress(done,
+    total)`` is called every `PROGRESS_EVERY` pods and at the end (pods placed or failed so far, of
+    the run's arrivals)."""
     arrivals_rng, nodes_rng, policy_rng = streams(seed)
     gpu_nodes = [nd for nd in nodes if nd.gpu_count > 0]
     mirror = MirrorLedger(node_tie_order(gpu_nodes, rng=nodes_rng))
@@ -195,6 +200,8 @@ def run(
         allocated[step] = allocated_total
         frag_milli[step] = frag.cluster_frag_milli()
         idle[step] = mirror.capacity_milli - allocated_total
+        if progress is not None and step % PROGRESS_EVERY == 0:
+            progress(step, len(order))
         if stop_arrived_pct is not None and arrived_total * 200 > mirror.capacity_milli * (
             2 * stop_arrived_pct + 1
         ):
@@ -202,6 +209,8 @@ def run(
             arrived, allocated = arrived[:n_events], allocated[:n_events]
             frag_milli, idle = frag_milli[:n_events], idle[:n_events]
             break
+    if progress is not None:
+        progress(n_events, n_events)
     cross_check(allocator, mirror)
     if cross_check_steps:
         allocator.check_invariants()

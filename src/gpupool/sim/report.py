@@ -11,6 +11,7 @@ authors' per-run CSVs; `markdown_table` and `plot_*` write the report. No wall-c
 from __future__ import annotations
 
 import csv
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -51,14 +52,18 @@ def run_experiment(
     seeds: Sequence[int],
     timings: bool = False,
     cross_check: bool = False,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> dict[str, object]:
+    """One run per seed; ``progress(seed, done, total)`` follows each run's pods (`engine.run`)."""
     nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
     require_gpu_work(nodes, pods, nodes_path=nodes_path, pods_path=pods_path)
     curves = []
     times = []
     for s in seeds:
         t0 = time.perf_counter()
-        curves.append(run_curves(run(nodes, pods, policy=policy, seed=s, cross_check_steps=cross_check)))
+        step = None if progress is None else functools.partial(progress, s)
+        record = run(nodes, pods, policy=policy, seed=s, cross_check_steps=cross_check, progress=step)
+        curves.append(run_curves(record))
         times.append(time.perf_counter() - t0)
     out = summary(policy, workload_name(pods_path), curves)
     if timings:
