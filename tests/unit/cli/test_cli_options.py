@@ -65,7 +65,7 @@ def test_gateway_commands_check_their_options_before_starting(
         ),
         (["sim", "fgd", "--pods", "p.csv", "--nodes", "n.csv", "--seeds", "-1"], "invalid --seeds='-1'"),
         (["sim", "fgd", "--pods", "p.csv", "--nodes", "n.csv", "--seeds", "4294967296"], "--seeds"),
-        (["sim", "report", "--workers", "0"], "invalid --workers=0: must be >= 1"),
+        (["sim", "report", "--workers", "0"], "invalid --workers=0: must be in [1, 1024]"),
         (["sim", "tidal", "--days", "0"], "invalid --days=0: must be in [1, 366]"),
         (["sim", "tidal", "--scale", "-1"], "invalid --scale=-1.0: must be in (0, 10]"),
         (["sim", "tidal", "--backlog-scale", "nan"], "invalid --backlog-scale=nan"),
