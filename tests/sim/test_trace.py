@@ -98,3 +98,22 @@ def test_line_numbers_count_blank_lines_and_line_breaks_inside_quoted_fields(tmp
     nodes = write(tmp_path, "n.csv", "sn,cpu_milli,memory_mib,gpu,model\n\nx,8000,1024,2,T4\n\ny,1,1,2,\n")
     with pytest.raises(TraceFormatError, match=rf"{nodes}:5: column model is empty"):
         load_nodes(nodes)
+
+
+def test_a_line_of_white_space_only_is_skipped_like_an_empty_line(tmp_path: Path) -> None:
+    """An empty line is skipped (the csv module's rule); a line of spaces (an editor's trailing line,
+    a spreadsheet's padding) was '1 field(s), the header has 7', naming neither column nor value.
+    Values are read stripped, so it holds no data either: it is skipped too, and the line numbers
+    after it stay the file's."""
+    text = POD_HEADER + "a,1000,10,1,300,,LS\n   \n\t \nb,500,0,0,0,,BE\n  \n"
+    pods = load_pods(write(tmp_path, "p.csv", text))
+    assert [p.name for p in pods] == ["a", "b"]
+    nodes = load_nodes(write(tmp_path, "n.csv", "sn,cpu_milli,memory_mib,gpu,model\n \nx,8000,1024,2,T4\n"))
+    assert [n.name for n in nodes] == ["x"]
+    bad = write(tmp_path, "q.csv", POD_HEADER + "   \n" + "a,1x,10,1,300,,LS\n")
+    with pytest.raises(TraceFormatError, match=rf"{bad}:3: column cpu_milli='1x'"):
+        load_pods(bad)
+    with pytest.raises(TraceFormatError, match="no pod rows"):
+        load_pods(write(tmp_path, "blank.csv", POD_HEADER + "   \n \n"))
+    with pytest.raises(TraceFormatError, match="2 field"):  # white space beside a comma is a row
+        load_pods(write(tmp_path, "comma.csv", POD_HEADER + "  ,  \n"))

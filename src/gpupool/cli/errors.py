@@ -194,11 +194,16 @@ def usage_line(exc: typer.TyperException, argv: list[str]) -> str:
     return f"{where}{exc.format_message().rstrip('.')} (see --help)"
 
 
-def fail(message: str) -> None:
-    """Print ``message`` as one line (a line break in a value it quotes as typed, such as a file
-    name, is escaped) and exit 2."""
+def error_line(message: str) -> str:
+    """``message`` as the one line `fail` prints (a line break in a value it quotes as typed, such
+    as a file name, is escaped)."""
     one_line = message.replace("\r", "\\r").replace("\n", "\\n")
-    print(f"gpupool: error: {one_line}", file=sys.stderr)
+    return f"gpupool: error: {one_line}"
+
+
+def fail(message: str) -> None:
+    """Print ``message`` as one line (`error_line`) and exit 2."""
+    print(error_line(message), file=sys.stderr)
     raise SystemExit(EXIT_BAD_INPUT)
 
 

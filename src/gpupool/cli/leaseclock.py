@@ -6,7 +6,9 @@ Role: one place that decides which real clock lease expiry follows. It is `Ancho
 start-up; on a replica, when it takes over as leader), then advanced by the monotonic clock only.
 Invariant: inside one process a wall-clock step (NTP, ``date -s``) changes no lease's or ticket's
 remaining time; stored times stay Unix seconds, meaningful to the next process that reads them.
-See "Time" in docs/store.md for what a wall step while no gateway runs does.
+The tidal day/night schedule is the exception: a time of day, it reads the wall clock itself
+(`gpupool.cli.tidalplane.attach_serving`). See "Time" in docs/store.md for what a wall step while
+no gateway runs does.
 """
 
 from __future__ import annotations

@@ -13,21 +13,38 @@ not checked (the port speaks TLS first): only that it accepts a connection.
 `connect` makes the connection (`ray.init`) and words its failure (``auto`` with no cluster, a
 server that speaks gRPC but is not Ray) the same way; `gpupool serve` calls it once every option
 is checked but still before the data directory is touched, so a refused address changes nothing.
+The connect has a deadline too (`CONNECT_TIMEOUT_S`; `LOCAL_START_TIMEOUT_S` for ``local``, which
+starts a cluster): against a gRPC server that is not Ray (or a GCS Ray cannot reach: it dials the
+node's IP address for ``127.0.0.1``) `ray.init` retries without end, in native code that cannot be
+interrupted. A watchdog thread then prints the one line and ends the process at once (exit 2,
+`os._exit`: nothing was created yet, and no thread of Ray's can keep it alive). While it connects,
+the native log lines Ray writes to standard error (a warning a second while it retries) are held
+back: shown after a successful connect, dropped when it is refused (the one line says why).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import socket
+import sys
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from gpupool.cli.errors import UserError
+from gpupool.cli.errors import EXIT_BAD_INPUT, UserError, error_line
 
 OPTION = "--ray-address"
 REACH_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 30.0
+"""The deadline of `ray.init` to a running cluster (Ray itself gives up on a reachable gRPC server
+that is not Ray after about 20 s, and retries for ever when it cannot reach it)."""
+LOCAL_START_TIMEOUT_S = 120.0
+"""The deadline of ``local``: `ray.init` starts a cluster on this machine first."""
 KEYWORDS = ("auto", "local")
 
 _HOST = r"(?P<host>[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
@@ -93,14 +110,70 @@ def _not_grpc(sock: socket.socket, deadline: float, timeout_s: float) -> str | N
     return None
 
 
-def connect(address: str) -> Any:
-    """A `RayExecutor` connected to ``address``, or `connect_error`'s `UserError`."""
+def connect(address: str, *, timeout_s: float | None = None) -> Any:
+    """A `RayExecutor` connected to ``address``, or `connect_error`'s `UserError`; past
+    ``timeout_s`` (default `CONNECT_TIMEOUT_S`, `LOCAL_START_TIMEOUT_S` for ``local``) the process
+    ends with one line naming the option, exit 2 (see the module docstring)."""
     from gpupool.adapters.batch.ray_executor import RayExecutor
 
-    try:
-        return RayExecutor(address)
-    except Exception as exc:  # (ray's refusal: RuntimeError, ValueError, ConnectionError ...)
-        raise connect_error(address, exc) from None
+    if timeout_s is None:
+        timeout_s = LOCAL_START_TIMEOUT_S if address == "local" else CONNECT_TIMEOUT_S
+    late = error_line(
+        f"invalid {OPTION}={address!r}: cannot connect to Ray: no Ray cluster answered within "
+        f"{timeout_s:g} s (is it a Ray GCS or Ray Client address, reachable at this machine's IP address?)"
+    )
+    done = threading.Event()
+    with _stderr_held() as real_stderr_fd:
+        watchdog = threading.Thread(
+            target=_exit_unless,
+            args=(done, timeout_s, real_stderr_fd, late),
+            name="ray-deadline",
+            daemon=True,
+        )
+        watchdog.start()
+        try:
+            return RayExecutor(address)
+        except Exception as exc:  # (ray's refusal: RuntimeError, ValueError, ConnectionError ...)
+            raise connect_error(address, exc) from None
+        finally:
+            done.set()
+            watchdog.join()
+
+
+def _exit_unless(done: threading.Event, timeout_s: float, fd: int, line: str) -> None:
+    """The watchdog: unless ``done`` is set within ``timeout_s``, write ``line`` to ``fd`` (the
+    real standard error) and end the process, exit 2."""
+    if done.wait(timeout_s):
+        return
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    os.write(fd, (line + "\n").encode())
+    os._exit(EXIT_BAD_INPUT)
+
+
+@contextlib.contextmanager
+def _stderr_held() -> Iterator[int]:
+    """Inside: file descriptor 2 (Ray's native logs and Python's ``sys.stderr`` alike) goes to a
+    temporary file; yields a duplicate of the real standard error. On a normal exit what was held
+    is written to the real one; on an exception it is dropped."""
+    sys.stderr.flush()
+    real = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        shown = False
+        try:
+            yield real
+            shown = True
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(real, 2)
+            os.close(real)
+            if shown:
+                held.seek(0)
+                data = held.read()
+                while data:
+                    data = data[os.write(2, data) :]
 
 
 def connect_error(address: str, exc: BaseException) -> UserError:

@@ -23,7 +23,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,8 @@ class Bundle:
     """The `TidalRuntime` a replica attached after winning (`gpupool.cli.ha`); None otherwise."""
     keeper: InstanceKeeper | None = None
     """Keeps the registered backends' placement leases (`gpupool.cli.instances`)."""
+    wall: Callable[[], float] = time.time
+    """The wall clock: the lease clock's anchor and the tidal schedule's time of day."""
 
 
 def plan_cluster(cluster: Path, workloads: Path) -> tuple[Any, Any, Any, list[Slice]]:
@@ -131,11 +133,13 @@ def build(
     store: Any = None,
     planned: tuple[Any, Any, Any, list[Slice]] | None = None,
     clock: Clock | None = None,
+    wall: Callable[[], float] = time.time,
 ) -> Bundle:
     """``store``: an open lease store to use (the HA mode passes the one its election fences);
     default: open ``store_url``. ``planned``: `plan_cluster` of ``cluster`` and ``workloads`` when
     the caller has it (`gpupool run` plans first to check them): the files are read once. ``clock``:
-    the lease clock; default `lease_clock` (wall time anchored now, then monotonic)."""
+    the lease clock; default `lease_clock` (``wall`` anchored now, then monotonic). ``wall``: the
+    wall clock (tests step their own), kept as ``Bundle.wall`` for the tidal schedule."""
     from gpupool.adapters.http.app import create_app
     from gpupool.adapters.http.auth import TokenTable
     from gpupool.adapters.metrics.gateway import GatewayMetrics
@@ -157,7 +161,7 @@ def build(
         store = open_lease_store(url, opener, data_dir=data_dir, new_admin=new_admin)
     controller = LeaseController(
         slices,
-        clock=clock or lease_clock(),
+        clock=clock or lease_clock(wall),
         store=store,
         config=ControllerConfig(kv_red_line_pct=DEFAULT_RED_LINE_PCT),
     )
@@ -205,7 +209,7 @@ def build(
         gw.hub.extra.append(mirror)
         for lease in controller.leases():
             mirror(GatewayEvent(kind="granted", at=lease.granted_at, lease=lease))
-    return Bundle(controller, app, tokens, new_admin, sim, p, wset)
+    return Bundle(controller, app, tokens, new_admin, sim, p, wset, wall=wall)
 
 
 def _mirror_into(sim: Any) -> Any:
@@ -529,15 +533,10 @@ def serve(  # noqa: PLR0917 (typer options)
             bundle = make_bundle(open_store)
             if plane_cfg is not None:
                 from gpupool.adapters.store.etcd_jobs import EtcdJobQueue
-                from gpupool.cli.tidalplane import attach_tidal
+                from gpupool.cli.tidalplane import attach_serving
 
-                bundle.tidal = attach_tidal(
-                    bundle,
-                    config=plane_cfg,
-                    data_dir=data_dir,
-                    clock=bundle.controller.clock,
-                    ray=ray,
-                    queue=EtcdJobQueue(open_store),
+                bundle.tidal = attach_serving(
+                    bundle, config=plane_cfg, data_dir=data_dir, ray=ray, queue=EtcdJobQueue(open_store)
                 )
             return bundle
 
@@ -577,10 +576,9 @@ def serve(  # noqa: PLR0917 (typer options)
         if bundle.new_admin_token:
             say(f"admin token (stored in {data_dir / 'admin.token'}, shown once): {bundle.new_admin_token}")
         if plane_cfg is not None:
-            from gpupool.cli.tidalplane import attach_tidal, tidal_loop
+            from gpupool.cli.tidalplane import attach_serving, tidal_loop
 
-            clock = bundle.controller.clock
-            rt = attach_tidal(bundle, config=plane_cfg, data_dir=data_dir, clock=clock, ray=ray, queue=queue)
+            rt = attach_serving(bundle, config=plane_cfg, data_dir=data_dir, ray=ray, queue=queue)
             extra.append(tidal_loop(rt))
             say(f"tidal: {rt.plane.mode.value} now; next: {rt.plane.next_switch()['earliest_local']}")
     with contextlib.suppress(KeyboardInterrupt):

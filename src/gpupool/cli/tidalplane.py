@@ -119,7 +119,7 @@ class TidalRuntime:
         plane = self.plane
         tr = plane.tick()
         if tr is not None:
-            local = plane.controller.local_time(tr.at)
+            local = plane.controller.local_time(tr.wall_at)
             msg = (
                 f"{tr.mode_from.value} -> {tr.mode_to.value} ({tr.reason}) at {local:%a %H:%M} "
                 f"{plane.controller.config.timezone}; demand {tr.demand:.2f}/min, "
@@ -263,6 +263,7 @@ def attach_tidal(
     batch: bool = True,
     ray: Any = None,
     queue: Any = None,
+    wall: Clock | None = None,
 ) -> TidalRuntime:
     """Wire the plane (and the batch queue, and the NIGHT re-partition of ``config.repartition_gpus``
     on the simulated cluster) onto ``bundle``; see the module docstring. ``queue``: the batch
@@ -270,7 +271,8 @@ def attach_tidal(
     tests/contract/store/test_job_queue_contract.py); default ``DATA_DIR/batch.db``. Either way
     the jobs a previous run left running or paused are requeued here (``recover``). ``ray``: a
     `RayExecutor` already connected (`gpupool.cli.ray_address.connect`) to run the jobs on; default:
-    local processes."""
+    local processes. ``clock``: the plane's time line (durations); ``wall``: the clock its schedule
+    reads the time of day from (default ``clock``: a manual or compressed clock drives both)."""
     from gpupool.adapters.http.batch_routes import add_batch_routes
 
     c = bundle.controller
@@ -285,7 +287,8 @@ def attach_tidal(
             "tidal.repartition_gpus: the NIGHT re-partition drives the simulated cluster's MIG calls here; "
             "run with simulated readings (real nodes re-partition through `gpupool plan --apply`)"
         )
-    plane = TidalPlane(config, clock=clock, p2_usage=p2_usage_of(c.allocator), stopwatch=time.perf_counter)
+    usage = p2_usage_of(c.allocator)
+    plane = TidalPlane(config, clock=clock, p2_usage=usage, stopwatch=time.perf_counter, wall=wall)
     plane.kv_usage = kv_usage_of(c)
     c.admission_hook = plane
     c.views["tidal"] = plane.view
@@ -403,6 +406,21 @@ async def tidal_loop(
                     rt.batch.close()
 
 
+def attach_serving(
+    bundle: Any, *, config: PlaneConfig, data_dir: Path, ray: Any = None, queue: Any = None
+) -> TidalRuntime:
+    """`gpupool serve`'s plane: durations on the lease clock (``bundle.controller.clock``, immune to
+    wall-clock steps), the day/night schedule on the wall clock itself (``bundle.wall``, default
+    ``time.time``), so that a corrected wall clock moves DAY and NIGHT at the next tick, without a
+    restart. See "Time" in docs/store.md."""
+    from gpupool.core.clock import FunctionClock
+
+    clock, wall = bundle.controller.clock, FunctionClock(bundle.wall)
+    return attach_tidal(
+        bundle, config=config, data_dir=data_dir, clock=clock, wall=wall, ray=ray, queue=queue
+    )
+
+
 # --------------------------------------------------------------------------- `gpupool run`'s demo
 DEMO_START_HOUR = 18
 DEMO_TENANT = "tidal-batch"
@@ -440,7 +458,7 @@ def demand_shape(rt: TidalRuntime) -> float:
     synthetic traffic of `gpupool run` follows it, the plane measures it back."""
     from gpupool.cli.tidal import live_demand
 
-    local = rt.plane.controller.local_time(rt.plane.clock.now())
+    local = rt.plane.controller.local_time(rt.plane.wall.now())
     return live_demand(local.hour + local.minute / 60)
 
 
@@ -479,6 +497,7 @@ __all__ = [
     "DEMO_TENANT",
     "SimulatedStandby",
     "TidalRuntime",
+    "attach_serving",
     "attach_tidal",
     "demand_shape",
     "demo_batch_jobs",

@@ -3,7 +3,8 @@
 `ManualClock` drives the simulator and unit tests; adapters and composition roots pass a real clock
 (anything with ``now() -> float`` seconds): `AnchoredClock` for anything whose times are stored or
 shown (lease and ticket expiry in the gateway and the extender), `FunctionClock` over
-`time.monotonic` for purely in-process deadlines.
+`time.monotonic` for purely in-process deadlines, and `FunctionClock` over `time.time` where the
+wall time of day itself is the point (the tidal schedule: it must follow a corrected wall clock).
 
 Why not `time.time`: the wall clock steps (an NTP correction, ``date -s``). Lease expiry read off it
 would follow every step: a step forward expires leases early, all at once; a step back lets leases
@@ -23,7 +24,8 @@ from typing import Protocol
 
 class Clock(Protocol):
     def now(self) -> float:
-        """Seconds on a monotonic time line (never steps, whatever the wall clock does)."""
+        """Seconds on a monotonic time line (never steps, whatever the wall clock does); the one
+        exception is a schedule's wall clock (`TidalPlane.wall`), which follows the host's steps."""
         ...
 
 

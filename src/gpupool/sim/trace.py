@@ -12,6 +12,9 @@ Invariants (a row that breaks one raises `TraceFormatError` naming file, line, c
 - ``gpu_spec`` is a ``|``-separated set of allowed models; empty means any model. Repeated names
   collapse (the trace has strings like ``V100M16|V100M32|V100M32``), so the key is the sorted set.
 - names are unique within a file.
+- a line of white space only is skipped like an empty line (which `csv.DictReader` skips): every
+  value is read stripped, so such a line holds no data; a line number in a message is still the
+  file's line.
 """
 
 from __future__ import annotations
@@ -109,6 +112,8 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
                 lineno = reader.line_num
                 extra = row.pop(None, None)  # DictReader's restkey: fields past the header
                 short = sum(v is None for v in row.values())
+                if not extra and short == len(row) - 1 and not (row[header[0]] or "").strip():
+                    continue  # white space only: no data, skipped as csv skips an empty line
                 if extra or short:
                     got = len(header) + len(extra or ()) - short
                     raise TraceFormatError(f"{path}:{lineno}: {got} field(s), the header has {len(header)}")

@@ -158,6 +158,44 @@ def test_serve_refuses_a_ray_address_that_answers_but_is_not_ray(tmp_path: Path,
         assert not data.exists()
 
 
+@pytest.fixture
+def grpc_port() -> Iterator[int]:
+    """A real gRPC server on loopback with no services at all: it passes the HTTP/2 check, and every
+    call to it is UNIMPLEMENTED."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop(grace=None)
+
+
+@pytest.mark.slow
+def test_serve_refuses_a_grpc_server_that_is_not_ray_within_the_connect_deadline(
+    tmp_path: Path, grpc_port: int
+) -> None:
+    """It answered the HTTP/2 check, so start-up went on into Ray's connect, which retried without
+    end (a warning line a second on standard error) and the command never exited. Now the connect
+    has a deadline: one line naming the option, exit 2, the data directory never created."""
+    pytest.importorskip("ray", reason="ray is not installed here (pip install 'gpupool[ray]')")
+    from gpupool.cli.ray_address import CONNECT_TIMEOUT_S
+
+    data = tmp_path / "data"
+    address = f"127.0.0.1:{grpc_port}"
+    out = gpupool("serve", "--ray-address", address, "--data-dir", str(data), "--port", "0")
+    assert_one_line_exit_2(
+        out,
+        f"invalid --ray-address={address!r}: cannot connect to Ray: no Ray cluster answered within "
+        f"{CONNECT_TIMEOUT_S:g} s",
+    )
+    assert not data.exists()
+
+
 def test_serve_refuses_ray_address_auto_without_a_cluster_before_anything_is_created(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

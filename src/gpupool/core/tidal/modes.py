@@ -2,8 +2,12 @@
 
 Role: the core half of tidal time-sharing. Adapters feed it online demand samples and the wall
 clock; it answers which mode the pool is in, why it changed, and how much capacity P2 may hold.
-It performs no I/O and never reads a clock: every call carries its own wall-clock time (Unix
-seconds), converted to local time with `zoneinfo` in the configured time zone.
+It performs no I/O and never reads a clock: every call carries its own time (Unix seconds). A
+sample has two readings: ``at_s`` on a time line that never steps (holds, dwell and smoothing are
+measured on it) and ``wall_s``, the wall clock, converted to local time with `zoneinfo` in the
+configured time zone to decide the schedule windows (default: ``at_s``, one clock for both). So a
+wall-clock step moves the schedule (day and night follow the corrected time of day at once) but
+stretches or cuts no hold.
 
 Rules (defaults from the seed, all configurable and validated in `TidalConfig`):
 - Schedule: ``DAY`` window 08:30-19:30 and ``NIGHT`` window 20:00-07:00 (local time). The pool is
@@ -32,8 +36,8 @@ P2 may hold at most ``1 - day_reserved_fraction``; NIGHT lends everything except
 ``night_reserved_fraction`` (the warm online reserve). `TidalController.p2_share` returns it.
 
 Invariants: mode changes only inside `observe`; every change is returned as a `TidalTransition`
-(and kept in ``transitions``); samples must arrive in non-decreasing time order (`InvalidInput`
-otherwise, state unchanged).
+(and kept in ``transitions``); samples must arrive in non-decreasing ``at_s`` order (`InvalidInput`
+otherwise, state unchanged); ``wall_s`` may step either way.
 """
 
 from __future__ import annotations
@@ -161,13 +165,15 @@ class TidalConfig:
 @dataclass(frozen=True, slots=True)
 class TidalTransition:
     at: float
-    """Wall-clock Unix seconds of the sample that caused the change."""
+    """Unix seconds of the sample that caused the change, on the time line (``at_s``)."""
     mode_from: Mode
     mode_to: Mode
     reason: str
     """``schedule`` (window boundary), ``traffic-low`` or ``traffic-high``."""
     demand: float
     baseline: float
+    wall_at: float
+    """The wall-clock reading of that sample (``wall_s``; the local time to show)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,13 +261,17 @@ class TidalController:
         )
 
     # ----------------------------------------------------------------- input
-    def observe(self, at_s: float, demand: float) -> TidalTransition | None:
-        """One sample of online (P0+P1) demand (any non-negative rate: requests/s, tokens/s).
+    def observe(self, at_s: float, demand: float, *, wall_s: float | None = None) -> TidalTransition | None:
+        """One sample of online (P0+P1) demand (any non-negative rate: requests/s, tokens/s) at
+        ``at_s`` on the time line; the schedule windows are those of ``wall_s`` (default ``at_s``),
+        which may step either way between samples.
 
         Returns the transition it caused, if any.
         """
-        if isinstance(at_s, bool) or not isinstance(at_s, int | float) or not math.isfinite(at_s):
-            raise InvalidInput("at_s", at_s, "must be finite Unix seconds")
+        wall_s = at_s if wall_s is None else wall_s
+        for name, v in (("at_s", at_s), ("wall_s", wall_s)):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise InvalidInput(name, v, "must be finite Unix seconds")
         if isinstance(demand, bool) or not isinstance(demand, int | float) or not math.isfinite(demand):
             raise InvalidInput("demand", demand, "must be a finite number")
         if demand < 0:
@@ -275,8 +285,8 @@ class TidalController:
             self._smooth = float(demand)
         else:
             self._smooth += (1.0 - math.exp(-dt / cfg.smooth_tau_s)) * (demand - self._smooth)
-        day_window = self.in_day_window(at_s)
-        night_window = self.in_night_window(at_s)
+        day_window = self.in_day_window(wall_s)
+        night_window = self.in_night_window(wall_s)
         if day_window:
             self._baseline.update(float(demand), dt)
         if self._day_since is None:
@@ -297,22 +307,28 @@ class TidalController:
         # -- decide
         if self.mode is Mode.NIGHT:
             if not night_window:
-                return self._switch(at_s, Mode.DAY, "schedule", smooth, base)
+                return self._switch(at_s, Mode.DAY, "schedule", smooth, base, wall_s=wall_s)
             if self._high_since is not None and at_s - self._high_since >= cfg.exit_hold_s:
-                return self._switch(at_s, Mode.DAY, "traffic-high", smooth, base)
+                return self._switch(at_s, Mode.DAY, "traffic-high", smooth, base, wall_s=wall_s)
             return None
         if not night_window or base is None or self._low_since is None:
             return None
         dwell_ok = at_s - (self._day_since if self._day_since is not None else at_s) >= cfg.min_day_dwell_s
         if dwell_ok and at_s - self._low_since >= cfg.enter_hold_s:
-            return self._switch(at_s, Mode.NIGHT, "traffic-low", smooth, base)
+            return self._switch(at_s, Mode.NIGHT, "traffic-low", smooth, base, wall_s=wall_s)
         return None
 
     def _switch(
-        self, at_s: float, to: Mode, reason: str, demand: float, base: float | None
+        self, at_s: float, to: Mode, reason: str, demand: float, base: float | None, *, wall_s: float
     ) -> TidalTransition:
         tr = TidalTransition(
-            at=at_s, mode_from=self.mode, mode_to=to, reason=reason, demand=demand, baseline=base or 0.0
+            at=at_s,
+            mode_from=self.mode,
+            mode_to=to,
+            reason=reason,
+            demand=demand,
+            baseline=base or 0.0,
+            wall_at=wall_s,
         )
         self.mode = to
         self.transitions.append(tr)

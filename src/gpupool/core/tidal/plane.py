@@ -37,7 +37,12 @@ Role: the core half of ``gpupool serve``'s day/night time-sharing. It composes t
   night window's start, where the traffic trigger may fire; NIGHT: the night window's end, and the
   restore deadline planned back from the measured re-partition time: `restore_due`).
 
-Invariants: the plane never reads a clock (the `Clock` is injected); `before_admit` never changes
+Two injected clocks: ``clock``, a time line that never steps (the gateway's lease clock: demand
+window, holds, holdback, lending guard), and ``wall`` (default: ``clock``), the wall clock the
+schedule reads its local time of day from (the gateway: ``time.time``), so that a wall-clock step
+moves DAY and NIGHT to the corrected hours at the next `tick` while every duration keeps running.
+
+Invariants: the plane never reads a clock (both are injected); `before_admit` never changes
 the ledger (it only counts and answers); with ``enabled=False`` it counts demand but never refuses
 (the off switch); a transition is reported once, by the `tick` that caused it.
 """
@@ -139,9 +144,12 @@ class TidalPlane:
         clock: Clock,
         p2_usage: P2Usage,
         stopwatch: Callable[[], float] | None = None,
+        wall: Clock | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
+        self.wall = wall or clock
+        """The schedule's clock (local time of day); see the module docstring."""
         self.stopwatch = stopwatch or clock.now
         """Seconds for path timings (the CLI: a monotonic counter; the schedule clock may be compressed)."""
         self._arrived = 0.0
@@ -155,6 +163,7 @@ class TidalPlane:
         self.refusals: Counter[str] = Counter()
         """``day-reservation`` | ``night-share`` | ``holdback`` -> P2 placement leases refused."""
         self.mode_since: float | None = None
+        """Wall-clock reading of the last mode change (shown as local time)."""
         self.repartition_s: float | None = None
         """The last measured re-partition duration (merge or restore), seconds."""
         self.guard = LendingGuard(config.lending)
@@ -268,12 +277,14 @@ class TidalPlane:
         return self._refusal(f"{reason}; retry in {self._real_s(wait_s)} s", wait_s)
 
     def night_opens_in_s(self, now: float) -> float:
-        """Schedule seconds until NIGHT can begin at the earliest: the night window's start; inside the
-        window (still DAY), what is left of the low-demand stretch NIGHT needs (all of it if none runs)."""
+        """Schedule seconds until NIGHT can begin at the earliest: the night window's start (on the
+        wall clock); inside the window (still DAY), what is left of the low-demand stretch NIGHT
+        needs (all of it if none runs), from ``now`` on the time line."""
         c = self.controller
-        if not c.in_night_window(now):
-            return self._next_local(now, c.config.windows()[2]) - now
-        low = c.snapshot(now).low_since
+        wall = self.wall.now()
+        if not c.in_night_window(wall):
+            return self._next_local(wall, c.config.windows()[2]) - wall
+        low = c.snapshot(wall).low_since
         return max(0.0, (now if low is None else low) + c.config.enter_hold_s - now)
 
     def _real_s(self, schedule_s: float) -> int:
@@ -287,11 +298,12 @@ class TidalPlane:
 
     def _strict_refusal(self, now: float) -> Refusal:
         wait_s = self.night_opens_in_s(now)
-        if self.controller.in_night_window(now):
+        wall = self.wall.now()
+        if self.controller.in_night_window(wall):
             left = self._real_s(wait_s)
             when = f"once online demand has stayed low for {left} s more (the night window is open)"
         else:
-            opens = self.controller.local_time(now + wait_s).isoformat(timespec="minutes")
+            opens = self.controller.local_time(wall + wait_s).isoformat(timespec="minutes")
             when = f"when the night window opens at {opens}, in {self._real_s(wait_s)} s"
         return self._refusal(
             f"tidal: DAY (strict): P2 requests stay out of the online engines until NIGHT: at the "
@@ -352,16 +364,16 @@ class TidalPlane:
     # ------------------------------------------------------------------ the clock's side
     def tick(self) -> TidalTransition | None:
         """Feed the controller the measured demand now; returns the transition it caused, if any."""
-        now = self.clock.now()
+        now, wall = self.clock.now(), self.wall.now()
         if self.mode_since is None:
-            self.mode_since = now
-        tr = self.controller.observe(now, self.meter.per_minute(now))
+            self.mode_since = wall
+        tr = self.controller.observe(now, self.meter.per_minute(now), wall_s=wall)
         if self.config.day_policy == "lending":
             ch = self.guard.update(now)
             if ch is not None:
                 self.lending_changes.append(ch)
         if tr is not None:
-            self.mode_since = now
+            self.mode_since = wall
             if tr.mode_to is Mode.DAY:
                 self.holdback_until = -math.inf
         return tr
@@ -398,7 +410,7 @@ class TidalPlane:
 
     def day_starts_in_s(self) -> float:
         """Seconds until the next day window start (the schedule's ``day_start``)."""
-        now = self.clock.now()
+        now = self.wall.now()
         return self._next_local(now, self.controller.config.windows()[0]) - now
 
     def standby_wake_due(self) -> bool:
@@ -411,7 +423,7 @@ class TidalPlane:
         """True when re-partitioned GPUs must go back now: DAY, or NIGHT within the lead of the day."""
         if self.mode is Mode.DAY:
             return True
-        now = self.clock.now()
+        now = self.wall.now()
         day_start = self._next_local(now, self.controller.config.windows()[0])
         return day_start - now <= self.restore_lead_s()
 
@@ -425,8 +437,8 @@ class TidalPlane:
         raise AssertionError("a daily boundary is always within two days")  # pragma: no cover
 
     def next_switch(self) -> dict[str, object]:
-        """The next boundary: what it is, when (Unix s and local time) and what gates it."""
-        now = self.clock.now()
+        """The next boundary: what it is, when (wall-clock Unix s and local time) and what gates it."""
+        now = self.wall.now()
         d0, _, n0, n1 = self.controller.config.windows()
         if self.mode is Mode.DAY:
             night = self.controller.in_night_window(now)
@@ -469,8 +481,8 @@ class TidalPlane:
 
     def view(self) -> dict[str, object]:
         """The JSON-ready tidal state for ``GET /v1/pool`` (key ``tidal``)."""
-        now = self.clock.now()
-        snap = self.controller.snapshot(now)
+        now, wall = self.clock.now(), self.wall.now()
+        snap = self.controller.snapshot(wall)
         held, cap = self._p2_usage()
         base = snap.baseline
         return {
@@ -479,7 +491,7 @@ class TidalPlane:
             "since_local": None
             if self.mode_since is None
             else self.controller.local_time(self.mode_since).isoformat(timespec="minutes"),
-            "local_time": self.controller.local_time(now).isoformat(timespec="seconds"),
+            "local_time": self.controller.local_time(wall).isoformat(timespec="seconds"),
             "timezone": self.controller.config.timezone,
             "next_switch": self.next_switch(),
             "demand_per_min": round(self.meter.per_minute(now), 3),
