@@ -20,6 +20,9 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # many parallel clients; the default listen backlog is 5
 
 
+ADMITTED_AT = "2025-01-01T00:00:00Z"
+
+
 def make_pod(
     name: str,
     *,
@@ -100,6 +103,10 @@ class FakeApiServer:
         """Scripted outcomes of the next binding requests, in arrival order: ``ok`` (as usual),
         ``fail`` (HTTP 500, nothing bound) or ``lost`` (bound, but the reply is an HTTP 500)."""
         self.bindings: list[dict[str, Any]] = []
+        self.admit_on_binding = False
+        """Set ``status.startTime`` right after each Binding, as a live kubelet does once it admitted
+        the pod (its device plugin Allocate done): the extender then no longer counts the pod as
+        waiting on its node. Off: pods stay waiting until a test admits them (`admit`)."""
         self.evictions: list[tuple[str, str]] = []
         self.requests: list[tuple[str, str]] = []
         self.expire_watch_before = 0
@@ -143,6 +150,10 @@ class FakeApiServer:
             pod = self.pods[(namespace, name)]
             pod["status"].update(status)
             self._emit("MODIFIED", pod)
+
+    def admit(self, namespace: str, name: str) -> None:
+        """Kubelet admitted the pod (and called Allocate for it): it writes ``status.startTime``."""
+        self.update_pod(namespace, name, startTime=ADMITTED_AT)
 
     def delete_pod(self, namespace: str, name: str) -> None:
         with self.lock:
@@ -389,6 +400,8 @@ def _make_handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                     return
                 target = body.get("target") or {}
                 pod["spec"]["nodeName"] = target.get("name")
+                if api.admit_on_binding:
+                    pod.setdefault("status", {})["startTime"] = ADMITTED_AT
                 api.bindings.append(body)
                 api._emit("MODIFIED", pod)
             if outcome == "lost":

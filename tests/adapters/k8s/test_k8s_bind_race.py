@@ -71,6 +71,7 @@ def test_a_retry_to_another_node_while_the_first_bind_is_in_flight(
 ) -> None:
     """The defect: the retry released the first bind's lease, then its own after a 409, and the
     first bind succeeded: the pod ran on gpu-a with no lease and its card was given away again."""
+    fake_api.admit_on_binding = True  # a live kubelet admits each bound pod: none waits
     ext, server, client = extender
     pod = fake_api.add_pod(make_pod("dup", vram_mib=40000, compute_pct=60))
     assert client.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["gpu-a", "gpu-c"]})["Error"] == ""

@@ -100,11 +100,8 @@ def test_register_list_allocate_verify_and_reregister(short_dir: Path, fake_api:
         one = make_pod("one", vram_mib=30000, compute_pct=25, gpus=1)
         two = make_pod("two", vram_mib=30000, compute_pct=40, gpus=1)
         _bind(client, fake_api, one)
-        _bind(client, fake_api, two)
-        wait_until(lambda: len(plugin.queue.waiting()) == 2, what="both bound pods queued on the node")
+        wait_until(lambda: len(plugin.queue.waiting()) == 1, what="the bound pod queued on the node")
         card_one = next(iter(plugin.queue.waiting()[0].gpu_ids))
-        card_two = next(iter(plugin.queue.waiting()[1].gpu_ids))
-        assert card_one != card_two
 
         pref = stub.GetPreferredAllocation(
             pb.PreferredAllocationRequest(
@@ -135,6 +132,12 @@ def test_register_list_allocate_verify_and_reregister(short_dir: Path, fake_api:
             "gpupool.io/lease": placed_one.lease_id,
             "gpupool.io/mps-host-ipc": "required",  # no --mps-shm-dir: the daemon uses the host's IPC
         }
+
+        # kubelet admitted pod one; only now may pod two (same card count) bind on this node
+        fake_api.admit("default", "one")
+        _bind(client, fake_api, two)
+        wait_until(lambda: len(plugin.queue.waiting()) == 1, what="pod two queued on the node")
+        assert next(iter(plugin.queue.waiting()[0].gpu_ids)) != card_one
 
         # kubelet ignored the preference: the device is on pod one's card, the lease waiting is pod two's
         wrong = next(i for i in ids if plugin._ids[i] == card_one and i != chosen[0])
@@ -329,6 +332,71 @@ def test_allocate_before_the_pod_watch_delivered_the_bound_pod(
                 timeout=5,
             )
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        channel.close()
+    finally:
+        plugin.stop()
+        kubelet.stop()
+        client.close()
+        server.stop()
+
+
+def test_a_second_pod_of_the_same_card_count_binds_only_after_the_first_is_admitted(
+    short_dir: Path, fake_api: FakeApiServer
+) -> None:
+    """Allocate names devices, never the pod: with pods A (30000 MiB) and B (10000 MiB) both waiting
+    on one card, kubelet admitting B first handed B's container A's lease and MPS limit. The
+    extender now refuses B's bind while A waits, naming A; once A is admitted, B binds."""
+    slices = list(inventory_from_cluster(load_cluster_spec(CLUSTER)))
+    ext = Extender(
+        pool_of(slices, clock=ManualClock(0.0)),
+        api=KubeApi.for_host(fake_api.url),
+        wall_clock=iter(range(1000, 2000)).__next__,
+    )
+    server = ExtenderServer(ext).start()
+    client = Client(server)
+    kubelet = FakeKubelet(short_dir).start()
+    plugin = DevicePlugin(
+        PluginConfig(node="gpu-a", plugin_dir=str(short_dir), replicas=4, poll_s=0.05),
+        cards_of(slices, "gpu-a"),
+        api=KubeApi.for_host(fake_api.url),
+    ).start()
+
+    def bind(pod: dict[str, Any]) -> dict[str, Any]:
+        assert client.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["gpu-a"]})["NodeNames"]
+        m = pod["metadata"]
+        args = {"PodName": m["name"], "PodNamespace": "default", "PodUID": m["uid"], "Node": "gpu-a"}
+        out: dict[str, Any] = client.post("bind", args)
+        return out
+
+    def allocate(card: str) -> dict[str, str]:
+        creq = pb.ContainerAllocateRequest(devices_ids=[f"{card.replace('/', '_')}-0"])
+        resp = stub.Allocate(pb.AllocateRequest(container_requests=[creq]), timeout=5)
+        return dict(resp.container_responses[0].envs)
+
+    try:
+        channel, stub = kubelet.plugin(kubelet.wait_registered(1).endpoint)
+        a = make_pod("a", vram_mib=30000, compute_pct=25, gpus=1)
+        b = make_pod("b", vram_mib=10000, compute_pct=10, gpus=1)
+        fake_api.add_pod(a)
+        fake_api.add_pod(b)
+        assert bind(a) == {"Error": ""}
+        card_a = ext.pool.lease_of(a["metadata"]["uid"]).grants[0].gpu_id
+        refused = bind(b)["Error"]
+        assert "default/a" in refused and "bind default/b to gpu-a" in refused
+        assert ext.pool.lease_of(b["metadata"]["uid"]) is None
+        assert fake_api.pod("default", "b")["spec"].get("nodeName") is None
+
+        env_a = allocate(card_a)
+        assert env_a["GPUPOOL_POD"] == "default/a"
+        assert env_a["GPUPOOL_LEASE_ID"] == ext.pool.lease_of(a["metadata"]["uid"]).id
+        assert env_a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=30000M"
+        fake_api.admit("default", "a")  # kubelet writes the status of the pod it admitted
+
+        assert bind(b) == {"Error": ""}
+        lease_b = ext.pool.lease_of(b["metadata"]["uid"])
+        env_b = allocate(lease_b.grants[0].gpu_id)
+        assert env_b["GPUPOOL_POD"] == "default/b" and env_b["GPUPOOL_LEASE_ID"] == lease_b.id
+        assert env_b["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10000M"
         channel.close()
     finally:
         plugin.stop()

@@ -92,6 +92,7 @@ def test_filter_has_no_side_effects(extender: Any) -> None:
 
 
 def test_lost_race_returns_error_and_leaves_no_lease(extender: Any, fake_api: FakeApiServer) -> None:
+    fake_api.admit_on_binding = True  # a live kubelet admits each bound pod: none waits
     ext, _, client = extender
     one = make_pod("one", vram_mib=40000, compute_pct=60)
     two = make_pod("two", vram_mib=40000, compute_pct=60)
@@ -191,6 +192,7 @@ def test_busy_node_without_preemptible_work_is_unresolvable(extender: Any, fake_
 def test_preempt_picks_the_minimal_set_of_lower_priority_preemptible_pods(
     extender: Any, fake_api: FakeApiServer
 ) -> None:
+    fake_api.admit_on_binding = True  # a live kubelet admits each bound pod: none waits
     _, _, client = extender
     small = make_pod("small", namespace="batch", vram_mib=4000, priority=-1, uid="small-uid")
     big = make_pod("big", namespace="batch", vram_mib=30000, priority=-1, uid="big-uid")

@@ -23,6 +23,7 @@ TEN_NODES = {
 
 
 def test_200_pods_bound_in_parallel_never_overcommit_a_card(fake_api: FakeApiServer) -> None:
+    fake_api.admit_on_binding = True  # a live kubelet admits each bound pod: none waits
     ext = Extender(make_pool(TEN_NODES), api=KubeApi.for_host(fake_api.url))
     server = ExtenderServer(ext).start()
     nodes = [f"n{i:02d}" for i in range(10)]

@@ -24,6 +24,7 @@ def bind(client: Client, api: FakeApiServer, pod: dict[str, Any], node: str) -> 
 
 
 def test_pending_p0_evicts_only_what_it_needs(extender: Any, fake_api: FakeApiServer) -> None:
+    fake_api.admit_on_binding = True  # a live kubelet admits each bound pod: none waits
     ext, _, client = extender
     # gpu-b (one L4, 23034 MiB): two P2 pods and one P1 pod; gpu-c (L40S) holds a P1 pod
     bind(client, fake_api, make_pod("b-small", namespace="batch", vram_mib=3000, priority=-1), "gpu-b")
@@ -59,6 +60,7 @@ def test_pending_p0_evicts_only_what_it_needs(extender: Any, fake_api: FakeApiSe
 
 
 def test_nothing_is_evicted_when_only_protected_pods_block(extender: Any, fake_api: FakeApiServer) -> None:
+    fake_api.admit_on_binding = True  # a live kubelet admits each bound pod: none waits
     ext, _, client = extender
     bind(client, fake_api, make_pod("p1", vram_mib=20000, priority=50), "gpu-b")
     bind(client, fake_api, make_pod("c", vram_mib=40000, priority=-1, compute_pct=10), "gpu-c")

@@ -30,6 +30,7 @@ def free_map(pool: Any) -> dict[str, Any]:
 
 
 def test_restart_adopts_bound_pods_and_releases_the_gone(extender: Any, fake_api: FakeApiServer) -> None:
+    fake_api.admit_on_binding = True  # a live kubelet admits each bound pod: none waits
     ext, _, client = extender
     bind(client, fake_api, make_pod("a", vram_mib=30000, compute_pct=20), "gpu-a")
     bind(client, fake_api, make_pod("b", vram_mib=10000, compute_pct=50, priority=-1), "gpu-a")
@@ -55,6 +56,7 @@ def test_restart_adopts_bound_pods_and_releases_the_gone(extender: Any, fake_api
 
 
 def test_watch_releases_deleted_and_finished_pods(extender: Any, fake_api: FakeApiServer) -> None:
+    fake_api.admit_on_binding = True  # a live kubelet admits each bound pod: none waits
     ext, _, client = extender
     rec = PodReconciler(ext.pool)
     stop = threading.Event()

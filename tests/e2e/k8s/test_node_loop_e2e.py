@@ -101,6 +101,7 @@ class Kubelet:
             return True
 
         wait_until(allocated, timeout_s=20, what=f"Allocate of {name} on {node}")
+        self.api_server.admit("default", name)  # kubelet writes the admitted pod's status
         (g,) = p.grants
         target = g.slice_id if g.kind is SliceKind.MIG else g.gpu_id
         proc, _ = start_holder(self.registry, target, p.vram_mib)

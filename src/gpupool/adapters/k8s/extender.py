@@ -23,7 +23,10 @@ Contract per verb:
   Binds of one pod (namespace/name) are serialised: a retry that arrives while the first bind is in
   flight waits for it, then answers from the outcome (bound to that node with its lease: success;
   bound elsewhere: ``Error``), so a pod ends with exactly one lease, on the node it is bound to.
-  A Binding that fails but exists afterwards (409, or a lost reply) counts as success.
+  A Binding that fails but exists afterwards (409, or a lost reply) counts as success. A bind on a
+  node where another pod with the same card count is bound but not yet admitted by kubelet is
+  refused with ``Error`` naming that pod, before any lease is committed (`bindguard`: the device
+  plugin could swap the two pods' leases); binds on one node check and commit one at a time.
 - preempt: per candidate node, the minimal set of preemptible strictly-lower-priority pods from
   the core planner; nodes that need no victim or cannot be helped are dropped. kube-scheduler only
   calls preempt for nodes where its in-tree plugins found victims (our VRAM/compute resources are
@@ -55,6 +58,7 @@ from typing import Any
 from gpupool.adapters.boundedserver import ConnectionBound
 from gpupool.adapters.k8s import boundedjson
 from gpupool.adapters.k8s.annotations import Placement, encode_placement
+from gpupool.adapters.k8s.bindguard import BindGuard
 from gpupool.adapters.k8s.forwarding import FORWARDED_BY, Forwarder, Unavailable
 from gpupool.adapters.k8s.kubeapi import KubeApi, KubeApiError
 from gpupool.adapters.k8s.pool import ExtenderPool
@@ -145,6 +149,8 @@ class Extender:
         self.status: dict[str, Callable[[], object]] = {}
         """Extra entries of ``GET <prefix>/state`` (the CLI adds reconciler drift and preemptions)."""
         self._bind_locks = KeyedLocks()
+        self._node_locks = KeyedLocks()
+        self._guard = BindGuard(api) if api is not None else None
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -257,7 +263,13 @@ class Extender:
                 return {"Error": ""}  # NOTE: a retried bind whose first attempt succeeded
             if bound:
                 return {"Error": f"bind {ns}/{name} to {node}: pod is already bound to {bound}"}
-        out = self.pool.reserve(demand, node)
+        with self._node_locks.hold(node):  # the rival check and the commit, as one per node
+            guard = self._guard if held is None or held.node != node else None
+            rival = guard.waiting_rival(self.pool, demand, node) if guard is not None else None
+            if rival is not None:
+                why = f"pod {rival} still waits there for kubelet with {demand.gpu_count} card(s)"
+                return {"Error": f"bind {ns}/{name} to {node}: {why}; retry once it is admitted"}
+            out = self.pool.reserve(demand, node)
         if not out.granted or out.lease is None:
             return {"Error": f"bind {ns}/{name} to {node}: {out.code.value}: {out.reason}"}
         if self.api is None:

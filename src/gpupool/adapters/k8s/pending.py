@@ -12,6 +12,9 @@ without a node-wide lock (the HAMi node lock serialises pod starts and breaks ga
 3. `verify` compares PodResources' device IDs per pod with the placements taken for those pods and
    returns the mismatches as drift.
 
+Two waiting placements of one card count could therefore swap pods; the extender never binds a
+second one while the first waits (`gpupool.adapters.k8s.bindguard`).
+
 Order: oldest ``bound_at`` first, ties by pod UID (total). Each operation holds the queue's own lock
 for a few dict operations only. `feed` applies one pod watch event (a pure function of the event).
 """

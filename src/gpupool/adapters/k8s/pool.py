@@ -169,6 +169,24 @@ class ExtenderPool:
     def pod_uids(self) -> list[str]:
         return self.owner.read(self.controller.bound_keys)
 
+    def rivals(self, node: str, gpu_count: int, *, exclude: str) -> list[tuple[str, str]]:
+        """``(pod UID, namespace/name)`` of the other pods holding a lease of ``gpu_count`` cards on
+        ``node``, oldest grant first: those the device plugin could confuse (`bindguard`)."""
+        c = self.controller
+
+        def query() -> list[tuple[str, str]]:
+            found = []
+            for uid in c.bound_keys():
+                lease = c.bound(uid)
+                if lease is None or uid == exclude or lease.node != node:
+                    continue
+                if lease.request.gpu_count == gpu_count:
+                    key = dict(lease.request.labels).get("pod", "")
+                    found.append((lease.granted_at, uid, key))
+            return [(uid, key) for _, uid, key in sorted(found)]
+
+        return self.owner.read(query)
+
     # ------------------------------------------------------------------ filter / prioritize
     def filter(self, demand: PodDemand, nodes: Iterable[str]) -> FilterVerdict:
         """Per node: pass, fail (resolvable) or fail unresolvably, with a reason. Read-only."""
