@@ -1,6 +1,7 @@
-"""A stand-in vLLM-style engine for the agent tests (real HTTP on 127.0.0.1): ``POST /sleep?level=``,
+"""Stand-in vLLM-style engines for the agent tests (real HTTP on 127.0.0.1): ``POST /sleep?level=``,
 ``POST /wake_up``, ``GET /is_sleeping``, ``POST /pause``, ``POST /resume``, ``GET /is_paused`` and a
-``/metrics`` page with ``vllm:kv_cache_usage_perc`` / ``vllm:num_requests_waiting``. Records calls."""
+``/metrics`` page with ``vllm:kv_cache_usage_perc`` / ``vllm:num_requests_waiting``. Records calls.
+`TrickleEngine` and `HeldEngine` answer slowly (a byte at a time; not until released)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 
-class StandinEngine:
+class LoopbackServer:
+    """An HTTP server on 127.0.0.1 (a free port), serving from a daemon thread once constructed;
+    subclasses set their state first, then call ``super().__init__()``, and give `_handler`."""
+
+    def __init__(self) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class StandinEngine(LoopbackServer):
     def __init__(self) -> None:
         self.sleeping = 0  # 0 awake, else the level
         self.paused = False
@@ -18,14 +36,7 @@ class StandinEngine:
         self.waiting = 0
         self.calls: list[str] = []
         self.fail_sleep = False
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         eng = self
@@ -86,7 +97,7 @@ class StandinEngine:
         return H
 
 
-class TrickleEngine:
+class TrickleEngine(LoopbackServer):
     """An engine that accepts every request and answers it one byte per ``every_s`` (a 200 with a
     ``Content-Length`` it takes ``size`` bytes to reach), until `release`: then it ends each answer at
     once."""
@@ -97,18 +108,14 @@ class TrickleEngine:
         self.requests = 0
         self.released = threading.Event()
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        super().__init__()
 
     def release(self) -> None:
         self.released.set()
 
     def close(self) -> None:
         self.release()
-        self._server.shutdown()
-        self._server.server_close()
+        super().close()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         eng = self
@@ -140,5 +147,45 @@ class TrickleEngine:
                         eng.released.wait(eng.every_s)
                 except OSError:  # the client hung up
                     return
+
+        return H
+
+
+class HeldEngine(LoopbackServer):
+    """A ``/metrics`` page that blocks every request until `release`, then answers ``kv_usage``."""
+
+    def __init__(self, kv_usage: float) -> None:
+        self.kv_usage = kv_usage
+        self.entered = threading.Event()
+        self.released = threading.Event()
+        self.held = 0
+        """Requests now blocked in the handler."""
+        self._lock = threading.Lock()
+        super().__init__()
+
+    def close(self) -> None:
+        self.released.set()
+        super().close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        eng = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+            def do_GET(self) -> None:
+                with eng._lock:
+                    eng.held += 1
+                eng.entered.set()
+                eng.released.wait()
+                with eng._lock:
+                    eng.held -= 1
+                data = f'vllm:kv_cache_usage_perc{{model_name="m"}} {eng.kv_usage}\n'.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
         return H

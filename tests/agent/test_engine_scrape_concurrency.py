@@ -10,62 +10,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from gpupool.adapters.pause import VllmControl
 from gpupool.agent.engines import Engine, EngineScraper
 from gpupool.core.clock import ManualClock
-from tests.agent.standin_vllm import StandinEngine
+from tests.agent.standin_vllm import HeldEngine, StandinEngine
 
 GPU = "n1/0"
 WAIT_S = 30.0
 """How long a test waits for what it expects before it fails (not a timing it asserts)."""
-
-
-class HeldEngine:
-    """A ``/metrics`` page that blocks every request until `release`, then answers ``kv_usage``."""
-
-    def __init__(self, kv_usage: float) -> None:
-        self.kv_usage = kv_usage
-        self.entered = threading.Event()
-        self.released = threading.Event()
-        self.held = 0
-        """Requests now blocked in the handler."""
-        self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.released.set()
-        self._server.shutdown()
-        self._server.server_close()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        eng = self
-
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
-            def do_GET(self) -> None:
-                with eng._lock:
-                    eng.held += 1
-                eng.entered.set()
-                eng.released.wait()
-                with eng._lock:
-                    eng.held -= 1
-                data = f'vllm:kv_cache_usage_perc{{model_name="m"}} {eng.kv_usage}\n'.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        return H
 
 
 @pytest.fixture

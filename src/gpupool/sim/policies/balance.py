@@ -76,7 +76,7 @@ import numpy as np
 from gpupool.sim.frag import FragModel, FragTable
 from gpupool.sim.policies.base import Choice, PodView, SimContext
 from gpupool.sim.policies.fgd import finish, placements
-from gpupool.sim.policies.ours import FGDReserveServablePolicy, _fgd_best
+from gpupool.sim.policies.ours import FGDReserveServablePolicy
 from gpupool.sim.reserve import WholeCardReserve
 from gpupool.sim.trace import MILLI_PER_GPU
 
@@ -164,23 +164,13 @@ class FGDReserveBalancePolicy(FGDReserveServablePolicy):
             self._ranks = PodRatioRanks(ctx)
         distance = np.abs(node_ranks(ctx.frag.free_total, ctx.mirror.cpu_free)[rows] - self._ranks.rank(pod))
         keep = np.flatnonzero(distance == distance.min())
-        rows, gpus, values = _fgd_best(
-            ctx,
-            pod,
-            rows[keep],
-            gpus[keep],
-            values[keep],
-            table=self._fgd_table(ctx),
-            memo=self._fgd_memo(ctx),
-        )
+        rows, gpus, values = self._fgd_top(ctx, pod, rows[keep], gpus[keep], values[keep])
         best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
     def _capacity_choice(self, ctx: SimContext, pod: PodView, feasible: np.ndarray) -> Choice:
         """FGD's best integer score, then the capacity gain, then node order (no reserve)."""
-        rows, gpus, values = _fgd_best(
-            ctx, pod, *placements(ctx, pod, feasible), table=self._fgd_table(ctx), memo=self._fgd_memo(ctx)
-        )
+        rows, gpus, values = self._fgd_ties(ctx, pod, feasible)
         best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 

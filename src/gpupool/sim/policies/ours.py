@@ -145,13 +145,18 @@ class FGDCapacityPolicy:
         """The fragmentation table FGD's score key reads: the engine's (the artifact's measure)."""
         return ctx.frag
 
+    def _fgd_top(
+        self, ctx: SimContext, pod: PodView, rows: np.ndarray, gpus: np.ndarray, values: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Those of the placements (rows, gpus, values) with FGD's best score under `_fgd_table`
+        (numerators cached in `_fgd_memo`), order kept."""
+        return _fgd_best(ctx, pod, rows, gpus, values, table=self._fgd_table(ctx), memo=self._fgd_memo(ctx))
+
     def _fgd_ties(
         self, ctx: SimContext, pod: PodView, feasible: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The placements (rows, gpus, values) with FGD's best score, in node order."""
-        return _fgd_best(
-            ctx, pod, *placements(ctx, pod, feasible), table=self._fgd_table(ctx), memo=self._fgd_memo(ctx)
-        )
+        return self._fgd_top(ctx, pod, *placements(ctx, pod, feasible))
 
     def _cap_gain(
         self, ctx: SimContext, pod: PodView, rows: np.ndarray, gpus: np.ndarray, values: np.ndarray
@@ -194,9 +199,7 @@ class FGDReservePolicy(FGDCapacityPolicy):
             short = reserve.shortfall_after(rows, taken, pod.total_gpu_milli, pod.cpu_milli)
             keep = np.flatnonzero(short == short.min())
             rows, gpus, values = rows[keep], gpus[keep], values[keep]
-        rows, gpus, values = _fgd_best(
-            ctx, pod, rows, gpus, values, table=self._fgd_table(ctx), memo=self._fgd_memo(ctx)
-        )
+        rows, gpus, values = self._fgd_top(ctx, pod, rows, gpus, values)
         best = int(np.argmax(self._cap_gain(ctx, pod, rows, gpus, values)))  # first = node order
         return finish(ctx, pod, int(rows[best]), int(gpus[best]))
 
