@@ -44,7 +44,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
-from gpupool.adapters.http import context, errors, jsonbody
+from gpupool.adapters.http import context, errors, jsonbody, leasefast
 from gpupool.adapters.http import schemas as s
 from gpupool.adapters.http.auth import Principal, TokenTable
 from gpupool.adapters.http.context import (
@@ -54,14 +54,11 @@ from gpupool.adapters.http.context import (
     Gateway,
     Metrics,
     Sizer,
-    forget_ticket,
     stored_drained,
 )
-from gpupool.adapters.http.disconnect import done_or_gone
 from gpupool.adapters.http.docs import install_docs
 from gpupool.adapters.http.errors import BadEncoding, BadJson, err, unsupported_encoding
 from gpupool.adapters.http.errors import HttpError as _HttpError
-from gpupool.adapters.http.leasereq import build_request
 from gpupool.adapters.http.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, BodyLimit
 from gpupool.adapters.http.node_slices import remember, to_slices
 from gpupool.adapters.http.runtime import EventHub, GroupCommitter, StoreUnavailable
@@ -158,7 +155,8 @@ def create_app(
     from gpupool.adapters.http.console import add_console_routes
 
     add_console_routes(app)
-    # added last, so outermost: it also covers the proxy's fast path (a middleware added above)
+    app.add_middleware(leasefast.LeaseFastPath, gateway=gw)
+    # added last, so outermost: it also covers the fast paths (middlewares added above)
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes, max_proxy_body_bytes=max_proxy_body_bytes)
     app.state.max_proxy_body_bytes = max_proxy_body_bytes  # the native proxy path's limit (`native`)
     return app
@@ -281,13 +279,14 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         data, ctype = gw.metrics.render()
         return Response(data, media_type=ctype)
 
+    # the four routes `leasefast.LeaseFastPath` also answers: one handler each, in `leasefast`
     @app.post("/v1/noop", status_code=201, responses=_resp(*BODY, _201=s.NoopOut))
-    async def noop_acquire(who: Who, body: s.LeaseIn) -> JSONResponse:
-        return FastJSONResponse({"id": "noop", "tenant": who.tenant}, status_code=201)
+    async def noop_acquire(who: Who, body: s.LeaseIn) -> Response:
+        return leasefast.noop_acquire(who)
 
     @app.delete("/v1/noop/{noop_id}", responses=_resp(*AUTH, _200=s.NoopOut))
-    async def noop_release(noop_id: str, who: Who) -> JSONResponse:
-        return FastJSONResponse({"id": noop_id, "state": "released"})
+    async def noop_release(noop_id: str, who: Who) -> Response:
+        return leasefast.noop_release(noop_id)
 
     @app.post(
         "/v1/leases",
@@ -300,15 +299,7 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         "hold it. " + s.PRIORITY_DOC,
     )
     async def acquire(body: s.LeaseIn, who: Who, request: Request) -> Response:
-        req = build_request(gw, body, who)
-        out = c.acquire(req, wait_s=body.queue_timeout_s, gpu_id=body.gpu_id or "")
-        await gw.committer.durable()
-        queued = out.code is OutcomeCode.QUEUED and out.ticket
-        waits = queued and body.wait_s > 0 and c.ticket(str(out.ticket)).state == "queued"
-        if waits and await done_or_gone(gw.hub.wait_ticket(str(out.ticket), body.wait_s), request.receive):
-            forget_ticket(gw, str(out.ticket))  # the client hung up: it never learned the ticket
-            return Response(status_code=499)  # (nobody reads it)
-        return outcome_response(gw, out, who)
+        return await leasefast.acquire(gw, body, who, request.receive)
 
     @app.get("/v1/leases", responses=_resp(*AUTH, _200=s.LeasesOut))
     async def list_leases(who: Who) -> JSONResponse:
@@ -337,11 +328,8 @@ def _routes(app: FastAPI, gw: Gateway, *, agent_events: bool) -> None:
         return FastJSONResponse(body_out, status_code=status)
 
     @app.delete("/v1/leases/{lease_id}", responses=_resp(*AUTH, 404, _200=s.LeaseOut))
-    async def release(lease_id: str, who: Who) -> JSONResponse:
-        out = c.release(lease_id, tenant=scope(who))
-        await gw.committer.durable()
-        assert out.lease is not None
-        return FastJSONResponse(lease_json(gw, out.lease))
+    async def release(lease_id: str, who: Who) -> Response:
+        return await leasefast.release(gw, lease_id, who)
 
     @app.get("/v1/tickets/{ticket}", responses=_resp(*AUTH, 404, 422, _200=s.TicketOut))
     async def get_ticket(
