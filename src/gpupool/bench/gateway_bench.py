@@ -10,8 +10,11 @@ Method:
 2. ``clients`` raw asyncio HTTP/1.1 keep-alive connections (the cheapest load generator we can write,
    in this process) loop for ``duration_s``: a *lease round trip* is ``POST /v1/leases`` (1 GiB, P1)
    then ``DELETE /v1/leases/{id}``; a *no-op round trip* is ``POST /v1/noop`` (same body, same auth
-   and validation, no core, no store) then ``DELETE /v1/noop/{id}``. Both phases run in the same run,
-   same clients, after 1 s of warm-up each; the no-op rate is the framework's ceiling on this machine.
+   and validation, no core, no store) then ``DELETE /v1/noop/{id}``. Both pairs take the same way
+   through the server (the lease API's fast path, `adapters.http.leasefast`, answers all four), so
+   the no-op measures everything but the core, the store and the lease's own answer. Both phases run
+   in the same run, same clients, after 1 s of warm-up each; the no-op rate is the framework's
+   ceiling on this machine.
    Every answer that is not the expected status is counted (``lease_errors``/``noop_errors``, by status
    in ``*_errors_by_status``) and is not a round trip.
 3. Proxy overhead: an emulated backend (qwen2.5-0.5b, ``--speed 1000``) in a third process; one client
