@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from starlette.middleware import Middleware
 
 from gpupool.adapters.http.app import create_app
@@ -208,3 +210,40 @@ def test_a_chunked_body_is_read_whole(pair: tuple[httpx.Client, httpx.Client, li
     b = routed.post("/v1/leases", headers={**auth(), **JSON}, content=iter([bad[:4], bad[4:]]))
     assert a.status_code == b.status_code == 400 and a.json() == b.json()
     assert reached == ["POST /v1/leases"]  # the malformed one was handed on, its body replayed
+
+
+FIELDS = ("priority", "vram_mib", "compute_pct", "compute_milli", "ttl_s", "kinds", "gpu_count", "gpu_id")
+FIELDS += ("nodes", "preemptible", "model", "prompt_tokens", "max_tokens", "queue_timeout_s", "labels", "x")
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.sampled_from([0, 1, 64, 1024, 81920, 10**7, 2**63]),
+    st.floats(allow_nan=False, allow_infinity=False, min_value=-10, max_value=10**5),
+    st.sampled_from(["P0", "P1", "P2", "P9", "", "whole", "mps", "qwen2.5-0.5b", "gpu-a/0", "gpu-b"]),
+    st.lists(st.sampled_from(["whole", "mps", "mig", "gpu-b", 3]), max_size=3),
+    st.dictionaries(st.sampled_from(["team", "gpupool.io/x", ""]), st.sampled_from(["a", ""]), max_size=2),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    doc=st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=6),
+    ctype=st.sampled_from(["application/json", "application/json; charset=utf-8", "text/plain", None]),
+    token=st.sampled_from([TOK, ADMIN, "nope"]),
+    release=st.booleans(),
+)
+def test_any_body_gets_the_same_answer_both_ways(
+    pair: tuple[httpx.Client, httpx.Client, list[str]],
+    doc: dict[str, Any],
+    ctype: str | None,
+    token: str,
+    release: bool,
+) -> None:
+    """Random bodies over the schema's fields (valid, out of range, wrong types, unknown keys),
+    content types and tokens: the two gateways answer alike, and a granted lease released alike."""
+    fast, routed, _ = pair
+    headers = {**auth(token), **({"content-type": ctype} if ctype else {})}
+    r = _same(fast, routed, "POST", "/v1/leases", headers=headers, content=json.dumps(doc))
+    if release and r.status_code == 201:
+        _same(fast, routed, "DELETE", f"/v1/leases/{r.json()['id']}", headers=auth(token))
