@@ -20,6 +20,10 @@ interrupted. A watchdog thread then prints the one line and ends the process at 
 `os._exit`: nothing was created yet, and no thread of Ray's can keep it alive). While it connects,
 the native log lines Ray writes to standard error (a warning a second while it retries) are held
 back: shown after a successful connect, dropped when it is refused (the one line says why).
+Ctrl-C (or SIGTERM) while it connects ends the process at once too: Python runs a signal's handler
+only when the main thread is back in Python, which `ray.init` delays until it gives up, so the
+signal's number also goes to a pipe (`signal.set_wakeup_fd`, written by the C-level handler) that
+the watchdog waits on; it prints one line and exits 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import contextlib
 import importlib.util
 import os
 import re
+import select
+import signal
 import socket
 import sys
 import tempfile
@@ -122,11 +128,12 @@ def connect(address: str, *, timeout_s: float | None = None) -> Any:
         f"invalid {OPTION}={address!r}: cannot connect to Ray: no Ray cluster answered within "
         f"{timeout_s:g} s (is it a Ray GCS or Ray Client address, reachable at this machine's IP address?)"
     )
+    stopped = error_line(f"{OPTION}={address!r}: stopped while connecting to Ray; nothing was started")
     done = threading.Event()
-    with _stderr_held() as real_stderr_fd:
+    with _stderr_held() as real_stderr_fd, _signals_to_pipe() as wake:
         watchdog = threading.Thread(
             target=_exit_unless,
-            args=(done, timeout_s, real_stderr_fd, late),
+            args=(done, timeout_s, real_stderr_fd, (late, stopped), wake),
             name="ray-deadline",
             daemon=True,
         )
@@ -137,18 +144,54 @@ def connect(address: str, *, timeout_s: float | None = None) -> Any:
             raise connect_error(address, exc) from None
         finally:
             done.set()
+            with contextlib.suppress(OSError):
+                os.write(wake[1], b"\0")  # (0 is no signal: it only wakes the watchdog)
             watchdog.join()
 
 
-def _exit_unless(done: threading.Event, timeout_s: float, fd: int, line: str) -> None:
-    """The watchdog: unless ``done`` is set within ``timeout_s``, write ``line`` to ``fd`` (the
-    real standard error) and end the process, exit 2."""
-    if done.wait(timeout_s):
+@contextlib.contextmanager
+def _signals_to_pipe() -> Iterator[tuple[int, int]]:
+    """Inside: the number of each signal that arrives is also written to a pipe (read end, write
+    end) by Python's C-level handler, even while the main thread is in native code. Outside the
+    main thread (tests calling `connect` from a worker) the pipe only carries the wake-up."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread
+        previous = None
+    try:
+        yield r, w
+    finally:
+        if previous is not None:
+            signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
+
+
+def _exit_unless(
+    done: threading.Event, timeout_s: float, fd: int, lines: tuple[str, str], wake: tuple[int, int]
+) -> None:
+    """The watchdog: unless ``done`` is set within ``timeout_s``, write ``lines[0]`` to ``fd`` (the
+    real standard error) and end the process, exit 2; on SIGINT/SIGTERM before that, ``lines[1]``
+    and exit 128 + the signal's number."""
+    deadline = time.monotonic() + timeout_s
+    code, line = EXIT_BAD_INPUT, lines[0]
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([wake[0]], [], [], left)
+        if done.is_set():
+            return
+        if ready:
+            got = [b for b in os.read(wake[0], 64) if b in (signal.SIGINT, signal.SIGTERM)]
+            if got:
+                code, line = 128 + got[0], lines[1]
+                break
+    if done.is_set():
         return
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
     os.write(fd, (line + "\n").encode())
-    os._exit(EXIT_BAD_INPUT)
+    os._exit(code)
 
 
 @contextlib.contextmanager

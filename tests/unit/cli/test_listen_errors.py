@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import signal
 import socket
 import subprocess
 import sys
@@ -193,6 +194,66 @@ def test_serve_refuses_a_grpc_server_that_is_not_ray_within_the_connect_deadline
         f"invalid --ray-address={address!r}: cannot connect to Ray: no Ray cluster answered within "
         f"{CONNECT_TIMEOUT_S:g} s",
     )
+    assert not data.exists()
+
+
+@pytest.fixture
+def settings_port() -> Iterator[tuple[int, threading.Event]]:
+    """A loopback port that answers like a gRPC server's first frame (an empty SETTINGS frame) and
+    nothing else, and notes each connection: `gpupool serve`'s address check is the first to
+    connect, and Ray's connect starts right after it. Ray itself dials this machine's network
+    address, where nothing listens, and retries in native code."""
+    seen = threading.Event()
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = srv.accept()
+                with conn:
+                    conn.recv(64)
+                    conn.sendall(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # SETTINGS, no payload
+                    seen.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield int(srv.getsockname()[1]), seen
+    finally:
+        srv.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_ray_connects_stops_at_once(
+    tmp_path: Path, settings_port: tuple[int, threading.Event], sig: signal.Signals
+) -> None:
+    """Ray's connect retries in native code, where Python's signal handlers do not run: Ctrl-C
+    took effect only at the connect deadline (30 s). Now a signal stops the command at once: one
+    line, exit 128 + the signal, nothing created. Sent 3 s after the address check, inside
+    Ray's connect; answered well before the deadline (the old code answered at it, exit 2)."""
+    pytest.importorskip("ray", reason="ray is not installed here (pip install 'gpupool[ray]')")
+    port, checked = settings_port
+    data = tmp_path / "data"
+    cmd = [sys.executable, "-m", "gpupool.cli.main", "serve", "--port", "0", "--data-dir", str(data)]
+    proc = subprocess.Popen(
+        [*cmd, "--ray-address", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert checked.wait(60), "serve never checked the address"
+        time.sleep(3)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=20)  # (the connect deadline is 30 s after it started)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, (proc.returncode, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpupool: error: "), err
+    assert "stopped while connecting to Ray" in lines[0] and f"127.0.0.1:{port}" in lines[0]
     assert not data.exists()
 
 
