@@ -62,11 +62,37 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path) -> None:
             f"column memory_mib={huge} out of range",
         ),
     ]
+    trace = tmp_path / "data" / "alibaba-gpu-v2023"  # (`sim report` reads its lists from a data root)
+    trace.mkdir(parents=True)
+    tiny = trace / "openb_pod_list_tiny.csv"  # 1 milli-GPU per pod: millions of arrivals to fill the cluster
+    tiny.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(f"p{i},1,1,1,1\n" for i in range(10))
+    )
+    wide = trace / "openb_node_list_gpu_node.csv"
+    wide.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},64000,1024,8,T4\n" for i in range(250))
+    )
+    too_many = (
+        f"{tiny}: filling 130% of the 2000 GPUs' capacity with these pods takes about 2,600,000 arrivals"
+    )
+    cases.append((["sim", "fgd", "--pods", str(tiny), "--nodes", str(wide)], too_many))
+    report = [
+        "sim",
+        "report",
+        "--data",
+        str(tmp_path / "data"),
+        "--workloads",
+        "tiny",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    cases.append((report, too_many))
     for args, msg in cases:
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert msg in result.output
         assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
 def test_text_output() -> None:

@@ -244,6 +244,7 @@ def report(
     from gpupool.sim.plots import plot_frag_rate, plot_unallocated
     from gpupool.sim.report import authors_curves, authors_medians, markdown_table, run_matrix
     from gpupool.sim.trace import load_nodes, load_pods, require_gpu_work
+    from gpupool.sim.workload import require_bounded_arrivals
 
     seed_list = _seeds(seeds)
     check_range("--workers", workers, lo=1, hi=MAX_WORKERS)
@@ -278,7 +279,9 @@ def report(
             raise UserError(f"workload file not found: {pp}")
     nodes = load_nodes(nodes_path)  # read every list now: a malformed one is told before anything is written
     for pp in pods_paths:
-        require_gpu_work(nodes, load_pods(pp), nodes_path=nodes_path, pods_path=pp)
+        listed = load_pods(pp)
+        require_gpu_work(nodes, listed, nodes_path=nodes_path, pods_path=pp)
+        require_bounded_arrivals(nodes, listed, pods_path=pp)
     ensure_dir("--out", out)  # before the runs: an unusable --out is told now, not after them
     ensure_dir("--cache", cache)
     with Progress() as bar:

@@ -23,6 +23,7 @@ from gpupool.sim.engine import run
 from gpupool.sim.metrics import RunCurves, run_curves, summary
 from gpupool.sim.runcache import check_writable, inputs_key, read_entry, write_entry
 from gpupool.sim.trace import load_nodes, load_pods, require_gpu_work, workload_name
+from gpupool.sim.workload import require_bounded_arrivals
 
 AUTHOR_POLICIES = {
     "random": "01-Random",
@@ -41,6 +42,7 @@ def run_curves_for(
 ) -> RunCurves:
     nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
     require_gpu_work(nodes, pods, nodes_path=nodes_path, pods_path=pods_path)
+    require_bounded_arrivals(nodes, pods, pods_path=pods_path)
     return run_curves(run(nodes, pods, policy=policy, seed=seed, stop_arrived_pct=stop_arrived_pct))
 
 
@@ -57,6 +59,7 @@ def run_experiment(
     """One run per seed; ``progress(seed, done, total)`` follows each run's pods (`engine.run`)."""
     nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
     require_gpu_work(nodes, pods, nodes_path=nodes_path, pods_path=pods_path)
+    require_bounded_arrivals(nodes, pods, pods_path=pods_path)
     curves = []
     times = []
     for s in seeds:

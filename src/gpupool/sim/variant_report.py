@@ -24,6 +24,7 @@ from gpupool.sim.bound import offline_bound
 from gpupool.sim.runcache import check_writable, inputs_key, read_entry, write_entry
 from gpupool.sim.trace import PodSpec, TraceFormatError, load_nodes, load_pods, require_gpu_work
 from gpupool.sim.variants import VariantStats, make_variant, stats, write_pods
+from gpupool.sim.workload import require_bounded_arrivals
 
 
 def variant_path(directory: Path, name: str) -> Path:
@@ -41,6 +42,7 @@ def build_variants(
     out = {name: make_variant(pods, nodes, name, seed=seed) for name in names}
     for v in out.values():
         require_gpu_work(nodes, v, nodes_path=nodes_path, pods_path=base_pods)
+        require_bounded_arrivals(nodes, v, pods_path=base_pods)
     return out
 
 

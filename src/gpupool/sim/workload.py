@@ -28,10 +28,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpupool.sim.trace import NodeSpec, PodSpec
+from gpupool.sim.trace import MILLI_PER_GPU, NodeSpec, PodSpec, TraceFormatError
 
 POPULARITY = 0.95
 TUNE_RATIO = 1.3
+MAX_ARRIVALS = 2_000_000
+"""The most pod arrivals one run may need (`require_bounded_arrivals`): about 150 times the
+published openb pod lists' (8,500-13,400 arrivals once topped up on their 6,212 GPUs), and
+about a quarter of an hour of placements per seed with the default policy on one core."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -121,6 +125,34 @@ def arrival_order(
             total += add
             extra.append(idx)
     return np.concatenate([order, np.asarray(extra, dtype=np.int64)]).astype(np.int64)
+
+
+def expected_arrivals(pods: Sequence[PodSpec], *, capacity_milli: int, tune_ratio: float = TUNE_RATIO) -> int:
+    """About how many arrivals `arrival_order` makes: every pod once, then uniform draws (CPU-only
+    pods included) until ``tune_ratio`` x capacity: the shortfall over the mean GPU request."""
+    total = sum(p.total_gpu_milli for p in pods)
+    short = tune_ratio * capacity_milli - total
+    if short <= 0 or total <= 0:
+        return len(pods)
+    return len(pods) + int(short * len(pods) / total)
+
+
+def require_bounded_arrivals(
+    nodes: Sequence[NodeSpec], pods: Sequence[PodSpec], *, pods_path: object, limit: int = MAX_ARRIVALS
+) -> None:
+    """Refuse (`TraceFormatError`, naming the file) a pod list whose pods ask for so little GPU
+    against the cluster that topping it up would take more than ``limit`` arrivals (a run of hours
+    that looks hung)."""
+    capacity = sum(n.gpu_count for n in nodes) * MILLI_PER_GPU
+    n = expected_arrivals(pods, capacity_milli=capacity)
+    if n > limit:
+        mean = sum(p.total_gpu_milli for p in pods) / max(1, len(pods))
+        raise TraceFormatError(
+            f"{pods_path}: filling {TUNE_RATIO:.0%} of the {capacity // MILLI_PER_GPU} GPUs' capacity with "
+            f"these pods takes about {n:,} arrivals (mean {mean:.3g} milli-GPU per pod, CPU-only pods "
+            f"included), more than the simulator's limit of {limit:,}: use pods that ask for more GPU, "
+            "or fewer nodes"
+        )
 
 
 def node_tie_order(nodes: Sequence[NodeSpec], *, rng: np.random.Generator) -> tuple[NodeSpec, ...]:
