@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import enum
 import json
+from inspect import isawaitable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpupool.adapters.http.jsonbody import JsonBodyError
@@ -147,6 +148,23 @@ def invalid_input_text(exc: InvalidInput) -> str:
 
 
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+
+
+async def handled(request: Request, exc: Exception) -> Response:
+    """The response of the app's exception handler for ``exc``, for the paths that answer below
+    Starlette's ``ExceptionMiddleware`` (the lease API's and the proxy's fast paths, the native proxy
+    path), chosen as that middleware chooses it: a status-code handler for an ``HTTPException``, else
+    the first class of the exception's MRO that has one (``Exception`` and 500 belong to the
+    server-error middleware above). Re-raises ``exc`` where there is none."""
+    handlers: dict[Any, Any] = request.app.exception_handlers
+    handler = handlers.get(exc.status_code) if isinstance(exc, StarletteHTTPException) else None
+    if handler is None:
+        handler = next((handlers[t] for t in type(exc).__mro__ if t in handlers and t is not Exception), None)
+    if handler is None:
+        raise exc
+    out = handler(request, exc)
+    response: Response = await out if isawaitable(out) else out
+    return response
 
 
 def install(app: FastAPI) -> None:

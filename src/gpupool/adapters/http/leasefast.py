@@ -21,9 +21,8 @@ answer (the same 401/400/415/422 as without this path). Neither the token lookup
 changes anything, so a request handed on is processed exactly once.
 
 An exception raised by a handler goes to the app's exception handlers as Starlette's
-``ExceptionMiddleware`` would route it (a status-code handler for an ``HTTPException``, else the
-first class of the exception's MRO with a handler, ``Exception``/500 excluded); one without a
-handler propagates to the server-error middleware above (500), as from the route.
+``ExceptionMiddleware`` would route it (`errors.handled`); one without a handler propagates to the
+server-error middleware above (500), as from the route.
 
 Invariants: a request is answered once, by this middleware or by the app below, never both; the
 FastAPI routes stay registered (OpenAPI, ``/docs``, requests the fast path hands on).
@@ -32,11 +31,9 @@ FastAPI routes stay registered (OpenAPI, ``/docs``, requests the fast path hands
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from inspect import isawaitable
 from typing import Any
 
 from pydantic import ValidationError
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -45,6 +42,7 @@ from gpupool.adapters.http import schemas as s
 from gpupool.adapters.http.auth import Principal
 from gpupool.adapters.http.context import Gateway, forget_ticket
 from gpupool.adapters.http.disconnect import done_or_gone
+from gpupool.adapters.http.errors import handled
 from gpupool.adapters.http.leasereq import build_request
 from gpupool.adapters.http.views import FastJSONResponse, lease_json, outcome_response
 from gpupool.core.outcome import OutcomeCode
@@ -128,7 +126,7 @@ class LeaseFastPath:
             try:
                 response = await release(self.gw, item, who)
             except Exception as exc:
-                response = await _handled(exc, scope, receive)
+                response = await handled(Request(scope, receive), exc)
         await response(scope, receive, send)
 
     async def _post(self, kind: str, scope: Scope, receive: Receive, send: Send) -> None:
@@ -149,7 +147,7 @@ class LeaseFastPath:
             try:
                 response = await acquire(self.gw, lease_in, who, receive)
             except Exception as exc:
-                response = await _handled(exc, scope, receive)
+                response = await handled(Request(scope, receive), exc)
         await response(scope, receive, send)
 
     def _principal(self, auth: str | None) -> Principal | None:
@@ -215,18 +213,3 @@ def _replay(read: list[Message], receive: Receive) -> Receive:
         return await receive()
 
     return again
-
-
-async def _handled(exc: Exception, scope: Scope, receive: Receive) -> Response:
-    """The response of the app's exception handler for ``exc``, chosen as Starlette's
-    ``ExceptionMiddleware`` chooses it; re-raises where it has none."""
-    request = Request(scope, receive)
-    handlers: dict[Any, Any] = request.app.exception_handlers
-    handler = handlers.get(exc.status_code) if isinstance(exc, HTTPException) else None
-    if handler is None:
-        handler = next((handlers[t] for t in type(exc).__mro__ if t in handlers and t is not Exception), None)
-    if handler is None:
-        raise exc
-    out = handler(request, exc)
-    response: Response = await out if isawaitable(out) else out
-    return response

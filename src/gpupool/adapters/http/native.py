@@ -36,13 +36,13 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from inspect import isawaitable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 
+from gpupool.adapters.http.errors import handled
 from gpupool.adapters.http.limits import DEFAULT_MAX_PROXY_BODY_BYTES, body_413
 
 log = logging.getLogger("gpupool.gateway")
@@ -220,17 +220,10 @@ class NativeCycle:
             self._done()
 
     async def _handled(self, exc: Exception) -> Response:
-        handlers = self.native.app.exception_handlers
-        handler = next((handlers[t] for t in type(exc).__mro__ if t in handlers), None)
-        if handler is None:
-            raise exc
         scope = self.proto.asgi_scope()
         scope.update(method="POST", path=self.path, raw_path=self.path.encode(), query_string=b"")
         scope["app"] = self.native.app
-        out = handler(Request(scope), exc)
-        result = await out if isawaitable(out) else out
-        assert isinstance(result, Response)
-        return result
+        return await handled(Request(scope), exc)
 
     def _head(self, status: int, headers: list[tuple[bytes, bytes]], extra: list[bytes]) -> list[bytes]:
         out = [_STATUS.get(status) or _status_line(status), self.native.default_head(self.proto.server_state)]

@@ -43,7 +43,6 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from inspect import isawaitable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -51,7 +50,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpupool.adapters.http.errors import clip, unsupported_encoding
+from gpupool.adapters.http.errors import clip, handled, unsupported_encoding
 from gpupool.adapters.http.jsonbody import JsonBodyError, loads_bounded
 from gpupool.adapters.http.openai_request import (
     CHAT,
@@ -580,13 +579,7 @@ class ProxyFastPath:
         try:
             response = await self.forward(_FastRequest(scope, receive), path, self.paths[path])
         except Exception as exc:
-            request = Request(scope, receive)
-            handlers = request.app.exception_handlers
-            handler = next((handlers[t] for t in type(exc).__mro__ if t in handlers), None)
-            if handler is None:
-                raise
-            out = handler(request, exc)
-            response = await out if isawaitable(out) else out
+            response = await handled(Request(scope, receive), exc)
         try:
             await response(scope, receive, send)
         finally:  # a stream the client left before or during its body still gives its lease back
