@@ -28,6 +28,30 @@ class LoopbackServer:
         self._server.server_close()
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing (the test output stays the test's)."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+class HeldServer(LoopbackServer):
+    """A `LoopbackServer` whose handlers hold their answers until `release` (closing releases:
+    ``shutdown`` waits for the handlers)."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self._lock = threading.Lock()
+        super().__init__()
+
+    def release(self) -> None:
+        self.released.set()
+
+    def close(self) -> None:
+        self.release()
+        super().close()
+
+
 class StandinEngine(LoopbackServer):
     def __init__(self) -> None:
         self.sleeping = 0  # 0 awake, else the level
@@ -41,10 +65,7 @@ class StandinEngine(LoopbackServer):
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         eng = self
 
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
+        class H(QuietHandler):
             def _reply(self, code: int, body: object, ctype: str = "application/json") -> None:
                 data = (json.dumps(body) if ctype == "application/json" else str(body)).encode()
                 self.send_response(code)
@@ -97,7 +118,7 @@ class StandinEngine(LoopbackServer):
         return H
 
 
-class TrickleEngine(LoopbackServer):
+class TrickleEngine(HeldServer):
     """An engine that accepts every request and answers it one byte per ``every_s`` (a 200 with a
     ``Content-Length`` it takes ``size`` bytes to reach), until `release`: then it ends each answer at
     once."""
@@ -106,24 +127,12 @@ class TrickleEngine(LoopbackServer):
         self.every_s = every_s
         self.size = size
         self.requests = 0
-        self.released = threading.Event()
-        self._lock = threading.Lock()
         super().__init__()
-
-    def release(self) -> None:
-        self.released.set()
-
-    def close(self) -> None:
-        self.release()
-        super().close()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         eng = self
 
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
+        class H(QuietHandler):
             def do_GET(self) -> None:
                 self._trickle()
 
@@ -151,29 +160,20 @@ class TrickleEngine(LoopbackServer):
         return H
 
 
-class HeldEngine(LoopbackServer):
+class HeldEngine(HeldServer):
     """A ``/metrics`` page that blocks every request until `release`, then answers ``kv_usage``."""
 
     def __init__(self, kv_usage: float) -> None:
         self.kv_usage = kv_usage
         self.entered = threading.Event()
-        self.released = threading.Event()
         self.held = 0
         """Requests now blocked in the handler."""
-        self._lock = threading.Lock()
         super().__init__()
-
-    def close(self) -> None:
-        self.released.set()
-        super().close()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         eng = self
 
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
+        class H(QuietHandler):
             def do_GET(self) -> None:
                 with eng._lock:
                     eng.held += 1

@@ -1,13 +1,15 @@
-"""Real uvicorn servers on 127.0.0.1 (port 0) in a background thread, for tests, configured as
-`gpupool serve` configures its own (`server_config`) unless asked for uvicorn's defaults."""
+"""Real uvicorn servers on 127.0.0.1 for tests: `running`, on a free port in a background thread,
+configured as `gpupool serve` configures its own (`server_config`) unless asked for uvicorn's
+defaults; `served`, in the test's own event loop (one thread, as `gpupool serve` runs)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import uvicorn
@@ -46,3 +48,21 @@ def running(app: Any, *, plain: bool = False, **options: Any) -> Iterator[str]:
         server.should_exit = True
         t.join(10)
         sock.close()
+
+
+@contextlib.asynccontextmanager
+async def served(app: Any) -> AsyncIterator[str]:
+    """``app`` behind `gpupool serve`'s own server (`uvicorn_server`) on a free loopback port, in the
+    running event loop; yields the base URL once it serves, and stops the server on the way out."""
+    from gpupool.cli.serving import free_port, uvicorn_server
+
+    port = free_port()
+    server = uvicorn_server(app, host="127.0.0.1", port=port)
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await serving

@@ -15,11 +15,11 @@ from zoneinfo import ZoneInfo
 import httpx
 
 from gpupool.cli.serve import build
-from gpupool.cli.serving import free_port, uvicorn_server
 from gpupool.cli.tidalplane import attach_tidal
 from gpupool.core import ManualClock
 from gpupool.core.ports import Backend
 from gpupool.core.tidal.plane import plane_config
+from tests.adapters.http.servers import served
 
 TOKEN = "error-values-admin"
 HDR = {"Authorization": f"Bearer {TOKEN}"}
@@ -36,13 +36,8 @@ async def _http_errors(tmp_path: Path) -> None:
     cfg = plane_config({"timezone": "UTC"})
     rt = attach_tidal(bundle, config=cfg, data_dir=tmp_path, clock=ManualClock(noon))
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-    port = free_port()
-    server = uvicorn_server(bundle.app, host="127.0.0.1", port=port)  # one thread, as gpupool serve
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=HDR, timeout=10) as cl:
+        async with served(bundle.app) as url, httpx.AsyncClient(base_url=url, headers=HDR, timeout=10) as cl:
             r = await cl.post("/v1/leases", json={"priority": True, "vram_mib": 1024})
             assert r.status_code == 422 and "priority" in r.json()["field"], r.text
             assert "=true:" in r.json()["error"] and "True" not in r.json()["error"], r.text
@@ -64,8 +59,6 @@ async def _http_errors(tmp_path: Path) -> None:
             jobs = (await cl.get("/v1/batch/jobs")).json()["jobs"]
             assert [j["id"] for j in jobs] == ["j1"]  # nothing else was kept
     finally:
-        server.should_exit = True
-        await serving
         if rt.batch is not None:
             rt.batch.close()
         bundle.controller.store.close()

@@ -22,7 +22,7 @@ from gpupool.adapters.k8s.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.core.clock import ManualClock
 from gpupool.core.errors import InvalidInput
 from gpupool.hardware.planner import inventory_from_cluster
-from gpupool.hardware.slices import SliceKind
+from gpupool.hardware.slices import Slice, SliceKind
 from gpupool.hardware.spec import load_cluster_spec
 
 CLUSTER = {
@@ -44,6 +44,23 @@ def short_dir() -> Iterator[Path]:
     d.rmdir()
 
 
+@pytest.fixture
+def extender(fake_api: FakeApiServer) -> Iterator[tuple[list[Slice], Extender, Client]]:
+    """The test cluster's slices, the extender over them behind its real HTTP server, and a client
+    of it (closed and stopped after the test's own clean-up)."""
+    slices = list(inventory_from_cluster(load_cluster_spec(CLUSTER)))
+    ext = Extender(
+        pool_of(slices, clock=ManualClock(0.0)),
+        api=KubeApi.for_host(fake_api.url),
+        wall_clock=iter(range(1000, 2000)).__next__,
+    )
+    server = ExtenderServer(ext).start()
+    client = Client(server)
+    yield slices, ext, client
+    client.close()
+    server.stop()
+
+
 def _bind(client: Client, api: FakeApiServer, pod: dict[str, Any]) -> None:
     api.add_pod(pod)
     out = client.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["gpu-a"]})
@@ -54,15 +71,10 @@ def _bind(client: Client, api: FakeApiServer, pod: dict[str, Any]) -> None:
     ) == {"Error": ""}
 
 
-def test_register_list_allocate_verify_and_reregister(short_dir: Path, fake_api: FakeApiServer) -> None:
-    slices = list(inventory_from_cluster(load_cluster_spec(CLUSTER)))
-    ext = Extender(
-        pool_of(slices, clock=ManualClock(0.0)),
-        api=KubeApi.for_host(fake_api.url),
-        wall_clock=iter(range(1000, 2000)).__next__,
-    )
-    server = ExtenderServer(ext).start()
-    client = Client(server)
+def test_register_list_allocate_verify_and_reregister(
+    short_dir: Path, fake_api: FakeApiServer, extender: tuple[list[Slice], Extender, Client]
+) -> None:
+    slices, _, client = extender
     kubelet = FakeKubelet(short_dir).start()
     podres = FakePodResources(short_dir / "pod-resources.sock")
     podres.server.start()
@@ -187,8 +199,6 @@ def test_register_list_allocate_verify_and_reregister(short_dir: Path, fake_api:
         plugin.stop()
         kubelet.stop(wipe=False)
         podres.server.stop(grace=None)
-        client.close()
-        server.stop()
 
 
 def _placement(*grants: PlacedGrant) -> Placement:
@@ -296,16 +306,13 @@ def test_bad_device_ids_are_invalid_argument_and_take_no_lease(short_dir: Path) 
 
 
 def test_allocate_before_the_pod_watch_delivered_the_bound_pod(
-    short_dir: Path, fake_api: FakeApiServer
+    short_dir: Path, fake_api: FakeApiServer, extender: tuple[list[Slice], Extender, Client]
 ) -> None:
     """Kubelet and the plugin learn of a Binding through two watches; when kubelet's came first, its
     Allocate found no waiting placement and was refused, and kubelet does not retry a refused
     Allocate: the pod failed for good (UnexpectedAdmissionError). The plugin now lists the node's
     pods once before refusing. Here the pod watch never runs: only that list can find the pod."""
-    slices = list(inventory_from_cluster(load_cluster_spec(CLUSTER)))
-    ext = Extender(pool_of(slices, clock=ManualClock(0.0)), api=KubeApi.for_host(fake_api.url))
-    server = ExtenderServer(ext).start()
-    client = Client(server)
+    slices, ext, client = extender
     kubelet = FakeKubelet(short_dir).start()
     plugin = DevicePlugin(
         PluginConfig(node="gpu-a", plugin_dir=str(short_dir), replicas=2, poll_s=0.05),
@@ -336,24 +343,15 @@ def test_allocate_before_the_pod_watch_delivered_the_bound_pod(
     finally:
         plugin.stop()
         kubelet.stop()
-        client.close()
-        server.stop()
 
 
 def test_a_second_pod_of_the_same_card_count_binds_only_after_the_first_is_admitted(
-    short_dir: Path, fake_api: FakeApiServer
+    short_dir: Path, fake_api: FakeApiServer, extender: tuple[list[Slice], Extender, Client]
 ) -> None:
     """Allocate names devices, never the pod: with pods A (30000 MiB) and B (10000 MiB) both waiting
     on one card, kubelet admitting B first handed B's container A's lease and MPS limit. The
     extender now refuses B's bind while A waits, naming A; once A is admitted, B binds."""
-    slices = list(inventory_from_cluster(load_cluster_spec(CLUSTER)))
-    ext = Extender(
-        pool_of(slices, clock=ManualClock(0.0)),
-        api=KubeApi.for_host(fake_api.url),
-        wall_clock=iter(range(1000, 2000)).__next__,
-    )
-    server = ExtenderServer(ext).start()
-    client = Client(server)
+    slices, ext, client = extender
     kubelet = FakeKubelet(short_dir).start()
     plugin = DevicePlugin(
         PluginConfig(node="gpu-a", plugin_dir=str(short_dir), replicas=4, poll_s=0.05),
@@ -401,5 +399,3 @@ def test_a_second_pod_of_the_same_card_count_binds_only_after_the_first_is_admit
     finally:
         plugin.stop()
         kubelet.stop()
-        client.close()
-        server.stop()

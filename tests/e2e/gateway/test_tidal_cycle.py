@@ -27,12 +27,12 @@ import pytest
 
 from gpupool.adapters.pause.procfs import proc_state
 from gpupool.cli.serve import build
-from gpupool.cli.serving import free_port, uvicorn_server
 from gpupool.cli.tidalplane import attach_tidal
 from gpupool.core import ManualClock
 from gpupool.core.tidal.modes import Mode, TidalConfig
 from gpupool.core.tidal.plane import PlaneConfig
 from gpupool.hardware.mig import MigInstance
+from tests.adapters.http.servers import served
 
 pytestmark = pytest.mark.slow
 TOKEN = "tidal-e2e-admin"
@@ -63,13 +63,8 @@ async def _cycle(tmp: Path) -> None:
     )
     rt = attach_tidal(bundle, config=cfg, data_dir=tmp, clock=clock)
     c, sim = bundle.controller, bundle.sim
-    port = free_port()
-    server = uvicorn_server(bundle.app, host="127.0.0.1", port=port)
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=HDR, timeout=10) as cl:
+        async with served(bundle.app) as url, httpx.AsyncClient(base_url=url, headers=HDR, timeout=10) as cl:
             # ---------------------------------------------------------------- DAY
             for i in range(3):
                 body = {"id": f"j{i}", "command": JOB, "vram_mib": 60 * GIB, "checkpointable": i < 2}
@@ -187,8 +182,6 @@ async def _cycle(tmp: Path) -> None:
             kinds = {e.kind for e in rt.emitted}
             assert kinds == {"tidal", "batch"}
     finally:
-        server.should_exit = True
-        await serving
         if rt.batch is not None:
             rt.batch.close()
 

@@ -21,9 +21,9 @@ import httpx
 
 from gpupool.cli.leaseclock import lease_clock
 from gpupool.cli.serve import build
-from gpupool.cli.serving import free_port, uvicorn_server
 from gpupool.cli.tidalplane import attach_serving
 from gpupool.core.tidal.plane import plane_config
+from tests.adapters.http.servers import served
 from tests.builders import HostClocks
 
 TOKEN = "tidal-wall-admin"
@@ -47,13 +47,8 @@ async def _steps(tmp: Path) -> None:
     )
     cfg = plane_config({"timezone": "UTC", "initial_baseline": 10.0})
     rt = attach_serving(bundle, config=cfg, data_dir=tmp)
-    port = free_port()
-    server = uvicorn_server(bundle.app, host="127.0.0.1", port=port)
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=HDR, timeout=10) as cl:
+        async with served(bundle.app) as url, httpx.AsyncClient(base_url=url, headers=HDR, timeout=10) as cl:
 
             async def tidal() -> dict[str, object]:
                 pool = (await cl.get("/v1/pool")).json()
@@ -91,8 +86,6 @@ async def _steps(tmp: Path) -> None:
             got = (await cl.get(f"/v1/leases/{lease['id']}")).json()
             assert got["state"] == "active" and got["expires_at"] == lease["expires_at"], got
     finally:
-        server.should_exit = True
-        await serving
         if rt.batch is not None:
             rt.batch.close()
         bundle.controller.store.close()
